@@ -1,0 +1,352 @@
+"""The one bridge between PyTorch tensors and Mojo custom ops compiled by MAX.
+
+Every op in ``ops/`` and every puzzle runner goes through this module. It:
+
+* precompiles a Mojo source package once per *content* digest (an edited
+  ``.mojo`` file gives a new digest, so stale packages are never loaded);
+* builds a MAX graph with symbolic dimensions once per
+  (package digest, graph name, parameters, input dtypes/ranks, device), so a
+  new shape never recompiles;
+* executes it on torch tensors with stream ordering against torch's current
+  CUDA stream, and returns torch tensors that alias MAX's outputs (no copy).
+
+Host cost is kept low by converting inputs with MAX's stream-aware DLPack
+entry point and by caching the MAX view of tensors the caller marks as
+weights (keyed on storage pointer, version counter and layout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = Path(__file__).resolve().parent / "kernels"
+
+@dataclass(frozen=True)
+class Out:
+    """One output of a graph: symbolic dims and where its dtype comes from.
+
+    ``dims`` are names shared with the inputs' dims (``"rows"``, ``"k"``) or
+    ints. ``dtype`` is either the index of an input whose dtype it copies or a
+    fixed ``torch.dtype``.
+    """
+
+    dims: tuple[str | int, ...]
+    dtype: int | torch.dtype = 0
+
+
+@dataclass(frozen=True)
+class GraphOp:
+    """One registered Mojo op called in destination-passing style.
+
+    Outputs are allocated by torch (so they live in torch's caching allocator
+    and can be poisoned before a run) and handed to the op as mutable
+    buffers, followed by the inputs. The graph is compiled once per input
+    dtypes and device; every dim is symbolic, so shapes never recompile.
+
+    Args:
+        name: the name given to ``@extensibility.register`` in the package.
+        package: Mojo source directory holding the op.
+        inputs: symbolic dims of each input tensor, e.g. ``(("rows", "k"), ("k",))``.
+        outputs: the outputs' dims and dtypes.
+        parameters: compile-time parameters of the op (part of the cache key).
+        weights: indices of inputs that usually repeat across calls (their MAX
+            views are cached while the tensor is unchanged).
+    """
+
+    name: str
+    package: Path
+    inputs: tuple[tuple[str | int, ...], ...]
+    outputs: tuple[Out, ...]
+    parameters: tuple[tuple[str, Any], ...] = ()
+    weights: frozenset[int] = field(default_factory=frozenset)
+
+    def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Run the op on ``tensors`` (already validated); returns new torch outputs."""
+        outs = self.allocate(tensors)
+        model = load_model(self, tuple(t.dtype for t in tensors), tensors[0].device)
+        execute(model, outs, tensors, self.weights)
+        return outs
+
+    def allocate(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Output tensors for these inputs: empty, or NaN-poisoned in poison mode."""
+        sizes = {}
+        for dims, t in zip(self.inputs, tensors, strict=True):
+            sizes.update((d, n) for d, n in zip(dims, t.shape, strict=True) if isinstance(d, str))
+        outs = []
+        for out in self.outputs:
+            shape = [sizes[d] if isinstance(d, str) else d for d in out.dims]
+            dtype = tensors[out.dtype].dtype if isinstance(out.dtype, int) else out.dtype
+            t = torch.empty(shape, dtype=dtype, device=tensors[0].device)
+            if poison_outputs:
+                t.fill_(float("nan"))
+            outs.append(t)
+        return outs
+
+
+# Tests and the puzzle checker turn this on: every output starts as NaN, so an
+# element a kernel forgot to write can never pass a comparison.
+poison_outputs = os.environ.get("OPS_POISON", "") == "1"
+
+
+# --------------------------------------------------------------------------
+# Packages: precompile once per content digest.
+# --------------------------------------------------------------------------
+
+_digests: dict[Path, str] = {}
+
+
+def package_digest(package: Path) -> str:
+    """SHA-256 over the relative paths and bytes of every .mojo file in ``package``.
+
+    Memoised per process (the hot path must not re-read sources on every
+    call); ``clear_caches()`` forgets it, and every new process re-reads.
+    """
+    package = Path(package)
+    digest = _digests.get(package)
+    if digest is None:
+        digest = _digests[package] = _hash_sources(package)
+    return digest
+
+
+def _hash_sources(package: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(package.rglob("*.mojo")):
+        h.update(str(f.relative_to(package)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("OPS_CACHE_DIR") or Path(tempfile.gettempdir()) / f"ops_cache_{os.getuid()}"
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def compile_package(package: Path) -> Path:
+    """Return a ``.mojoc`` built from ``package`` as it is on disk now.
+
+    The file lives under a directory named by the content digest, so an
+    edited kernel never reuses an old build and an unchanged one is built once
+    per machine (not once per graph, as MAX does for source directories).
+    """
+    package = Path(package).resolve()
+    if not (package / "__init__.mojo").is_file():
+        raise ValueError(f"package: {package} is not a Mojo package (no __init__.mojo)")
+    digest = package_digest(package)
+    final = _cache_dir() / digest / f"{package.name}.mojoc"
+    if final.is_file():
+        return final
+    from mojo.run import subprocess_run_mojo
+
+    # The compiler bakes the file stem in as the module name, so the staging
+    # copy must already carry the final file name; publish by atomic rename.
+    staging = _cache_dir() / f".staging-{digest}-{os.getpid()}"
+    staging.mkdir(parents=True, exist_ok=True)
+    built = staging / final.name
+    proc = subprocess_run_mojo(["precompile", str(package), "-o", str(built)],
+                               capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MojoCompileError(f"mojo precompile {package} failed:\n{proc.stdout}{proc.stderr}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(built, final)
+    staging.rmdir()
+    return final
+
+
+class MojoCompileError(RuntimeError):
+    """A Mojo package or graph failed to compile."""
+
+
+# --------------------------------------------------------------------------
+# Sessions and models.
+# --------------------------------------------------------------------------
+
+def device_kind(device: torch.device) -> str:
+    """``"gpu"`` for CUDA tensors, ``"cpu"`` for CPU tensors."""
+    if device.type == "cuda":
+        return "gpu"
+    if device.type == "cpu":
+        return "cpu"
+    raise ValueError(f"device: {device} is not supported (use cpu or cuda)")
+
+
+@cache
+def _session(kind: str, index: int) -> Any:
+    from max.driver import CPU, Accelerator
+    from max.engine import InferenceSession
+
+    return InferenceSession(devices=[Accelerator(index) if kind == "gpu" else CPU()])
+
+
+@cache
+def _max_device(kind: str, index: int) -> Any:
+    from max.driver import CPU, Accelerator
+
+    return Accelerator(index) if kind == "gpu" else CPU()
+
+
+def _device_ref(kind: str, index: int) -> Any:
+    from max.graph import DeviceRef
+
+    return DeviceRef.GPU(index) if kind == "gpu" else DeviceRef.CPU()
+
+
+_models: dict[tuple, Any] = {}
+_models_lock = threading.Lock()
+compile_count = 0  # graphs compiled by this process (tests check reuse)
+
+
+def _dtype(dtype: torch.dtype) -> Any:
+    from max.experimental.torch import torch_dtype_to_max
+
+    return torch_dtype_to_max(dtype)
+
+
+def build_graph(op: GraphOp, dtypes: Sequence[torch.dtype], kind: str, index: int) -> Any:
+    """Build (not compile) the MAX graph of ``op`` for these input dtypes.
+
+    Graph inputs are the outputs (as mutable buffers) followed by the inputs;
+    the graph is one in-place custom op call and returns nothing.
+    """
+    from max.graph import BufferType, Graph, TensorType, ops
+
+    dev = _device_ref(kind, index)
+    out_types = []
+    for out in op.outputs:
+        dtype = dtypes[out.dtype] if isinstance(out.dtype, int) else out.dtype
+        out_types.append(BufferType(_dtype(dtype), list(out.dims), dev))
+    in_types = [TensorType(_dtype(dt), list(dims), dev) for dt, dims in zip(dtypes, op.inputs, strict=True)]
+    with Graph(op.name, input_types=[*out_types, *in_types],
+               custom_extensions=[compile_package(op.package)]) as graph:
+        n_out = len(out_types)
+        values = [v.buffer for v in graph.inputs[:n_out]] + [v.tensor for v in graph.inputs[n_out:]]
+        ops.inplace_custom(op.name, dev, values, parameters=dict(op.parameters) or None)
+        graph.output()
+    return graph
+
+
+def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.device) -> Any:
+    """Compiled model for ``op`` on ``device``; compiled on first use only."""
+    global compile_count
+    kind = device_kind(device)
+    index = (device.index or 0) if kind == "gpu" else 0
+    key = (package_digest(op.package), op.name, op.parameters, dtypes, kind, index)
+    model = _models.get(key)
+    if model is not None:
+        return model
+    with _models_lock:
+        if key not in _models:
+            graph = build_graph(op, dtypes, kind, index)
+            _models[key] = _session(kind, index).load(graph)
+            compile_count += 1
+        return _models[key]
+
+
+# --------------------------------------------------------------------------
+# Execution.
+# --------------------------------------------------------------------------
+
+class _WeightCache:
+    """MAX views of tensors that repeat across calls (weights), bounded LRU.
+
+    A hit needs the same storage pointer, version counter (bumped by every
+    in-place write), shape, strides and dtype, and the very same tensor object
+    (checked through a weak reference), so a freed-and-reused address never
+    returns a stale view.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple, tuple[weakref.ref, Any]] = OrderedDict()
+
+    def get(self, t: torch.Tensor, convert: Callable[[torch.Tensor], Any]) -> Any:
+        key = (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
+        hit = self._entries.get(key)
+        if hit is not None and hit[0]() is t:
+            self._entries.move_to_end(key)
+            return hit[1]
+        buf = convert(t)
+        self._entries[key] = (weakref.ref(t), buf)
+        if len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return buf
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+weight_cache = _WeightCache()
+
+
+def to_buffer(t: torch.Tensor) -> Any:
+    """Zero-copy MAX view of ``t`` (stream ordering is done once per call in ``execute``)."""
+    from max.driver import Buffer
+
+    return Buffer._from_dlpack(t)
+
+
+def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor],
+            weights: frozenset[int] = frozenset()) -> None:
+    """Run ``model`` writing into ``outs``, ordered with torch's current stream.
+
+    On CUDA, MAX's queue first waits for torch's current stream (so kernels
+    see data torch is still writing) and torch's stream then waits for MAX's
+    queue (so torch ops that read the outputs, or reuse freed inputs' memory,
+    come after the kernels).
+    """
+    bufs = [to_buffer(t) for t in outs]
+    bufs += [weight_cache.get(t, to_buffer) if i in weights else to_buffer(t)
+             for i, t in enumerate(tensors)]
+    if outs[0].device.type != "cuda":
+        model.execute(*bufs)
+        return
+    sync = _stream_sync(outs[0].device)
+    sync.before()
+    model.execute(*bufs)
+    sync.after()
+
+
+class _StreamSync:
+    """Two reusable CUDA events joining torch's current stream and MAX's queue."""
+
+    def __init__(self, device: torch.device) -> None:
+        queue = _max_device("gpu", device.index or 0).default_queue
+        self.max_stream = torch.cuda.ExternalStream(queue.native_stream_handle, device=device)
+        self.device = device
+        self.into_max = torch.cuda.Event()
+        self.out_of_max = torch.cuda.Event()
+
+    def before(self) -> None:
+        self.into_max.record(torch.cuda.current_stream(self.device))
+        self.max_stream.wait_event(self.into_max)
+
+    def after(self) -> None:
+        self.out_of_max.record(self.max_stream)
+        torch.cuda.current_stream(self.device).wait_event(self.out_of_max)
+
+
+@cache
+def _stream_sync(device: torch.device) -> _StreamSync:
+    return _StreamSync(device)
+
+
+def clear_caches() -> None:
+    """Forget compiled models and cached weight views (tests use this)."""
+    with _models_lock:
+        _models.clear()
+    _digests.clear()
+    weight_cache.clear()

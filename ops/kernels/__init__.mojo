@@ -1,0 +1,1 @@
+# The ops/ kernel library: ops registered here are called through ops/bridge.py.

@@ -1,0 +1,122 @@
+"""Puzzle p22 from Python: the unfused and fused LayerNorm+Linear paths.
+
+``P22Kernels(package)`` binds the six registered Mojo ops of one p22 package
+(``problems/p22/op`` or ``solutions/p22/op``) through the bridge. Shapes:
+x [batch, seq, hidden], gamma/beta [hidden], weight [out, hidden], bias [out],
+all float32 on one device (CPU or CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ops.bridge import ROOT, GraphOp, Out
+from ops.reference import layernorm_linear_ref, layernorm_ref
+from ops.validate import check_same, check_size, check_tensor
+
+PROBLEMS = ROOT / "problems" / "p22" / "op"
+SOLUTIONS = ROOT / "solutions" / "p22" / "op"
+DTYPES = (torch.float32,)
+EPS = 1e-5  # fixed in the kernels (common.mojo: EPS)
+
+_X = ("batch", "seq", "hidden")
+_FUSED_INPUTS = (_X, ("hidden",), ("hidden",), ("out", "hidden"), ("out",))
+
+
+@dataclass(frozen=True)
+class P22Kernels:
+    """The p22 custom ops of one Mojo package, each callable on torch tensors."""
+
+    package: Path
+
+    def op(self, name: str, inputs: tuple, outputs: tuple[Out, ...], weights: frozenset[int] = frozenset()) -> GraphOp:
+        return GraphOp(name, self.package, inputs, outputs, weights=weights)
+
+    @property
+    def layernorm(self) -> GraphOp:
+        return self.op("p22_layernorm", (_X, ("hidden",), ("hidden",)), (Out(_X),), frozenset({1, 2}))
+
+    @property
+    def transpose(self) -> GraphOp:
+        return self.op("p22_transpose", (("rows", "cols"),), (Out(("cols", "rows")),), frozenset({0}))
+
+    @property
+    def matmul(self) -> GraphOp:
+        return self.op("p22_matmul", (("batch", "seq", "k"), ("k", "n")), (Out(("batch", "seq", "n")),),
+                       frozenset({1}))
+
+    @property
+    def bias_add(self) -> GraphOp:
+        return self.op("p22_bias_add", (("batch", "seq", "n"), ("n",)), (Out(("batch", "seq", "n")),),
+                       frozenset({1}))
+
+    def fused_op(self, variant: str = "tiled") -> GraphOp:
+        name = {"tiled": "p22_fused", "naive": "p22_fused_naive"}[variant]
+        return self.op(name, _FUSED_INPUTS, (Out(("batch", "seq", "out")),), frozenset({1, 2, 3, 4}))
+
+
+def validate(x: object, gamma: object, beta: object, weight: object, bias: object) -> None:
+    """Raise ValueError/TypeError naming the first bad argument."""
+    check_tensor("x", x, ndim=3, dtypes=DTYPES)
+    check_tensor("gamma", gamma, ndim=1, dtypes=DTYPES)
+    check_tensor("beta", beta, ndim=1, dtypes=DTYPES)
+    check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
+    check_tensor("bias", bias, ndim=1, dtypes=DTYPES)
+    check_same({"x": x, "gamma": gamma, "beta": beta, "weight": weight, "bias": bias})
+    hidden = x.shape[2]
+    check_size("gamma", gamma, 0, hidden, "x's hidden size")
+    check_size("beta", beta, 0, hidden, "x's hidden size")
+    check_size("weight", weight, 1, hidden, "x's hidden size")
+    check_size("bias", bias, 0, weight.shape[0], "weight's out size")
+
+
+def unfused(k: P22Kernels, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+            weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """LayerNorm -> transpose(weight) -> matmul -> bias-add: four launches, three intermediates."""
+    validate(x, gamma, beta, weight, bias)
+    (xn,) = k.layernorm(x, gamma, beta)
+    (wt,) = k.transpose(weight)
+    (mm,) = k.matmul(xn, wt)
+    (y,) = k.bias_add(mm, bias)
+    return y
+
+
+def fused(k: P22Kernels, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+          weight: torch.Tensor, bias: torch.Tensor, variant: str = "tiled") -> torch.Tensor:
+    """One kernel, no intermediate tensor; ``variant`` is "tiled" (default) or "naive"."""
+    validate(x, gamma, beta, weight, bias)
+    (y,) = k.fused_op(variant)(x, gamma, beta, weight, bias)
+    return y
+
+
+def make_inputs(batch: int, seq: int, hidden: int, out: int, device: str | torch.device = "cpu",
+                mean: float = 0.0, seed: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Random p22 inputs (x, gamma, beta, weight, bias); ``mean`` shifts every row of x."""
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+    x = torch.randn(batch, seq, hidden, generator=g) + mean
+    gamma = 1.0 + 0.1 * torch.randn(hidden, generator=g)
+    beta = 0.1 * torch.randn(hidden, generator=g)
+    weight = torch.randn(out, hidden, generator=g) / hidden**0.5
+    bias = 0.1 * torch.randn(out, generator=g)
+    return tuple(t.to(device) for t in (x, gamma, beta, weight, bias))
+
+
+def kernel_cases(k: P22Kernels, inputs: tuple[torch.Tensor, ...]) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
+    """Run each kernel of ``k`` alone: name -> (output, float64 reference, reduction length)."""
+    x, gamma, beta, weight, bias = inputs
+    xn64 = layernorm_ref(x, gamma, beta)
+    xn = xn64.float()
+    mm_ref = xn64 @ weight.double().T
+    hidden = x.shape[2]
+    ref = layernorm_linear_ref(*inputs)
+    return {
+        "p22_layernorm": (k.layernorm(x, gamma, beta)[0], xn64, 1),
+        "p22_transpose": (k.transpose(weight)[0], weight.double().T.contiguous(), 1),
+        "p22_matmul": (k.matmul(xn, weight.T.contiguous())[0], mm_ref, hidden),
+        "p22_bias_add": (k.bias_add(mm_ref.float(), bias)[0], mm_ref + bias.double(), 1),
+        "p22_fused": (k.fused_op("tiled")(*inputs)[0], ref, hidden),
+        "p22_fused_naive": (k.fused_op("naive")(*inputs)[0], ref, hidden),
+    }

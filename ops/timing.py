@@ -1,0 +1,86 @@
+"""Honest timing shared by every benchmark: device time and host latency, reported apart.
+
+Device time: CUDA events around each call, after warm-up, median over many
+calls, cycling through several input sets so caches don't flatter. A spin
+kernel queued before the start event keeps the GPU busy while the host
+enqueues the call, so host launch cost never shows up as device time. On CPU
+the "device" is the host, so wall time per call is reported instead.
+Host latency: wall time for the call to return (launch cost), measured over a
+burst of calls with no synchronisation in between.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# About 0.5 ms at H100 clocks: longer than any host-side dispatch we measure.
+SPIN_CYCLES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median device time and host latency of one call, in microseconds."""
+
+    device_us: float
+    host_us: float
+    runs: int
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]],
+            iters: int = 50, warmup: int = 5) -> Timing:
+    """Time ``fn(*inputs)`` cycling through ``input_sets``."""
+    device = input_sets[0][0].device
+    for i in range(warmup):
+        fn(*input_sets[i % len(input_sets)])
+    _sync(device)
+    device_times = []
+    for i in range(iters):
+        args = input_sets[i % len(input_sets)]
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SPIN_CYCLES)
+            start.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            device_times.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn(*args)
+            device_times.append((time.perf_counter() - t0) * 1e6)
+    host_times = []
+    for i in range(iters):
+        args = input_sets[i % len(input_sets)]
+        t0 = time.perf_counter()
+        fn(*args)
+        host_times.append((time.perf_counter() - t0) * 1e6)
+    _sync(device)
+    return Timing(statistics.median(device_times), statistics.median(host_times), iters)
+
+
+def gpu_name() -> str:
+    """The CUDA device name, or "cpu"."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def commit() -> str:
+    """Short git commit of the checkout (with '+dirty' when files changed), or 'unknown'."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True)
+        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

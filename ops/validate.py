@@ -1,0 +1,56 @@
+"""Input checks run before MAX sees a tensor; each error names the argument."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    ndim: int | None = None,
+    min_ndim: int | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+) -> torch.Tensor:
+    """Check that ``t`` is a non-empty, contiguous tensor of a supported dtype and rank.
+
+    Raises:
+        TypeError: ``t`` is not a tensor, or its dtype is not in ``dtypes``.
+        ValueError: wrong rank, non-contiguous layout, empty, or unsupported device.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name}: dtype {str(t.dtype).removeprefix('torch.')} is not supported (use {allowed})")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: device {t.device} is not supported (use cpu or cuda)")
+    if t.numel() == 0:
+        raise ValueError(f"{name}: tensor is empty (shape {tuple(t.shape)})")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: tensor must be contiguous (call .contiguous()), got strides {t.stride()}")
+    return t
+
+
+def check_same(args: dict[str, torch.Tensor]) -> None:
+    """All tensors share one device and one dtype; the error names the odd one out."""
+    (first_name, first), *rest = args.items()
+    for name, t in rest:
+        if t.device != first.device:
+            raise ValueError(f"{name}: on {t.device}, but {first_name} is on {first.device}")
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype}, but {first_name} is {first.dtype}")
+
+
+def check_size(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -> None:
+    """``t.shape[dim]`` must equal ``expected`` (the size of ``what``)."""
+    if t.shape[dim] != expected:
+        raise ValueError(f"{name}: size {t.shape[dim]} at dim {dim} does not match {what} ({expected}); "
+                         f"shape {tuple(t.shape)}")

@@ -1,0 +1,201 @@
+"""Puzzle p22: fused vs unfused LayerNorm + Linear.
+
+    poe p22 --unfused            run your problems/p22 kernels, unfused path
+    poe p22 --fused              ... fused path (--variant naive for the first version)
+    poe p22 --solution --fused   run solutions/p22 instead
+    poe p22 --check              compare your kernels with the solution's, kernel by kernel
+    poe p22 --fused --batch 8 --seq 512 --hidden 768 --out 3072
+
+Runs on the GPU when torch sees one (force the CPU with --cpu). Exit code 0
+only when every result is correct; 2 when a needed kernel is still a stub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from ops import bridge  # noqa: E402
+from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, fused, kernel_cases, make_inputs, unfused  # noqa: E402
+from ops.reference import layernorm_linear_ref  # noqa: E402
+from ops.skeleton import regions_in  # noqa: E402
+from ops.timing import measure  # noqa: E402
+from ops.tolerance import compare  # noqa: E402
+
+# Above this many GFLOP per call the scalar CPU kernels take many seconds; a
+# GPU run then checks and times the GPU only (unless --cpu asks for the CPU).
+CPU_GFLOP_LIMIT = 0.5
+
+# Which fill-in regions each path needs, on each target.
+NEEDS = {
+    ("unfused", "gpu"): ["layernorm_kernel"],
+    ("unfused", "cpu"): ["row_stats_cpu"],
+    ("fused", "gpu"): ["fused_stats", "fused_normalize_on_load"],
+    ("fused", "cpu"): ["row_stats_cpu"],
+}
+
+HINTS = {
+    "p22_layernorm": "check both passes cover every element (i = tid; i < h; i += LN_BLOCK) and rstd uses EPS",
+    "p22_transpose": "given kernel: a failure here means the tile indices were edited",
+    "p22_matmul": "given kernel: a failure here means the tile loads or bounds checks were edited",
+    "p22_bias_add": "given kernel: bias is indexed by the column, i % n",
+    "p22_fused": "row statistics in the prologue (mean_s/rstd_s) and normalize-on-load must match p22_layernorm",
+    "p22_fused_naive": "given kernel: first fused version, one thread per row",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--unfused", action="store_true", help="run the unfused path")
+    p.add_argument("--fused", action="store_true", help="run the fused path")
+    p.add_argument("--variant", choices=["tiled", "naive"], default="tiled", help="fused kernel version")
+    p.add_argument("--solution", action="store_true", help="run solutions/p22 instead of problems/p22")
+    p.add_argument("--package", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another kernel dir
+    p.add_argument("--check", action="store_true", help="compare problems/p22 with solutions/p22 kernel by kernel")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=8)
+    p.add_argument("--out", type=int, default=16)
+    p.add_argument("--iters", type=int, default=50, help="timed calls per benchmark")
+    p.add_argument("--no-bench", action="store_true", help="skip the benchmark")
+    p.add_argument("--seed", type=int, default=None)
+    args = p.parse_args(argv)
+    if not (args.unfused or args.fused or args.check):
+        p.error("choose --unfused, --fused (or both), or --check")
+    for name in ("batch", "seq", "hidden", "out", "iters"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    return args
+
+
+def _show(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def stubs_left(package: Path, modes: list[str], target: str) -> list[str]:
+    """'label (file:line)' for every fill-in region a run needs that is still a stub."""
+    needed = {label for mode in modes for label in NEEDS[(mode, target)]}
+    return [f"{reg.label} ({_show(path)}:{reg.start})"
+            for path, reg in regions_in(package) if reg.label in needed and not reg.filled]
+
+
+def run_path(k: P22Kernels, mode: str, variant: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return unfused(k, *inputs) if mode == "unfused" else fused(k, *inputs, variant=variant)
+
+
+def report_correctness(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: list[str]) -> bool:
+    inputs = make_inputs(args.batch, args.seq, args.hidden, args.out, seed=args.seed)
+    ref = layernorm_linear_ref(*inputs)
+    print("\nCorrectness vs the float64 PyTorch reference")
+    print(f"  reference : y[0, 0, :4] = {[round(v, 5) for v in ref[0, 0, :4].tolist()]}")
+    all_ok = True
+    for mode in modes:
+        for dev in devices:
+            got = run_path(k, mode, args.variant, tuple(t.to(dev) for t in inputs)).cpu()
+            bad = compare(got, ref, torch.float32, reduction=args.hidden)
+            all_ok &= bad is None
+            status = "PASS" if bad is None else f"FAIL: {bad}"
+            err = (got.double() - ref).abs().max().item()
+            print(f"  {mode:8s} on {dev:4s}: max abs err {err:.2e}  {status}")
+    return all_ok
+
+
+def benchmark(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: list[str]) -> None:
+    sets = [make_inputs(args.batch, args.seq, args.hidden, args.out) for _ in range(4)]
+    flops = 2.0 * args.batch * args.seq * args.hidden * args.out
+    print(f"\nBenchmark: median of {args.iters} calls after warm-up, 4 rotating input sets")
+    print(f"  {'path':28s} {'device us':>10s} {'host us':>9s} {'GFLOP/s':>9s}")
+    results = {}
+    for dev in devices:
+        dev_sets = [tuple(t.to(dev) for t in s) for s in sets]
+        iters = args.iters if dev == "cuda" else max(3, min(args.iters, 10))
+        for mode in modes:
+            label = f"{mode}{'/' + args.variant if mode == 'fused' else ''} ({dev})"
+            t = measure(lambda *a, m=mode: run_path(k, m, args.variant, a), dev_sets, iters=iters, warmup=2)
+            results[(mode, dev)] = t
+            print(f"  {label:28s} {t.device_us:10.1f} {t.host_us:9.1f} {flops / t.device_us / 1e3:9.1f}")
+    for dev in devices:
+        if ("fused", dev) in results and ("unfused", dev) in results:
+            ratio = results[("fused", dev)].device_us / results[("unfused", dev)].device_us
+            print(f"  fused / unfused device time on {dev}: {ratio:.2f}x")
+    print("  (device us: CUDA events on the GPU, wall time on the CPU; host us: time for the call to return)")
+
+
+def run(args: argparse.Namespace) -> int:
+    package = (args.package or (SOLUTIONS if args.solution else PROBLEMS)).resolve()
+    modes = [m for m in ("unfused", "fused") if getattr(args, m)]
+    gpu = torch.cuda.is_available() and not args.cpu
+    print(f"Puzzle p22: y = Linear(LayerNorm(x)), x [{args.batch}, {args.seq}, {args.hidden}] -> "
+          f"y [{args.batch}, {args.seq}, {args.out}], float32")
+    print(f"  kernels : {_show(package)}   paths: {', '.join(modes)}   "
+          f"device: {torch.cuda.get_device_name() if gpu else 'cpu (no GPU in use)'}")
+    missing = stubs_left(package, modes, "cpu") + (stubs_left(package, modes, "gpu") if gpu else [])
+    if missing:
+        for m in dict.fromkeys(missing):
+            print(f"not implemented yet: {m}")
+        return 2
+    k = P22Kernels(package)
+    t0 = time.perf_counter()
+    devices = ["cpu", "cuda"] if gpu else ["cpu"]
+    gflop = 2e-9 * args.batch * args.seq * args.hidden * args.out
+    if gpu and gflop > CPU_GFLOP_LIMIT:
+        devices = ["cuda"]
+        print(f"  cpu path skipped: {gflop:.1f} GFLOP per call is too slow for the scalar CPU kernels "
+              f"(limit {CPU_GFLOP_LIMIT}; run with --cpu to force it)")
+    for dev in devices:  # compile (or load from cache) every model this run uses
+        for mode in modes:
+            run_path(k, mode, args.variant, make_inputs(1, 1, 2, 2, device=dev))
+    print(f"  library loaded: {bridge.compile_count} models compiled in {time.perf_counter() - t0:.1f} s")
+    ok = report_correctness(k, modes, args, devices)
+    print(f"\nSummary: {'all results correct' if ok else 'SOME RESULTS ARE WRONG'}")
+    if ok and not args.no_bench:
+        benchmark(k, modes, args, devices)
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------- --check
+
+CHECK_SHAPES = [(1, 1, 1, 1), (2, 3, 37, 7), (4, 4, 8, 16), (1, 7, 1000, 65), (2, 2, 1023, 130)]
+
+
+def check(args: argparse.Namespace) -> int:
+    dev = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    bridge.poison_outputs = True  # an unwritten element is NaN and fails
+    learner, solution = P22Kernels(PROBLEMS), P22Kernels(SOLUTIONS)
+    print(f"p22 --check on {dev}: problems/p22 vs solutions/p22, outputs poisoned with NaN")
+    failures: dict[str, str] = {}
+    for shape in CHECK_SHAPES:
+        mean = 1e3 if shape[2] > 100 else 0.0  # large-mean rows catch one-pass statistics
+        inputs = make_inputs(*shape, device=dev, mean=mean, seed=args.seed)
+        mine, theirs = kernel_cases(learner, inputs), kernel_cases(solution, inputs)
+        for name, (got, ref, red) in mine.items():
+            if name in failures:
+                continue
+            cond = 1.0 + mean if name in ("p22_layernorm", "p22_fused", "p22_fused_naive") else 1.0
+            bad = compare(got, theirs[name][0], torch.float32, reduction=red, cond=cond) or \
+                compare(got, ref, torch.float32, reduction=red, cond=cond)
+            if bad is not None:
+                failures[name] = f"shape {shape}: {bad}"
+    for name in HINTS:
+        if name in failures:
+            print(f"  FAIL {name:16s} {failures[name]}\n       hint: {HINTS[name]}")
+        else:
+            print(f"  pass {name:16s} all {len(CHECK_SHAPES)} shapes")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return check(args) if args.check else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
