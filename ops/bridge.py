@@ -72,11 +72,17 @@ class GraphOp:
     outputs: tuple[Out, ...]
     parameters: tuple[tuple[str, Any], ...] = ()
     weights: frozenset[int] = field(default_factory=frozenset)
+    # Per-op memo of load_model: (generation, dtypes, device) -> model. Skips
+    # hashing the whole op on the hot path; clear_caches() bumps the generation.
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Run the op on ``tensors`` (already validated); returns new torch outputs."""
         outs = self.allocate(tensors)
-        model = load_model(self, tuple(t.dtype for t in tensors), tensors[0].device)
+        key = (_generation, tuple(t.dtype for t in tensors), tensors[0].device)
+        model = self._memo.get(key)
+        if model is None:
+            model = self._memo[key] = load_model(self, key[1], key[2])
         execute(model, outs, tensors, self.weights)
         return outs
 
@@ -208,6 +214,7 @@ def _device_ref(kind: str, index: int) -> Any:
 _models: dict[tuple, Any] = {}
 _models_lock = threading.Lock()
 compile_count = 0  # graphs compiled by this process (tests check reuse)
+_generation = 0  # bumped by clear_caches(): invalidates every GraphOp memo
 
 
 def _dtype(dtype: torch.dtype) -> Any:
@@ -292,11 +299,25 @@ class _WeightCache:
 weight_cache = _WeightCache()
 
 
-def to_buffer(t: torch.Tensor) -> Any:
-    """Zero-copy MAX view of ``t`` (stream ordering is done once per call in ``execute``)."""
+# How MAX's queue is ordered after torch's current stream:
+#   "dlpack": each input's DLPack view carries torch's stream and MAX waits on it;
+#   "events": one torch event recorded and waited on explicitly per call.
+# torch's stream waits for MAX's queue after every call in both modes.
+STREAM_MODE = os.environ.get("OPS_STREAM_MODE", "dlpack")
+
+
+def to_buffer(t: torch.Tensor, stream: int | None = None) -> Any:
+    """Zero-copy MAX view of ``t``; on CUDA with ``stream``, MAX's queue waits on that stream."""
     from max.driver import Buffer
 
-    return Buffer._from_dlpack(t)
+    if stream is None:
+        return Buffer.from_dlpack(t)
+    capsule = torch.utils.dlpack.to_dlpack(t)
+    return Buffer._from_dlpack(capsule, _max_device("gpu", t.device.index or 0), stream)
+
+
+def _raw_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor],
@@ -308,14 +329,21 @@ def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Te
     queue (so torch ops that read the outputs, or reuse freed inputs' memory,
     come after the kernels).
     """
-    bufs = [to_buffer(t) for t in outs]
-    bufs += [weight_cache.get(t, to_buffer) if i in weights else to_buffer(t)
-             for i, t in enumerate(tensors)]
-    if outs[0].device.type != "cuda":
+    device = outs[0].device
+    if device.type != "cuda":
+        bufs = [to_buffer(t) for t in outs]
+        bufs += [weight_cache.get(t, to_buffer) if i in weights else to_buffer(t) for i, t in enumerate(tensors)]
         model.execute(*bufs)
         return
-    sync = _stream_sync(outs[0].device)
-    sync.before()
+    sync = _stream_sync(device)
+    stream = _raw_stream(device) if STREAM_MODE == "dlpack" else None
+    if stream is None:
+        sync.before()
+    bufs = [to_buffer(t, stream) for t in outs]
+    # A cached weight view was ordered when it was made; the other inputs
+    # carry this call's stream, so MAX still waits for torch's latest work.
+    bufs += [weight_cache.get(t, lambda w: to_buffer(w, stream)) if i in weights else to_buffer(t, stream)
+             for i, t in enumerate(tensors)]
     model.execute(*bufs)
     sync.after()
 
@@ -346,6 +374,8 @@ def _stream_sync(device: torch.device) -> _StreamSync:
 
 def clear_caches() -> None:
     """Forget compiled models and cached weight views (tests use this)."""
+    global _generation
+    _generation += 1
     with _models_lock:
         _models.clear()
     _digests.clear()

@@ -8,7 +8,7 @@ all float32 on one device (CPU or CUDA).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,36 +26,35 @@ _X = ("batch", "seq", "hidden")
 _FUSED_INPUTS = (_X, ("hidden",), ("hidden",), ("out", "hidden"), ("out",))
 
 
-@dataclass(frozen=True)
 class P22Kernels:
-    """The p22 custom ops of one Mojo package, each callable on torch tensors."""
+    """The p22 custom ops of one Mojo package, each callable on torch tensors.
 
-    package: Path
+    Attributes: ``layernorm``, ``transpose``, ``matmul``, ``bias_add`` and
+    ``fused_op(variant)``; built once, so their compiled models are reused.
+    """
 
-    def op(self, name: str, inputs: tuple, outputs: tuple[Out, ...], weights: frozenset[int] = frozenset()) -> GraphOp:
-        return GraphOp(name, self.package, inputs, outputs, weights=weights)
-
-    @property
-    def layernorm(self) -> GraphOp:
-        return self.op("p22_layernorm", (_X, ("hidden",), ("hidden",)), (Out(_X),), frozenset({1, 2}))
-
-    @property
-    def transpose(self) -> GraphOp:
-        return self.op("p22_transpose", (("rows", "cols"),), (Out(("cols", "rows")),), frozenset({0}))
-
-    @property
-    def matmul(self) -> GraphOp:
-        return self.op("p22_matmul", (("batch", "seq", "k"), ("k", "n")), (Out(("batch", "seq", "n")),),
-                       frozenset({1}))
-
-    @property
-    def bias_add(self) -> GraphOp:
-        return self.op("p22_bias_add", (("batch", "seq", "n"), ("n",)), (Out(("batch", "seq", "n")),),
-                       frozenset({1}))
+    def __init__(self, package: Path) -> None:
+        self.package = Path(package)
+        op = partial(GraphOp, package=self.package)
+        self.layernorm = op("p22_layernorm", inputs=(_X, ("hidden",), ("hidden",)), outputs=(Out(_X),),
+                            weights=frozenset({1, 2}))
+        self.transpose = op("p22_transpose", inputs=(("rows", "cols"),), outputs=(Out(("cols", "rows")),),
+                            weights=frozenset({0}))
+        self.matmul = op("p22_matmul", inputs=(("batch", "seq", "k"), ("k", "n")),
+                         outputs=(Out(("batch", "seq", "n")),))  # b is a fresh intermediate: not cached
+        self.bias_add = op("p22_bias_add", inputs=(("batch", "seq", "n"), ("n",)),
+                           outputs=(Out(("batch", "seq", "n")),), weights=frozenset({1}))
+        self._fused = {
+            variant: op(name, inputs=_FUSED_INPUTS, outputs=(Out(("batch", "seq", "out")),),
+                        weights=frozenset({1, 2, 3, 4}))
+            for variant, name in (("tiled", "p22_fused"), ("naive", "p22_fused_naive"))
+        }
 
     def fused_op(self, variant: str = "tiled") -> GraphOp:
-        name = {"tiled": "p22_fused", "naive": "p22_fused_naive"}[variant]
-        return self.op(name, _FUSED_INPUTS, (Out(("batch", "seq", "out")),), frozenset({1, 2, 3, 4}))
+        """The fused kernel: "tiled" (the solution's main one) or "naive" (the first version)."""
+        if variant not in self._fused:
+            raise ValueError(f"variant: {variant!r} is not one of {sorted(self._fused)}")
+        return self._fused[variant]
 
 
 def validate(x: object, gamma: object, beta: object, weight: object, bias: object) -> None:

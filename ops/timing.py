@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-# About 0.5 ms at H100 clocks: longer than any host-side dispatch we measure.
-SPIN_CYCLES = 1_000_000
+# About 5 ms at H100 clocks: longer than the host needs to enqueue any call we
+# time (the unfused p22 path is four bridge calls).
+SPIN_CYCLES = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,15 @@ def gpu_name() -> str:
 
 
 def commit() -> str:
-    """Short git commit of the checkout (with '+dirty' when files changed), or 'unknown'."""
+    """Short git commit of the checkout (with '+dirty' when files changed), or 'unknown'.
+
+    ``OPS_COMMIT`` overrides it: copies of the tree without .git (the GPU machine) set it.
+    """
+    import os
     import subprocess
 
+    if os.environ.get("OPS_COMMIT"):
+        return os.environ["OPS_COMMIT"]
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],

@@ -80,14 +80,23 @@ def measure_op(n: int, lib: object, dev: torch.device) -> tuple[dict, dict, dict
         "custom_op_library_us": host_us(lambda: theirs(out, *xs)),
     }
     model = bridge.load_model(ours, tuple(t.dtype for t in xs), dev)
-    bufs = [bridge.to_buffer(t) for t in [out, *xs]]
+    stream = bridge._raw_stream(dev)
+    bufs = [bridge.to_buffer(t, stream) for t in [out, *xs]]
     sync = bridge._stream_sync(dev)
+    saved = bridge.STREAM_MODE
+    bridge.STREAM_MODE = "events"
+    events_us = host_us(lambda: ours(*xs))
+    bridge.STREAM_MODE = saved
     part = {
         "inputs": n,
+        "bridge_events_mode_us": events_us,
         "Buffer.from_dlpack_per_tensor_us": host_us(lambda: Buffer.from_dlpack(xs[0])),
-        "bridge.to_buffer_per_tensor_us": host_us(lambda: bridge.to_buffer(xs[0])),
+        "to_buffer_with_stream_per_tensor_us": host_us(lambda: bridge.to_buffer(xs[0], stream)),
+        "current_stream_handle_us": host_us(lambda: bridge._raw_stream(dev)),
         "model.execute_us": host_us(lambda: model.execute(*bufs)),
-        "stream_sync_us": host_us(lambda: (sync.before(), sync.after())),
+        "model._execute_device_tensors_us": host_us(lambda: model._execute_device_tensors(bufs)),
+        "event_sync_before_us": host_us(sync.before),
+        "event_sync_after_us": host_us(sync.after),
         "output_alloc_us": host_us(lambda: ours.allocate(xs)),
     }
     profiles = {}

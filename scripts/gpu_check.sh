@@ -11,7 +11,8 @@ out="${1:-results}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OPS_CACHE_DIR="${OPS_CACHE_DIR:-/tmp/ops_cache}"
 status=0
-stamp() { echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%F)"; }
+export OPS_COMMIT="${OPS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+stamp() { echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $OPS_COMMIT, $(date -u +%F)"; }
 run() {  # run <report name> <command...>: tee the output into $out/<name>.txt, remember failures
   local name="$1"; shift
   { stamp; echo "\$ $*"; "$@"; } 2>&1 | tee "$out/$name.txt"

@@ -69,9 +69,11 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["dlpack", "events"])
 @pytest.mark.parametrize("side_stream", [False, True])
-def test_stream_ordering(side_stream: bool) -> None:
+def test_stream_ordering(side_stream: bool, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Our op reads a tensor a long torch kernel is still writing, and torch reads our output at once."""
+    monkeypatch.setattr(bridge, "STREAM_MODE", mode)
     k = P22Kernels(SOLUTIONS)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     with torch.cuda.stream(stream):
