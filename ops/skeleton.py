@@ -53,7 +53,7 @@ def parse(text: str, name: str = "<text>") -> tuple[list[str], list[Region]]:
                 raise SkeletonError(f"{name}:{no}: END FILL ME IN without a start marker")
             if start:
                 open_label, open_line, body = start["label"], no, []
-            elif "FILL ME IN" in line:
+            elif line.strip().startswith(("# FILL ME IN", "# END FILL")):
                 raise SkeletonError(f"{name}:{no}: malformed marker: {line.strip()}")
             outside.append(line)
             continue
