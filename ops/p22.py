@@ -119,3 +119,30 @@ def kernel_cases(k: P22Kernels, inputs: tuple[torch.Tensor, ...]) -> dict[str, t
         "p22_fused": (k.fused_op("tiled")(*inputs)[0], ref, hidden),
         "p22_fused_naive": (k.fused_op("naive")(*inputs)[0], ref, hidden),
     }
+
+
+# ---------------------------------------------------------------- torch.library
+# The solution's paths as PyTorch custom ops: opaque to torch.compile (which
+# traces them through the fake implementation) and usable in eager mode.
+
+@torch.library.custom_op("p22::layernorm_linear", mutates_args=())
+def layernorm_linear(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+                     weight: torch.Tensor, bias: torch.Tensor, fused_path: bool = True) -> torch.Tensor:
+    """Linear(LayerNorm(x)) with the p22 solution kernels: x [b, s, k] -> [b, s, n], float32."""
+    k = _solution_kernels()
+    return (fused if fused_path else unfused)(k, x, gamma, beta, weight, bias)
+
+
+@layernorm_linear.register_fake
+def _(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+      weight: torch.Tensor, bias: torch.Tensor, fused_path: bool = True) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_SOLUTION: list[P22Kernels] = []
+
+
+def _solution_kernels() -> P22Kernels:
+    if not _SOLUTION:
+        _SOLUTION.append(P22Kernels(SOLUTIONS))
+    return _SOLUTION[0]
