@@ -330,22 +330,18 @@ def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Te
     come after the kernels).
     """
     device = outs[0].device
-    if device.type != "cuda":
-        bufs = [to_buffer(t) for t in outs]
-        bufs += [weight_cache.get(t, to_buffer) if i in weights else to_buffer(t) for i, t in enumerate(tensors)]
-        model.execute(*bufs)
-        return
-    sync = _stream_sync(device)
-    stream = _raw_stream(device) if STREAM_MODE == "dlpack" else None
-    if stream is None:
-        sync.before()
+    cuda = device.type == "cuda"
+    stream = _raw_stream(device) if cuda and STREAM_MODE == "dlpack" else None
+    if cuda and stream is None:
+        _stream_sync(device).before()
     bufs = [to_buffer(t, stream) for t in outs]
     # A cached weight view was ordered when it was made; the other inputs
     # carry this call's stream, so MAX still waits for torch's latest work.
     bufs += [weight_cache.get(t, lambda w: to_buffer(w, stream)) if i in weights else to_buffer(t, stream)
              for i, t in enumerate(tensors)]
     model.execute(*bufs)
-    sync.after()
+    if cuda:
+        _stream_sync(device).after()
 
 
 class _StreamSync:
