@@ -76,9 +76,13 @@ class GraphOp:
     # hashing the whole op on the hot path; clear_caches() bumps the generation.
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
-    def __call__(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        """Run the op on ``tensors`` (already validated); returns new torch outputs."""
-        outs = self.allocate(tensors)
+    def __call__(self, *tensors: torch.Tensor, sizes: dict[str, int] | None = None) -> list[torch.Tensor]:
+        """Run the op on ``tensors`` (already validated); returns new torch outputs.
+
+        ``sizes`` gives output dims that no input carries (e.g. a scratch
+        buffer's length); they stay symbolic in the graph, so no recompile.
+        """
+        outs = self.allocate(tensors, sizes)
         key = (_generation, tuple(t.dtype for t in tensors), tensors[0].device)
         model = self._memo.get(key)
         if model is None:
@@ -86,9 +90,9 @@ class GraphOp:
         execute(model, outs, tensors, self.weights)
         return outs
 
-    def allocate(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def allocate(self, tensors: Sequence[torch.Tensor], extra: dict[str, int] | None = None) -> list[torch.Tensor]:
         """Output tensors for these inputs: empty, or NaN-poisoned in poison mode."""
-        sizes = {}
+        sizes = dict(extra or {})
         for dims, t in zip(self.inputs, tensors, strict=True):
             sizes.update((d, n) for d, n in zip(dims, t.shape, strict=True) if isinstance(d, str))
         outs = []
@@ -229,19 +233,39 @@ def build_graph(op: GraphOp, dtypes: Sequence[torch.dtype], kind: str, index: in
     Graph inputs are the outputs (as mutable buffers) followed by the inputs;
     the graph is one in-place custom op call and returns nothing.
     """
+    return build_multi_graph(op.name, [(op, dtypes)], kind, index)
+
+
+def build_multi_graph(name: str, calls: Sequence[tuple[GraphOp, Sequence[torch.dtype]]], kind: str,
+                      index: int) -> Any:
+    """One graph calling each (op, input dtypes) of ``calls`` once, all from one package.
+
+    Compiling a graph costs mostly a fixed overhead, so checking many ops in
+    one graph is several times cheaper than one graph each. Dims are
+    namespaced per call when there are several.
+    """
     from max.graph import BufferType, Graph, TensorType, ops
 
+    packages = {op.package for op, _ in calls}
+    if len(packages) != 1:
+        raise ValueError(f"calls: ops come from {len(packages)} packages; a graph takes one")
     dev = _device_ref(kind, index)
-    out_types = []
-    for out in op.outputs:
-        dtype = dtypes[out.dtype] if isinstance(out.dtype, int) else out.dtype
-        out_types.append(BufferType(_dtype(dtype), list(out.dims), dev))
-    in_types = [TensorType(_dtype(dt), list(dims), dev) for dt, dims in zip(dtypes, op.inputs, strict=True)]
-    with Graph(op.name, input_types=[*out_types, *in_types],
-               custom_extensions=[compile_package(op.package)]) as graph:
-        n_out = len(out_types)
-        values = [v.buffer for v in graph.inputs[:n_out]] + [v.tensor for v in graph.inputs[n_out:]]
-        ops.inplace_custom(op.name, dev, values, parameters=dict(op.parameters) or None)
+    types, spans = [], []
+    for i, (op, dtypes) in enumerate(calls):
+        def dims(ds: tuple, i: int = i) -> list:
+            return [f"c{i}_{d}" if isinstance(d, str) and len(calls) > 1 else d for d in ds]
+        for out in op.outputs:
+            dtype = dtypes[out.dtype] if isinstance(out.dtype, int) else out.dtype
+            types.append(BufferType(_dtype(dtype), dims(out.dims), dev))
+        types += [TensorType(_dtype(dt), dims(ds), dev) for dt, ds in zip(dtypes, op.inputs, strict=True)]
+        spans.append((len(op.outputs), len(op.inputs)))
+    with Graph(name, input_types=types, custom_extensions=[compile_package(packages.pop())]) as graph:
+        at = 0
+        for (op, _), (n_out, n_in) in zip(calls, spans, strict=True):
+            values = [v.buffer for v in graph.inputs[at:at + n_out]]
+            values += [v.tensor for v in graph.inputs[at + n_out:at + n_out + n_in]]
+            ops.inplace_custom(op.name, dev, values, parameters=dict(op.parameters) or None)
+            at += n_out + n_in
         graph.output()
     return graph
 
@@ -310,6 +334,8 @@ def to_buffer(t: torch.Tensor, stream: int | None = None) -> Any:
     """Zero-copy MAX view of ``t``; on CUDA with ``stream``, MAX's queue waits on that stream."""
     from max.driver import Buffer
 
+    if t.requires_grad:  # DLPack refuses autograd leaves; the kernel never records history anyway
+        t = t.detach()
     if stream is None:
         return Buffer.from_dlpack(t)
     capsule = torch.utils.dlpack.to_dlpack(t)

@@ -17,3 +17,32 @@ def layernorm_linear_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tenso
                          weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """Linear(LayerNorm(x)) in float64: x [..., K], weight [N, K], bias [N] -> [..., N]."""
     return layernorm_ref(x, gamma, beta, eps) @ weight.double().T + bias.double()
+
+
+def gelu_ref(z: torch.Tensor, activation: str) -> torch.Tensor:
+    """The activation by name ("none", "gelu" erf form, "gelu_tanh") in z's dtype."""
+    if activation == "none":
+        return z
+    return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+def layernorm_act_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5,
+                      activation: str = "none") -> torch.Tensor:
+    """act(LayerNorm(x)) in float64, x [..., H]."""
+    return gelu_ref(layernorm_ref(x, gamma, beta, eps), activation)
+
+
+def layernorm_stats_ref(x: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row mean and rstd of x [..., H] in float64 (two-pass)."""
+    x64 = x.double()
+    mean = x64.mean(dim=-1)
+    var = ((x64 - mean.unsqueeze(-1)) ** 2).mean(dim=-1)
+    return mean, 1.0 / torch.sqrt(var + eps)
+
+
+def layernorm_grads_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, dy: torch.Tensor,
+                        eps: float = 1e-5, activation: str = "none") -> tuple[torch.Tensor, ...]:
+    """(dx, dgamma, dbeta) of act(LayerNorm(x)) for upstream dy, by float64 autograd."""
+    x64, g64, b64 = (t.detach().double().requires_grad_() for t in (x, gamma, beta))
+    y = layernorm_act_ref(x64, g64, b64, eps, activation)
+    return torch.autograd.grad(y, (x64, g64, b64), dy.double())

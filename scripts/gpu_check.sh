@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The GPU run: on the H100 set up as ../shared/gpu/README.md says, run the whole
-# test suite (GPU tests included), the p22 solution at the default and a
-# realistic size, and the dispatch benchmark. Every report goes to results/
-# (or the folder given as $1), stamped with the GPU name and commit; commit them.
+# The GPU run: on the H100 set up as ../shared/gpu/README.md says, run the
+# chosen steps and write every report to results/ (or $OUT_DIR), stamped with
+# the GPU name and commit; commit them. Steps (default: all), each well under
+# the 10 minutes one device call may take:
+#   tests       the whole test suite, GPU tests included -> gpu_tests.txt
+#   p22         the p22 solution, default and realistic sizes -> p22_*.txt
+#   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
+#   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
 #
-#   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [out_dir]
+#   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-results}"
+out="${OUT_DIR:-results}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OPS_CACHE_DIR="${OPS_CACHE_DIR:-/tmp/ops_cache}"
 status=0
@@ -20,10 +24,22 @@ run() {  # run <report name> <command...>: tee the output into $out/<name>.txt, 
   echo "exit code: $rc" | tee -a "$out/$name.txt"
   [ "$rc" -eq 0 ] || status=1
 }
-run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests
-run p22_default python scripts/p22.py --solution --unfused --fused
-run p22_realistic python scripts/p22.py --solution --unfused --fused --batch 8 --seq 512 --hidden 768 --out 3072 --iters 100
-run p22_realistic_naive python scripts/p22.py --solution --fused --variant naive --batch 8 --seq 512 --hidden 768 --out 3072 --iters 5
-run bench_dispatch_log python scripts/bench_dispatch.py
-cp results/bench_dispatch.md results/bench_dispatch.csv "$out"/ 2>/dev/null || true
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests p22 dispatch layernorm)
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests ;;
+    p22)
+      run p22_default python scripts/p22.py --solution --unfused --fused
+      run p22_realistic python scripts/p22.py --solution --unfused --fused --batch 8 --seq 512 --hidden 768 --out 3072 --iters 100
+      run p22_realistic_naive python scripts/p22.py --solution --fused --variant naive --batch 8 --seq 512 --hidden 768 --out 3072 --iters 5 ;;
+    dispatch)
+      run bench_dispatch_log python scripts/bench_dispatch.py
+      [ "$out" = results ] || cp results/bench_dispatch.md results/bench_dispatch.csv "$out"/ ;;
+    layernorm)
+      run bench_layernorm_log python scripts/bench_layernorm.py
+      [ "$out" = results ] || cp results/bench_layernorm.* "$out"/ ;;
+    *) echo "unknown step: $step"; status=1 ;;
+  esac
+done
 exit $status

@@ -1,0 +1,689 @@
+# layernorm_fwd: y = act((x - mean) * rstd * gamma + beta) over the last dim of
+# x [rows, h], plus mean and rstd per row (float32) for the backward.
+# layernorm_bwd: dx, dgamma, dbeta from dy, x, gamma, beta and the saved stats.
+# `act` is 0 (none), 1 (GELU, tanh form) or 2 (GELU, erf form). x, y, gamma,
+# beta are fp32, fp16 or bf16; every sum is accumulated in fp32.
+#
+# Forward variants (the kernel progression), picked at run time from the
+# length of the `select` input (a tiny tensor whose size is the variant
+# number), so one compiled graph holds them all:
+#   1 row_thread: one thread per row, plain loops. Each thread streams its own
+#     row, so neighbouring threads touch addresses h apart: no coalescing.
+#   2 block_smem: one block (256 threads) per row, strided loads (coalesced),
+#     the block's partial sums combined by a shared-memory tree (8 barriers).
+#   3 block_warp: as 2, but warps reduce with shuffles and shared memory holds
+#     one value per warp (1 barrier per reduction).
+#   4 vector: one block per row, 16-byte loads, the row held in registers:
+#     x is read once, the statistics take two exact passes over registers.
+#   5 fast: 4, plus several rows per block (a warp per row) when the row is
+#     short, so small-h launches still fill the GPU with independent loads.
+# Variants 1-3 and every fallback (h not a multiple of the vector width,
+# unaligned pointers, rows too long for registers) use shifted sums: with K a
+# sample of the row, mean = K + E[x-K] and var = E[(x-K)^2] - E[x-K]^2, one
+# pass and robust when the mean is large against the spread (plain
+# E[x^2] - E[x]^2 is not).
+#
+# Backward: rows are dealt round-robin to `parts` row groups (a warp or a
+# block each); a group keeps gamma and its dgamma/dbeta partial sums in
+# registers across its rows, then writes them to part_g/part_b [parts, h].
+# A second kernel sums the parts per column in a fixed order, so the result
+# is bitwise identical run to run (no float atomics).
+
+import extensibility
+from extensibility import InputTensor, _MutableInputTensor
+from max.gpu.host import DeviceContext
+from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE
+from max.gpu.primitives import warp
+from max.gpu.memory import AddressSpace
+from std.math import ceildiv, rsqrt, tanh, erf, exp
+from std.memory import stack_allocation, bitcast
+from std.sys import size_of
+
+comptime F32 = DType.float32
+comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
+
+comptime ACT_NONE = 0
+comptime ACT_GELU_TANH = 1
+comptime ACT_GELU_ERF = 2
+comptime SQRT_2_OVER_PI: Float32 = 0.7978845608028654
+comptime INV_SQRT_2: Float32 = 0.7071067811865476
+comptime INV_SQRT_2PI: Float32 = 0.3989422804014327
+comptime GELU_CUBIC: Float32 = 0.044715
+
+comptime V_ROW_THREAD = 1
+comptime V_BLOCK_SMEM = 2
+comptime V_BLOCK_WARP = 3
+comptime V_VECTOR = 4
+comptime V_FAST = 5
+
+comptime ROW_THREAD_BLOCK = 128
+comptime SMEM_BLOCK = 256
+comptime REDUCE_COLS = 32   # columns per block of the dgamma/dbeta reduction
+comptime REDUCE_SLICES = 8  # threads splitting one column's parts
+comptime ALIGN = 16         # bytes per vector load
+
+
+# ---------------------------------------------------------------- math
+
+@always_inline
+def activate[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
+    comptime if act == ACT_GELU_TANH:
+        return 0.5 * z * (1.0 + tanh(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z)))
+    elif act == ACT_GELU_ERF:
+        return 0.5 * z * (1.0 + erf(z * INV_SQRT_2))
+    else:
+        return z
+
+
+@always_inline
+def activate_grad[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
+    """Derivative of activate[act] at z."""
+    comptime if act == ACT_GELU_TANH:
+        var t = tanh(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z))
+        var du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * z * z)
+        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du
+    elif act == ACT_GELU_ERF:
+        return 0.5 * (1.0 + erf(z * INV_SQRT_2)) + z * INV_SQRT_2PI * exp(-0.5 * z * z)
+    else:
+        return SIMD[F32, w](1.0)
+
+
+@always_inline
+def shifted_stats(s1: Float32, s2: Float32, shift: Float32, n: Int, eps: Float32) -> Tuple[Float32, Float32]:
+    """Mean and rstd from sums of d = x - shift and d^2 over n elements."""
+    var m1 = s1 / Float32(n)
+    var v = s2 / Float32(n) - m1 * m1
+    if v < 0.0:  # rounding only; a NaN fails the test and propagates
+        v = 0.0
+    return (shift + m1, rsqrt(v + eps))
+
+
+@always_inline
+def load_f32[dtype: DType](p: Ptr[dtype], i: Int) -> Float32:
+    return p[unsafe_offset=i].cast[F32]()
+
+
+# ---------------------------------------------------------------- reductions
+
+comptime Shared = Pointer[Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED]
+
+
+@always_inline
+def group_sum[WPR: Int, RPB: Int](v: Float32, sh: Shared, slot: Int) -> Float32:
+    """Sum over the WPR warps that share a row; every thread of the group gets it.
+
+    `sh` holds RPB * WPR floats per slot; a caller alternates slots so the next
+    write never races the previous read (no trailing barrier).
+    """
+    var s = warp.sum(v)
+    comptime if WPR == 1:
+        return s
+    else:
+        var w = Int(thread_idx.x) // WARP_SIZE
+        var base = slot * RPB * WPR
+        if Int(thread_idx.x) % WARP_SIZE == 0:
+            sh[unsafe_offset=base + w] = s
+        barrier()
+        var total: Float32 = 0.0
+        var first = base + (w // WPR) * WPR
+        comptime for i in range(WPR):
+            total += sh[unsafe_offset=first + i]
+        return total
+
+
+# ---------------------------------------------------------------- forward, variants 1-3
+
+def ln_fwd_row_thread[dtype: DType, act: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
+):
+    var row = Int(block_idx.x) * ROW_THREAD_BLOCK + Int(thread_idx.x)
+    var n = Int(h)
+    if row >= Int(rows):
+        return
+    var base = row * n
+    var shift = load_f32(x, base)
+    var s1: Float32 = 0.0
+    var s2: Float32 = 0.0
+    for i in range(n):
+        var d = load_f32(x, base + i) - shift
+        s1 += d
+        s2 += d * d
+    var st = shifted_stats(s1, s2, shift, n, eps)
+    for i in range(n):
+        var z = (load_f32(x, base + i) - st[0]) * st[1] * load_f32(gamma, i) + load_f32(beta, i)
+        y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+    mean_out[unsafe_offset=row] = st[0]
+    rstd_out[unsafe_offset=row] = st[1]
+
+
+def ln_fwd_block_smem[dtype: DType, act: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
+):
+    var sh1 = stack_allocation[SMEM_BLOCK, F32, address_space=AddressSpace.SHARED]()
+    var sh2 = stack_allocation[SMEM_BLOCK, F32, address_space=AddressSpace.SHARED]()
+    var row = Int(block_idx.x)
+    var tid = Int(thread_idx.x)
+    var n = Int(h)
+    var base = row * n
+    var shift = load_f32(x, base)
+    var s1: Float32 = 0.0
+    var s2: Float32 = 0.0
+    for i in range(tid, n, SMEM_BLOCK):
+        var d = load_f32(x, base + i) - shift
+        s1 += d
+        s2 += d * d
+    sh1[unsafe_offset=tid] = s1
+    sh2[unsafe_offset=tid] = s2
+    barrier()
+    comptime for level in range(8):  # log2(SMEM_BLOCK) halvings
+        comptime stride = SMEM_BLOCK >> (level + 1)
+        if tid < stride:
+            sh1[unsafe_offset=tid] = sh1[unsafe_offset=tid] + sh1[unsafe_offset=tid + stride]
+            sh2[unsafe_offset=tid] = sh2[unsafe_offset=tid] + sh2[unsafe_offset=tid + stride]
+        barrier()
+    var st = shifted_stats(sh1[unsafe_offset=0], sh2[unsafe_offset=0], shift, n, eps)
+    for i in range(tid, n, SMEM_BLOCK):
+        var z = (load_f32(x, base + i) - st[0]) * st[1] * load_f32(gamma, i) + load_f32(beta, i)
+        y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+    if tid == 0:
+        mean_out[unsafe_offset=row] = st[0]
+        rstd_out[unsafe_offset=row] = st[1]
+
+
+def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
+):
+    """Variant 3 (WPR=8, RPB=1) and the fallback for any h: WPR warps per row, RPB rows per block."""
+    comptime GT = WPR * WARP_SIZE
+    var sh = stack_allocation[2 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
+    var tid = Int(thread_idx.x)
+    var gt = tid % GT
+    var row = Int(block_idx.x) * RPB + tid // GT
+    var valid = row < Int(rows)
+    var n = Int(h)
+    var base = row * n
+    var shift: Float32 = 0.0
+    var s1: Float32 = 0.0
+    var s2: Float32 = 0.0
+    if valid:
+        shift = load_f32(x, base)
+        for i in range(gt, n, GT):
+            var d = load_f32(x, base + i) - shift
+            s1 += d
+            s2 += d * d
+    # Every thread reaches the barriers inside group_sum, valid row or not.
+    var st = shifted_stats(group_sum[WPR, RPB](s1, sh, 0), group_sum[WPR, RPB](s2, sh, 1), shift, n, eps)
+    if not valid:
+        return
+    for i in range(gt, n, GT):
+        var z = (load_f32(x, base + i) - st[0]) * st[1] * load_f32(gamma, i) + load_f32(beta, i)
+        y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+    if gt == 0:
+        mean_out[unsafe_offset=row] = st[0]
+        rstd_out[unsafe_offset=row] = st[1]
+
+
+# ---------------------------------------------------------------- forward, register variants
+
+def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
+):
+    """Row in registers: thread gt of a row group holds vectors gt, gt + GT, ... (CH of them).
+
+    Needs h % VEC == 0, h <= CH * VEC * GT and 16-byte aligned pointers.
+    """
+    comptime GT = WPR * WARP_SIZE
+    comptime W = CH * VEC
+    var sh = stack_allocation[2 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
+    var tid = Int(thread_idx.x)
+    var gt = tid % GT
+    var row = Int(block_idx.x) * RPB + tid // GT
+    var valid = row < Int(rows)
+    var n = Int(h)
+    var nv = n // VEC
+    var base = row * n
+    # All loads are issued before any arithmetic depends on them.
+    var v = SIMD[F32, W](0.0)
+    comptime for c in range(CH):
+        var j = c * GT + gt
+        if valid and j < nv:
+            v = v.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+    var mean = group_sum[WPR, RPB](v.reduce_add(), sh, 0) / Float32(n)
+    var ss: Float32 = 0.0
+    comptime for c in range(CH):
+        if c * GT + gt < nv:
+            var d = v.slice[VEC, offset=c * VEC]() - mean
+            ss += (d * d).reduce_add()
+    var rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
+    if not valid:
+        return
+    comptime for c in range(CH):
+        var j = c * GT + gt
+        if j < nv:
+            var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var z = (v.slice[VEC, offset=c * VEC]() - mean) * rstd * g + b
+            y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
+    if gt == 0:
+        mean_out[unsafe_offset=row] = mean
+        rstd_out[unsafe_offset=row] = rstd
+
+
+# ---------------------------------------------------------------- forward launchers
+
+def launch_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
+    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
+) raises:
+    comptime kernel = ln_fwd_regs[dtype, act, VEC, CH, WPR, RPB]
+    ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
+                                 grid_dim=ceildiv(rows, RPB), block_dim=WPR * RPB * WARP_SIZE)
+
+
+def launch_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
+    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
+) raises:
+    comptime kernel = ln_fwd_loop[dtype, act, WPR, RPB]
+    ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
+                                 grid_dim=ceildiv(rows, RPB), block_dim=WPR * RPB * WARP_SIZE)
+
+
+def vector_width[dtype: DType]() -> Int:
+    return ALIGN // size_of[Scalar[dtype]]()
+
+
+def aligned(*addresses: Int) -> Bool:
+    for a in addresses:
+        if a % ALIGN != 0:
+            return False
+    return True
+
+
+def fwd_gpu[dtype: DType, act: Int](
+    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32, variant: Int,
+) raises:
+    if variant == V_ROW_THREAD:
+        comptime kernel = ln_fwd_row_thread[dtype, act]
+        ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
+                                     grid_dim=ceildiv(rows, ROW_THREAD_BLOCK), block_dim=ROW_THREAD_BLOCK)
+        return
+    if variant == V_BLOCK_SMEM:
+        comptime kernel = ln_fwd_block_smem[dtype, act]
+        ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
+                                     grid_dim=rows, block_dim=SMEM_BLOCK)
+        return
+    if variant == V_BLOCK_WARP:
+        launch_fwd_loop[dtype, act, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        return
+    comptime VEC = vector_width[dtype]()
+    var nv = h // VEC
+    var vec_ok = h % VEC == 0 and aligned(Int(y), Int(x), Int(gamma), Int(beta))
+    if vec_ok:
+        if variant == V_FAST:
+            # Short rows: a warp per row, several rows per block.
+            if nv <= 32:
+                return launch_fwd_regs[dtype, act, VEC, 1, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+            if nv <= 64:
+                return launch_fwd_regs[dtype, act, VEC, 2, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+            if nv <= 128:
+                return launch_fwd_regs[dtype, act, VEC, 4, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+            if nv <= 256:
+                return launch_fwd_regs[dtype, act, VEC, 8, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+            if nv <= 512:
+                return launch_fwd_regs[dtype, act, VEC, 4, 4, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        else:
+            if nv <= 256:
+                return launch_fwd_regs[dtype, act, VEC, 1, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+            if nv <= 512:
+                return launch_fwd_regs[dtype, act, VEC, 2, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        # Long rows: a block per row.
+        if nv <= 1024:
+            return launch_fwd_regs[dtype, act, VEC, 4, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        if nv <= 2048:
+            return launch_fwd_regs[dtype, act, VEC, 4, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        if nv <= 4096:
+            return launch_fwd_regs[dtype, act, VEC, 4, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        if nv <= 8192:
+            return launch_fwd_regs[dtype, act, VEC, 8, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        if nv <= 16384:
+            return launch_fwd_regs[dtype, act, VEC, 16, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    if h <= 1024:
+        launch_fwd_loop[dtype, act, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    else:
+        launch_fwd_loop[dtype, act, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+
+
+# ---------------------------------------------------------------- backward
+
+def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
+    dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
+    rows: Int32, h: Int32, parts: Int32,
+):
+    """Group p (of `parts`) handles rows p, p + parts, ...; dx = rstd * (g*dy - E[g*dy] - xhat * E[g*dy*xhat])."""
+    comptime GT = WPR * WARP_SIZE
+    comptime W = CH * VEC
+    var sh = stack_allocation[4 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
+    var tid = Int(thread_idx.x)
+    var gt = tid % GT
+    var group = Int(block_idx.x) * RPB + tid // GT
+    var n = Int(h)
+    var nv = n // VEC
+    var p = Int(parts)
+    var g = SIMD[F32, W](0.0)
+    var bt = SIMD[F32, W](0.0)
+    comptime for c in range(CH):
+        var j = c * GT + gt
+        if j < nv:
+            g = g.insert[offset=c * VEC](gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]())
+            comptime if act != ACT_NONE:
+                bt = bt.insert[offset=c * VEC](beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]())
+    var acc_g = SIMD[F32, W](0.0)
+    var acc_b = SIMD[F32, W](0.0)
+    var iters = ceildiv(Int(rows), p)
+    for it in range(iters):
+        var row = group + it * p
+        var valid = group < p and row < Int(rows)
+        var base = row * n
+        var xv = SIMD[F32, W](0.0)
+        var dyv = SIMD[F32, W](0.0)  # zero where invalid: contributes nothing below
+        var m: Float32 = 0.0
+        var r: Float32 = 0.0
+        if valid:
+            m = mean[unsafe_offset=row]
+            r = rstd[unsafe_offset=row]
+            comptime for c in range(CH):
+                var j = c * GT + gt
+                if j < nv:
+                    xv = xv.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+                    dyv = dyv.insert[offset=c * VEC](dy.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+        var xhat = (xv - m) * r
+        comptime if act != ACT_NONE:
+            dyv = dyv * activate_grad[act, W](xhat * g + bt)
+        var gdy = g * dyv
+        var slot = 2 * (it % 2)
+        var a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
+        var b = group_sum[WPR, RPB]((gdy * xhat).reduce_add(), sh, slot + 1) / Float32(n)
+        acc_g += dyv * xhat
+        acc_b += dyv
+        if valid:
+            var dxv = r * (gdy - a - xhat * b)
+            comptime for c in range(CH):
+                var j = c * GT + gt
+                if j < nv:
+                    dx.unsafe_store[alignment=ALIGN](base + j * VEC, dxv.slice[VEC, offset=c * VEC]().cast[dtype]())
+    if group < p:
+        comptime for c in range(CH):
+            var j = c * GT + gt
+            if j < nv:
+                part_g.unsafe_store[alignment=ALIGN](group * n + j * VEC, acc_g.slice[VEC, offset=c * VEC]())
+                part_b.unsafe_store[alignment=ALIGN](group * n + j * VEC, acc_b.slice[VEC, offset=c * VEC]())
+
+
+def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
+    dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
+    rows: Int32, h: Int32, parts: Int32,
+):
+    """Any h: two passes over each row; the partial sums live in part_g/part_b themselves.
+
+    Each partial element is owned by one thread, so the read-modify-writes
+    need no atomics and keep a fixed order.
+    """
+    comptime GT = WPR * WARP_SIZE
+    var sh = stack_allocation[4 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
+    var tid = Int(thread_idx.x)
+    var gt = tid % GT
+    var group = Int(block_idx.x) * RPB + tid // GT
+    var n = Int(h)
+    var p = Int(parts)
+    if group < p:
+        for i in range(gt, n, GT):
+            part_g[unsafe_offset=group * n + i] = 0.0
+            part_b[unsafe_offset=group * n + i] = 0.0
+    var iters = ceildiv(Int(rows), p)
+    for it in range(iters):
+        var row = group + it * p
+        var valid = group < p and row < Int(rows)
+        var base = row * n
+        var m: Float32 = 0.0
+        var r: Float32 = 0.0
+        var sa: Float32 = 0.0
+        var sb: Float32 = 0.0
+        if valid:
+            m = mean[unsafe_offset=row]
+            r = rstd[unsafe_offset=row]
+            for i in range(gt, n, GT):
+                var xhat = (load_f32(x, base + i) - m) * r
+                var g = load_f32(gamma, i)
+                var d = load_f32(dy, base + i)
+                comptime if act != ACT_NONE:
+                    d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+                sa += g * d
+                sb += g * d * xhat
+        var slot = 2 * (it % 2)
+        var a = group_sum[WPR, RPB](sa, sh, slot) / Float32(n)
+        var b = group_sum[WPR, RPB](sb, sh, slot + 1) / Float32(n)
+        if valid:
+            for i in range(gt, n, GT):
+                var xhat = (load_f32(x, base + i) - m) * r
+                var g = load_f32(gamma, i)
+                var d = load_f32(dy, base + i)
+                comptime if act != ACT_NONE:
+                    d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+                dx[unsafe_offset=base + i] = (r * (g * d - a - xhat * b)).cast[dtype]()
+                part_g[unsafe_offset=group * n + i] = part_g[unsafe_offset=group * n + i] + d * xhat
+                part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
+
+
+def ln_bwd_reduce[dtype: DType](
+    dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int32, h: Int32,
+):
+    """Column sums of part_g/part_b [parts, h] in a fixed order: REDUCE_SLICES strided slices, then in slice order."""
+    var sg = stack_allocation[REDUCE_SLICES * REDUCE_COLS, F32, address_space=AddressSpace.SHARED]()
+    var sb = stack_allocation[REDUCE_SLICES * REDUCE_COLS, F32, address_space=AddressSpace.SHARED]()
+    var tid = Int(thread_idx.x)
+    var c = tid % REDUCE_COLS
+    var s = tid // REDUCE_COLS
+    var col = Int(block_idx.x) * REDUCE_COLS + c
+    var n = Int(h)
+    var ag: Float32 = 0.0
+    var ab: Float32 = 0.0
+    if col < n:
+        for q in range(s, Int(parts), REDUCE_SLICES):
+            ag += part_g[unsafe_offset=q * n + col]
+            ab += part_b[unsafe_offset=q * n + col]
+    sg[unsafe_offset=tid] = ag
+    sb[unsafe_offset=tid] = ab
+    barrier()
+    if s == 0 and col < n:
+        var tg: Float32 = 0.0
+        var tb: Float32 = 0.0
+        comptime for i in range(REDUCE_SLICES):
+            tg += sg[unsafe_offset=i * REDUCE_COLS + c]
+            tb += sb[unsafe_offset=i * REDUCE_COLS + c]
+        dgamma[unsafe_offset=col] = tg.cast[dtype]()
+        dbeta[unsafe_offset=col] = tb.cast[dtype]()
+
+
+def launch_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
+    ctx: DeviceContext, dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype],
+    x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
+    rows: Int, h: Int, parts: Int,
+) raises:
+    comptime kernel = ln_bwd_regs[dtype, act, VEC, CH, WPR, RPB]
+    ctx.enqueue_function[kernel](dx, part_g, part_b, dy, x, gamma, beta, mean, rstd,
+                                 Int32(rows), Int32(h), Int32(parts),
+                                 grid_dim=ceildiv(parts, RPB), block_dim=WPR * RPB * WARP_SIZE)
+
+
+def launch_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
+    ctx: DeviceContext, dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype],
+    x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
+    rows: Int, h: Int, parts: Int,
+) raises:
+    comptime kernel = ln_bwd_loop[dtype, act, WPR, RPB]
+    ctx.enqueue_function[kernel](dx, part_g, part_b, dy, x, gamma, beta, mean, rstd,
+                                 Int32(rows), Int32(h), Int32(parts),
+                                 grid_dim=ceildiv(parts, RPB), block_dim=WPR * RPB * WARP_SIZE)
+
+
+def bwd_gpu[dtype: DType, act: Int](
+    ctx: DeviceContext, dx: Ptr[dtype], dgamma: Ptr[dtype], dbeta: Ptr[dtype],
+    part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype],
+    beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], rows: Int, h: Int, parts: Int,
+) raises:
+    comptime VEC = vector_width[dtype]()
+    var nv = h // VEC
+    var vec_ok = h % VEC == 0 and aligned(Int(dx), Int(dy), Int(x), Int(gamma), Int(beta))
+    if vec_ok and nv <= 32:
+        launch_bwd_regs[dtype, act, VEC, 1, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 64:
+        launch_bwd_regs[dtype, act, VEC, 2, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 128:
+        launch_bwd_regs[dtype, act, VEC, 4, 1, 4](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 256:
+        launch_bwd_regs[dtype, act, VEC, 2, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 512:
+        launch_bwd_regs[dtype, act, VEC, 4, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 1024:
+        launch_bwd_regs[dtype, act, VEC, 4, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 2048:
+        launch_bwd_regs[dtype, act, VEC, 4, 16, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 4096:
+        launch_bwd_regs[dtype, act, VEC, 4, 32, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif h <= 1024:
+        launch_bwd_loop[dtype, act, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    else:
+        launch_bwd_loop[dtype, act, 16, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    comptime reduce = ln_bwd_reduce[dtype]
+    ctx.enqueue_function[reduce](dgamma, dbeta, part_g, part_b, Int32(parts), Int32(h),
+                                 grid_dim=ceildiv(h, REDUCE_COLS), block_dim=REDUCE_COLS * REDUCE_SLICES)
+
+
+# ---------------------------------------------------------------- CPU
+
+def fwd_cpu[dtype: DType, act: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
+):
+    """Two exact passes per row (mean, then squared deviations), then the output."""
+    for r in range(rows):
+        var base = r * h
+        var s: Float32 = 0.0
+        for i in range(h):
+            s += load_f32(x, base + i)
+        var mean = s / Float32(h)
+        var ss: Float32 = 0.0
+        for i in range(h):
+            var d = load_f32(x, base + i) - mean
+            ss += d * d
+        var rstd = rsqrt(ss / Float32(h) + eps)
+        for i in range(h):
+            var z = (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
+            y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+        mean_out[unsafe_offset=r] = mean
+        rstd_out[unsafe_offset=r] = rstd
+
+
+def bwd_cpu[dtype: DType, act: Int](
+    dx: Ptr[dtype], dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32],
+    dy: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
+    mean: Ptr[F32], rstd: Ptr[F32], rows: Int, h: Int,
+):
+    """Rows in order; dgamma/dbeta accumulate in part_g/part_b row 0."""
+    for i in range(h):
+        part_g[unsafe_offset=i] = 0.0
+        part_b[unsafe_offset=i] = 0.0
+    for r in range(rows):
+        var base = r * h
+        var m = mean[unsafe_offset=r]
+        var rs = rstd[unsafe_offset=r]
+        var sa: Float32 = 0.0
+        var sb: Float32 = 0.0
+        for i in range(h):
+            var xhat = (load_f32(x, base + i) - m) * rs
+            var g = load_f32(gamma, i)
+            var d = load_f32(dy, base + i)
+            comptime if act != ACT_NONE:
+                d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+            sa += g * d
+            sb += g * d * xhat
+        var a = sa / Float32(h)
+        var b = sb / Float32(h)
+        for i in range(h):
+            var xhat = (load_f32(x, base + i) - m) * rs
+            var g = load_f32(gamma, i)
+            var d = load_f32(dy, base + i)
+            comptime if act != ACT_NONE:
+                d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+            dx[unsafe_offset=base + i] = (rs * (g * d - a - xhat * b)).cast[dtype]()
+            part_g[unsafe_offset=i] = part_g[unsafe_offset=i] + d * xhat
+            part_b[unsafe_offset=i] = part_b[unsafe_offset=i] + d
+    for i in range(h):
+        dgamma[unsafe_offset=i] = part_g[unsafe_offset=i].cast[dtype]()
+        dbeta[unsafe_offset=i] = part_b[unsafe_offset=i].cast[dtype]()
+
+
+# ---------------------------------------------------------------- registered ops
+
+@extensibility.register("layernorm_fwd")
+struct LayerNormFwd:
+    @staticmethod
+    def execute[target: StaticString, dtype: DType, act: Int, eps_bits: Int](
+        y: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
+        mean: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
+        rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        select: InputTensor[dtype=F32, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        comptime eps = bitcast[F32](UInt32(eps_bits))
+        var rows = x.dim_size(0)
+        var h = x.dim_size(1)
+        comptime if target == "gpu":
+            fwd_gpu[dtype, act](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
+                                gamma.unsafe_ptr(), beta.unsafe_ptr(), rows, h, eps, select.dim_size(0))
+        else:
+            fwd_cpu[dtype, act](y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
+                                x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), rows, h, eps)
+
+
+@extensibility.register("layernorm_bwd")
+struct LayerNormBwd:
+    @staticmethod
+    def execute[target: StaticString, dtype: DType, act: Int](
+        dx: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
+        dgamma: _MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
+        dbeta: _MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
+        part_g: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
+        part_b: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
+        dy: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        mean: InputTensor[dtype=F32, rank=1, static_spec=_],
+        rstd: InputTensor[dtype=F32, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        var rows = x.dim_size(0)
+        var h = x.dim_size(1)
+        var parts = part_g.dim_size(0)
+        comptime if target == "gpu":
+            bwd_gpu[dtype, act](ctx, dx.unsafe_ptr(), dgamma.unsafe_ptr(), dbeta.unsafe_ptr(),
+                                part_g.unsafe_ptr(), part_b.unsafe_ptr(), dy.unsafe_ptr(), x.unsafe_ptr(),
+                                gamma.unsafe_ptr(), beta.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
+                                rows, h, parts)
+        else:
+            bwd_cpu[dtype, act](dx.unsafe_ptr(), dgamma.unsafe_ptr(), dbeta.unsafe_ptr(),
+                                part_g.unsafe_ptr(), part_b.unsafe_ptr(), dy.unsafe_ptr(), x.unsafe_ptr(),
+                                gamma.unsafe_ptr(), beta.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
+                                rows, h)

@@ -1,0 +1,230 @@
+"""LayerNorm on the GPU: our kernels (every variant) vs torch, forward, backward and LN+GELU.
+
+Per row of the report: device microseconds (CUDA events, median, inputs
+rotated past the L2 cache), GB/s counting the bytes that must move (forward:
+read x, write y; backward: read x and dy, write dx), % of the measured
+device copy bandwidth, and the ratio to torch eager (and torch.compile).
+Every result is checked against the float64 reference before it is timed.
+Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
+
+    poe bench-layernorm                       (needs a CUDA GPU)
+    python scripts/bench_layernorm.py --quick
+    python scripts/bench_layernorm.py --plot-only   (PNG from the committed CSV)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ops import layernorm as L  # noqa: E402
+from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
+from ops.timing import commit, gpu_name, measure  # noqa: E402
+from ops.tolerance import compare  # noqa: E402
+
+OUT = ROOT / "results"
+GRID_M = (1, 32, 512, 4096, 16384, 65536)
+GRID_H = (256, 768, 1024, 4096, 8192)
+TARGETS = ((16384, 4096), (4096, 8192))  # the >= 2.75 TB/s points
+PROGRESSION = ((4096, 768), (16384, 4096), (4096, 8192))
+BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
+GELU_SHAPES = ((4096, 768), (16384, 4096))
+ROTATE_BYTES = 256 << 20  # input sets per shape cover at least this much (H100 L2: 50 MB)
+FIELDS = ("kind", "impl", "dtype", "M", "H", "us", "GBps", "pct_copy", "vs_torch", "vs_compile")
+
+
+def copy_gbps() -> float:
+    """Device-to-device copy bandwidth (read + write), the ceiling for these ops."""
+    src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = measure(lambda a, b: b.copy_(a), [(src, dst)], iters=30)
+    return 2 * src.numel() / t.device_us / 1e3
+
+
+def input_sets(m: int, h: int, dtype: torch.dtype, with_dy: bool = False) -> list[tuple[torch.Tensor, ...]]:
+    """Enough fresh (x, w, b[, dy]) sets that cycling through them defeats the L2 cache."""
+    per_set = m * h * dtype.itemsize * (2 if with_dy else 1)
+    n = max(2, min(32, -(-ROTATE_BYTES // per_set)))
+    sets = []
+    for _ in range(n):
+        x = torch.randn(m, h, device="cuda", dtype=dtype)
+        w = (1 + 0.1 * torch.randn(h, device="cuda")).to(dtype)
+        b = (0.1 * torch.randn(h, device="cuda")).to(dtype)
+        sets.append((x, w, b, torch.randn_like(x)) if with_dy else (x, w, b))
+    return sets
+
+
+def row(kind: str, impl: str, dtype: torch.dtype, m: int, h: int, us: float, nbytes: int,
+        copy: float, torch_us: float | None, compile_us: float | None) -> dict:
+    gbps = nbytes / us / 1e3
+    return {"kind": kind, "impl": impl, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
+            "us": round(us, 2), "GBps": round(gbps, 1), "pct_copy": round(100 * gbps / copy, 1),
+            "vs_torch": None if torch_us is None else round(us / torch_us, 3),
+            "vs_compile": None if compile_us is None else round(us / compile_us, 3)}
+
+
+def checked(fn: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: str, what: str) -> None:
+    """Fail loudly before timing anything that is wrong."""
+    y = fn(x, w, b)
+    if (bad := compare(y, layernorm_act_ref(x, w, b, activation=activation), x.dtype)) is not None:
+        raise SystemExit(f"{what} is wrong at M={x.shape[0]} H={x.shape[1]} {x.dtype}: {bad}")
+
+
+def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: list[str], copy: float,
+                  activation: str = "none", with_compile: bool = True, iters: int = 50) -> list[dict]:
+    act = {"none": lambda t: t, "gelu": F.gelu}[activation]
+    kind = "fwd" if activation == "none" else "fwd+gelu"
+
+    def torch_fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return act(F.layer_norm(x, (x.shape[-1],), w, b))
+
+    compiled = torch.compile(torch_fn, dynamic=True) if with_compile else None
+    rows = []
+    for m, h in shapes:
+        sets = input_sets(m, h, dtype)
+        nbytes = 2 * m * h * dtype.itemsize
+        t_torch = measure(torch_fn, sets, iters).device_us
+        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch, None))
+        t_comp = None
+        if compiled is not None:
+            t_comp = measure(compiled, sets, iters).device_us
+            rows.append(row(kind, "torch.compile", dtype, m, h, t_comp, nbytes, copy, t_torch, t_comp))
+        for v in variants:
+            def ours(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: str = v) -> torch.Tensor:
+                return L.layernorm_fwd(x, w, b, variant=v, activation=activation)[0]
+            checked(ours, *sets[0], activation, f"variant {v}")
+            t = measure(ours, sets, iters if v in ("vector", "fast") else 5, warmup=2).device_us
+            rows.append(row(kind, f"ours:{v}", dtype, m, h, t, nbytes, copy, t_torch, t_comp))
+        print(" | ".join(f"{r['impl']} {r['us']}us {r['GBps']}GB/s" for r in rows[-len(variants) - 2:]), flush=True)
+        del sets
+    return rows
+
+
+def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, activation: str = "none",
+                   iters: int = 50) -> list[dict]:
+    kind = "bwd" if activation == "none" else "bwd+gelu"
+    rows = []
+    for m, h in shapes:
+        sets = [(*s, *L.layernorm_fwd(*s[:3], activation=activation)[1:]) for s in input_sets(m, h, dtype, True)]
+        x, w, b, dy, mean, rstd = sets[0]
+        got = L.layernorm_bwd(dy, x, w, b, mean, rstd, activation)
+        for name, g, r, n in zip(("dx", "dw", "db"), got, layernorm_grads_ref(x, w, b, dy, activation=activation),
+                                 (h, m, m), strict=True):
+            if (bad := compare(g, r, dtype, reduction=n)) is not None:
+                raise SystemExit(f"backward {name} is wrong at M={m} H={h} {dtype}: {bad}")
+        nbytes = 3 * m * h * dtype.itemsize
+        if activation == "none":
+            def torch_fn(x, w, b, dy, mean, rstd):  # torch's own LayerNorm backward kernels
+                return torch.ops.aten.native_layer_norm_backward(
+                    dy, x, (x.shape[-1],), mean.unsqueeze(-1), rstd.unsqueeze(-1), w, b, [True, True, True])
+            t_torch = measure(torch_fn, sets, iters).device_us
+        else:
+            t_torch = torch_gelu_backward_us(sets, iters)
+        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch, None))
+        t = measure(lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd, activation),
+                    sets, iters).device_us
+        rows.append(row(kind, "ours:fast", dtype, m, h, t, nbytes, copy, t_torch, None))
+        print(" | ".join(f"{r['kind']} {r['impl']} M={m} H={h} {r['us']}us {r['GBps']}GB/s" for r in rows[-2:]),
+              flush=True)
+    return rows
+
+
+def torch_gelu_backward_us(sets: list[tuple[torch.Tensor, ...]], iters: int) -> float:
+    """Device time of torch autograd's backward through F.gelu(F.layer_norm(x))."""
+    graphs = []
+    for x, w, b, dy, _, _ in sets:
+        xs, ws, bs = (t.detach().requires_grad_() for t in (x, w, b))
+        graphs.append((F.gelu(F.layer_norm(xs, (xs.shape[-1],), ws, bs)), xs, ws, bs, dy))
+
+    def run(y, xs, ws, bs, dy):
+        return torch.autograd.grad(y, (xs, ws, bs), dy, retain_graph=True)
+    return measure(run, graphs, iters).device_us
+
+
+def write(rows: list[dict], copy: float) -> None:
+    OUT.mkdir(exist_ok=True)
+    stamp = f"GPU: {gpu_name()}; commit {commit()}; device copy {copy:.0f} GB/s (read+write)"
+    with open(OUT / "bench_layernorm.csv", "w", newline="") as f:
+        f.write(f"# {stamp}\n")
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["# LayerNorm benchmark (scripts/bench_layernorm.py)", "", stamp, "",
+             "Device time per call (CUDA events, median, inputs rotated past L2). GB/s counts x read + y write "
+             "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager.", "",
+             "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
+    lines += ["| " + " | ".join("" if r[k] is None else str(r[k]) for k in FIELDS) + " |" for r in rows]
+    (OUT / "bench_layernorm.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(csv_path: Path = OUT / "bench_layernorm.csv") -> None:
+    """GB/s of torch vs ours (fast) per forward shape, one panel per dtype, stamped from the CSV."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    text = csv_path.read_text().splitlines()
+    stamp = text[0].lstrip("# ")
+    rows = list(csv.DictReader(text[1:]))
+    dtypes = sorted({r["dtype"] for r in rows if r["kind"] == "fwd"})
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(14, 4.5 * len(dtypes)), squeeze=False)
+    for ax, dt in zip(axes[:, 0], dtypes, strict=True):
+        sel = [r for r in rows if r["kind"] == "fwd" and r["dtype"] == dt]
+        shapes = sorted({(int(r["M"]), int(r["H"])) for r in sel})
+        for impl in ("torch", "torch.compile", "ours:vector", "ours:fast"):
+            got = {(int(r["M"]), int(r["H"])): float(r["GBps"]) for r in sel if r["impl"] == impl}
+            if got:
+                ax.plot(range(len(shapes)), [got.get(s, float("nan")) for s in shapes], "o-", label=impl)
+        ax.set_xticks(range(len(shapes)), [f"{m}x{h}" for m, h in shapes], rotation=70, fontsize=7)
+        ax.set_ylabel("GB/s (x read + y write)")
+        ax.set_title(f"LayerNorm forward, {dt} - {stamp}", fontsize=9)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(OUT / "bench_layernorm.png", dpi=110)
+    print(f"wrote {OUT / 'bench_layernorm.png'}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="targets, progression and backward only")
+    p.add_argument("--plot-only", action="store_true", help="draw the PNG from results/bench_layernorm.csv")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    args = p.parse_args()
+    if args.plot_only:
+        plot()
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_layernorm needs a CUDA GPU")
+        return 2
+    copy = copy_gbps()
+    print(f"{gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
+    rows: list[dict] = []
+    fast = ["fast"] if args.quick else ["vector", "fast"]
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+        grid = list(TARGETS) if args.quick else [(m, h) for m in GRID_M for h in GRID_H]
+        rows += bench_forward(dtype, grid, fast, copy, with_compile=not args.no_compile)
+        rows += bench_forward(dtype, list(PROGRESSION), list(L.VARIANTS)[:3], copy, with_compile=False)
+        rows += bench_backward(dtype, list(BWD_SHAPES), copy)
+        rows += bench_forward(dtype, list(GELU_SHAPES), ["fast"], copy, "gelu", with_compile=not args.no_compile)
+        rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
+    write(rows, copy)
+    try:
+        plot()
+    except ImportError:
+        print("matplotlib missing: run with --plot-only where it is installed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""LayerNorm library op: forward variants, backward, GELU, autograd, nn.Module, torch.compile, bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ops import layernorm as L
+from ops.reference import layernorm_act_ref, layernorm_grads_ref, layernorm_stats_ref
+from ops.tolerance import compare
+
+SHAPES = [(1, 1), (1, 7), (3, 37), (2, 5, 64), (4, 1000), (2, 1023), (3, 4097)]
+GPU_SHAPES = [(1, 256), (32, 768), (5, 1024), (3, 8192), (2, 65536), (2, 65544), (1 << 17, 8)]
+
+
+def make(shape: tuple[int, ...], dtype: torch.dtype, device: str, mean: float = 0.0,
+         seed: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Fresh random x (rows shifted by ``mean``), weight, bias and upstream grad dy."""
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+    h = shape[-1]
+    x = torch.randn(shape, generator=g, dtype=torch.float64) + mean
+    w = 1.0 + 0.2 * torch.randn(h, generator=g, dtype=torch.float64)
+    b = 0.2 * torch.randn(h, generator=g, dtype=torch.float64)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64)
+    return tuple(t.to(device=device, dtype=dtype) for t in (x, w, b, dy))
+
+
+def variants(device: str) -> list[str]:
+    """Every forward variant on the GPU; the CPU kernel is a single one."""
+    return list(L.VARIANTS) if device == "cuda" else ["fast"]
+
+
+def check_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, variant: str,
+                  activation: str = "none", cond: float = 1.0) -> None:
+    y, mean, rstd = L.layernorm_fwd(x, w, b, variant=variant, activation=activation)
+    where = f"variant {variant}, {x.dtype}, shape {tuple(x.shape)}"
+    assert y.dtype == x.dtype and mean.dtype == rstd.dtype == torch.float32, where
+    assert (bad := compare(y, layernorm_act_ref(x, w, b, activation=activation), x.dtype, cond=cond)) is None, \
+        f"y, {where}: {bad}"
+    mean_ref, rstd_ref = layernorm_stats_ref(x)
+    stat_cond = max(cond, 1.0)
+    assert (bad := compare(mean, mean_ref, torch.float32, x.shape[-1], stat_cond)) is None, f"mean, {where}: {bad}"
+    assert (bad := compare(rstd / rstd_ref, torch.ones_like(rstd_ref), torch.float32, x.shape[-1], stat_cond)) \
+        is None, f"rstd, {where}: {bad}"
+
+
+def check_backward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor,
+                   activation: str = "none") -> None:
+    _, mean, rstd = L.layernorm_fwd(x, w, b, activation=activation)
+    got = L.layernorm_bwd(dy, x, w, b, mean, rstd, activation=activation)
+    ref = layernorm_grads_ref(x, w, b, dy, activation=activation)
+    h, rows = x.shape[-1], x.numel() // x.shape[-1]
+    # dx = rstd * (...): rounding inside the bracket is scaled by rstd (316 for a constant row).
+    cond = float(layernorm_stats_ref(x)[1].max())
+    for name, g, r, n, c in zip(("dx", "dweight", "dbias"), got, ref, (h, rows, rows), (cond, 1, 1), strict=True):
+        assert g.dtype == x.dtype and g.shape == r.shape, name
+        assert (bad := compare(g, r, x.dtype, reduction=n, cond=c)) is None, f"{name}, {x.dtype} {tuple(x.shape)}: {bad}"
+
+
+@pytest.mark.parametrize("dtype", L.DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_forward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    x, w, b, _ = make(shape, dtype, device)
+    for variant in variants(device):
+        check_forward(x, w, b, variant)
+
+
+@pytest.mark.parametrize("dtype", L.DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_backward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    check_backward(*make(shape, dtype, device))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("shape", [(3, 37), (4, 1024)], ids=str)
+def test_gelu(device: str, activation: str, shape: tuple[int, ...]) -> None:
+    x, w, b, dy = make(shape, torch.float32, device)
+    for variant in variants(device):
+        check_forward(x, w, b, variant, activation)
+    check_backward(x, w, b, dy, activation)
+
+
+def test_large_mean_rows(device: str) -> None:
+    """Mean 1e4 times the spread: one-pass E[x^2] - E[x]^2 statistics would be garbage here."""
+    x, w, b, dy = make((6, 1000), torch.float32, device, mean=1e4)
+    for variant in variants(device):
+        check_forward(x, w, b, variant, cond=1e4)
+    _, mean, rstd = L.layernorm_fwd(x, w, b)
+    dx, dw, db = L.layernorm_bwd(dy, x, w, b, mean, rstd)
+    ref = layernorm_grads_ref(x, w, b, dy)
+    assert compare(dx, ref[0], torch.float32, 1000, cond=1e4) is None
+    assert compare(dw, ref[1], torch.float32, 6, cond=1e4) is None
+
+
+def test_nan_and_inf_propagate(device: str) -> None:
+    """A row holding NaN or Inf comes out non-finite (as in torch); other rows are untouched."""
+    x, w, b, _ = make((4, 300), torch.float32, device)
+    x[1, 17] = float("nan")
+    x[2, 5] = float("inf")
+    for variant in variants(device):
+        y, _, _ = L.layernorm_fwd(x, w, b, variant=variant)
+        assert not torch.isfinite(y[1:3]).any(), variant
+        assert compare(y[[0, 3]], layernorm_act_ref(x[[0, 3]], w, b), torch.float32) is None, variant
+
+
+def test_backward_is_deterministic(device: str) -> None:
+    rows = 4096 if device == "cuda" else 300
+    x, w, b, dy = make((rows, 1024), torch.float32, device)
+    _, mean, rstd = L.layernorm_fwd(x, w, b)
+    first = L.layernorm_bwd(dy, x, w, b, mean, rstd)
+    for _ in range(10):
+        again = L.layernorm_bwd(dy, x, w, b, mean, rstd)
+        for a, g in zip(first, again, strict=True):
+            assert torch.equal(a, g)
+
+
+def test_module_loads_torch_state_dict(device: str) -> None:
+    torch_ln = torch.nn.LayerNorm(96, eps=1e-6, device=device)
+    with torch.no_grad():
+        torch_ln.weight.normal_(1.0, 0.2)
+        torch_ln.bias.normal_(0.0, 0.2)
+    ours = L.LayerNorm(96, eps=1e-6, device=device)
+    ours.load_state_dict(torch_ln.state_dict())
+    x = torch.randn(2, 9, 96, device=device, requires_grad=True)
+    y = ours(x)
+    assert compare(y, layernorm_act_ref(x.detach(), torch_ln.weight, torch_ln.bias, eps=1e-6), torch.float32) is None
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, ours.weight, ours.bias), dy)
+    ref = layernorm_grads_ref(x, torch_ln.weight, torch_ln.bias, dy, eps=1e-6)
+    for g, r, n in zip(got, ref, (96, 18, 18), strict=True):
+        assert compare(g, r, torch.float32, reduction=n) is None
+    gelu = L.LayerNorm.from_torch(torch_ln, activation="gelu")
+    want = F.gelu(F.layer_norm(x.detach().double(), (96,), torch_ln.weight.double(), torch_ln.bias.double(), 1e-6))
+    assert compare(gelu(x.detach()), want, torch.float32) is None
+
+
+def test_module_without_affine(device: str) -> None:
+    ours = L.LayerNorm(40, elementwise_affine=False, device=device)
+    x = torch.randn(3, 40, device=device)
+    assert compare(ours(x), F.layer_norm(x.double(), (40,)), torch.float32) is None
+    assert not list(ours.parameters())
+
+
+def test_compile_fullgraph(device: str) -> None:
+    ln = L.LayerNorm(64, device=device, activation="gelu_tanh")
+    x = torch.randn(5, 64, device=device, requires_grad=True)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return ln(t) * 2.0
+
+    y = block(x)
+    y.sum().backward()
+    want = 2.0 * F.gelu(F.layer_norm(x.detach().double(), (64,), ln.weight.double(), ln.bias.double()),
+                        approximate="tanh")
+    assert compare(y, want, torch.float32) is None
+    ref_dx = layernorm_grads_ref(x, ln.weight, ln.bias, torch.full((5, 64), 2.0), activation="gelu_tanh")[0]
+    assert compare(x.grad, ref_dx, torch.float32, reduction=64) is None
+
+
+def test_opcheck() -> None:
+    x, w, b, dy = make((3, 32), torch.float32, "cpu")
+    torch.library.opcheck(L._fwd_custom, (x, w, b, 1e-5, "fast", "none"), test_utils=("test_schema", "test_faketensor"))
+    _, mean, rstd = L.layernorm_fwd(x, w, b)
+    torch.library.opcheck(L._bwd_custom, (dy, x, w, b, mean, rstd, "none"),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_bad_inputs() -> None:
+    x, w, b, dy = make((4, 16), torch.float32, "cpu")
+    cases = [
+        ((x, w.half(), b), TypeError, "weight"),
+        ((x, w[:8], b), ValueError, "weight"),
+        ((x, w, b[:15]), ValueError, "bias"),
+        ((x.t(), w, b), ValueError, "x"),
+        ((x[:0], w, b), ValueError, "x"),
+        ((x.int(), w, b), TypeError, "x"),
+        ((x.double(), w.double(), b.double()), TypeError, "x"),
+        (([[1.0]], w, b), TypeError, "x"),
+    ]
+    for args, err, name in cases:
+        with pytest.raises(err, match=f"^{name}:"):
+            L.layernorm_fwd(*args)
+    with pytest.raises(ValueError, match="^variant:"):
+        L.layernorm_fwd(x, w, b, variant="nope")
+    with pytest.raises(ValueError, match="^activation:"):
+        L.layernorm_fwd(x, w, b, activation="relu")
+    with pytest.raises(ValueError, match="^eps:"):
+        L.layernorm_fwd(x, w, b, eps=0.0)
+    _, mean, rstd = L.layernorm_fwd(x, w, b)
+    with pytest.raises(ValueError, match="^dy:"):
+        L.layernorm_bwd(dy[:2], x, w, b, mean, rstd)
+    with pytest.raises(ValueError, match="^mean:"):
+        L.layernorm_bwd(dy, x, w, b, mean[:2], rstd)
+    with pytest.raises(TypeError, match="^rstd:"):
+        L.layernorm_bwd(dy, x, w, b, mean, rstd.double())
+    with pytest.raises(ValueError, match="^normalized_shape:"):
+        L.LayerNorm((4, 16))
+
+
+@pytest.mark.gpu
+def test_mixed_devices_rejected() -> None:
+    x, w, b, _ = make((4, 16), torch.float32, "cuda")
+    with pytest.raises(ValueError, match="^weight:"):
+        L.layernorm_fwd(x, w.cpu(), b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """Long rows (register path up to 65536, loop fallback above), many short rows."""
+    x, w, b, dy = make(shape, dtype, "cuda")
+    check_forward(x, w, b, "fast")
+    check_forward(x, w, b, "vector")
+    check_backward(x, w, b, dy)
+
+
+@pytest.mark.gpu
+def test_gpu_unaligned_views() -> None:
+    """Contiguous views starting 4 bytes into their storage cannot take 16-byte loads: fallback path."""
+    h = 256
+    base = torch.randn(3 * h + 1, device="cuda")
+    x = base[1:].view(3, h)
+    _, w, b, dy = make((3, h), torch.float32, "cuda")
+    check_forward(x, w, b, "fast")
+    check_forward(x, w, b, "vector")
+    dy = torch.randn(3 * h + 1, device="cuda")[1:].view(3, h)
+    check_backward(x, w, b, dy)
