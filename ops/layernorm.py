@@ -14,6 +14,7 @@ Kernels: ``ops/kernels/layernorm.mojo`` (registered ``layernorm_fwd`` and
 
 from __future__ import annotations
 
+import os
 import struct
 from functools import cache
 
@@ -26,6 +27,7 @@ from ops.validate import check_same, check_size, check_tensor
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The forward kernel progression (ops/kernels/layernorm.mojo's header says what each changes).
 VARIANTS = {"row_thread": 1, "block_smem": 2, "block_warp": 3, "vector": 4, "fast": 5}
+FORCE_CONFIG = 100  # layernorm.mojo's V_FORCE
 # "gelu" is the erf form (torch's default), "gelu_tanh" the tanh approximation.
 ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "gelu": 2}
 
@@ -33,8 +35,8 @@ ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "gelu": 2}
 # ([parts, H] float32 each) a second kernel reduces. At least ~2 groups per
 # H100 SM keep loads in flight; beyond that, parts cost extra traffic, so
 # short rows (cheap partials) get more groups.
-BWD_MIN_PARTS = 264
-BWD_PART_BUDGET = 1 << 20  # elements per partials buffer above which parts stop growing
+BWD_MIN_PARTS = 132
+BWD_PART_BUDGET = 1 << 19  # elements per partials buffer above which parts stop growing
 
 _ROWS_H = ("rows", "h")
 
@@ -72,11 +74,18 @@ def bwd_op(activation: str) -> GraphOp:
 _selectors: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
+def _variant_number(variant: str) -> int:
+    """VARIANTS[variant]; "config:<i>" forces register configuration i (benchmark sweeps)."""
+    if variant in VARIANTS:
+        return VARIANTS[variant]
+    if variant.startswith("config:") and variant[7:].isdigit():
+        return FORCE_CONFIG + int(variant[7:])
+    raise ValueError(f"variant: {variant!r} is not one of {list(VARIANTS)} (or config:<i>)")
+
+
 def _selector(device: torch.device, variant: str) -> torch.Tensor:
     """A tensor whose length is the variant number: the kernel reads it as a run-time choice."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant: {variant!r} is not one of {list(VARIANTS)}")
-    key = (device, VARIANTS[variant])
+    key = (device, _variant_number(variant))
     t = _selectors.get(key)
     if t is None:
         t = _selectors[key] = torch.zeros(key[1], device=device)
@@ -87,7 +96,8 @@ def bwd_parts(rows: int, h: int, device: torch.device) -> int:
     """Row groups of the backward (CPU: one, it runs the rows in order)."""
     if device.type != "cuda":
         return 1
-    return min(rows, max(BWD_MIN_PARTS, BWD_PART_BUDGET // h))
+    forced = os.environ.get("OPS_LN_BWD_PARTS")  # tuning knob for benchmarks
+    return min(rows, int(forced) if forced else max(BWD_MIN_PARTS, BWD_PART_BUDGET // h))
 
 
 def _check_activation(activation: str) -> None:

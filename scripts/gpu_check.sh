@@ -7,6 +7,7 @@
 #   p22         the p22 solution, default and realistic sizes -> p22_*.txt
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
 #   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
+#   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
 set -uo pipefail
@@ -39,6 +40,12 @@ for step in "${steps[@]}"; do
     layernorm)
       run bench_layernorm_log python scripts/bench_layernorm.py
       [ "$out" = results ] || cp results/bench_layernorm.* "$out"/ ;;
+    sanitize)
+      export PATH="$PATH:/usr/local/cuda/bin"
+      python scripts/sanitize_workload.py > /dev/null  # compile outside the sanitizer first
+      run sanitizer_memcheck compute-sanitizer --tool memcheck --print-limit 20 python scripts/sanitize_workload.py
+      run sanitizer_racecheck compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_workload.py
+      grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|workload done|exit code" "$out"/sanitizer_*.txt > "$out/sanitizer.txt" ;;
     *) echo "unknown step: $step"; status=1 ;;
   esac
 done

@@ -35,7 +35,7 @@ from max.gpu.host import DeviceContext
 from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE
 from max.gpu.primitives import warp
 from max.gpu.memory import AddressSpace
-from std.math import ceildiv, rsqrt, tanh, erf, exp
+from std.math import ceildiv, rsqrt, erf, exp
 from std.memory import stack_allocation, bitcast
 from std.sys import size_of
 
@@ -57,6 +57,7 @@ comptime V_VECTOR = 4
 comptime V_FAST = 5
 
 comptime ROW_THREAD_BLOCK = 128
+comptime ROW_THREAD_CHUNK = 64
 comptime SMEM_BLOCK = 256
 comptime REDUCE_COLS = 32   # columns per block of the dgamma/dbeta reduction
 comptime REDUCE_SLICES = 8  # threads splitting one column's parts
@@ -66,9 +67,15 @@ comptime ALIGN = 16         # bytes per vector load
 # ---------------------------------------------------------------- math
 
 @always_inline
+def tanh_exact[w: Int](u: SIMD[F32, w]) -> SIMD[F32, w]:
+    """Tanh through exp: the GPU's tanh is an approximation whose error shows in GELU's gradient."""
+    return 1.0 - 2.0 / (exp(2.0 * u) + 1.0)
+
+
+@always_inline
 def activate[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
     comptime if act == ACT_GELU_TANH:
-        return 0.5 * z * (1.0 + tanh(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z)))
+        return 0.5 * z * (1.0 + tanh_exact(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z)))
     elif act == ACT_GELU_ERF:
         return 0.5 * z * (1.0 + erf(z * INV_SQRT_2))
     else:
@@ -79,7 +86,7 @@ def activate[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
 def activate_grad[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
     """Derivative of activate[act] at z."""
     comptime if act == ACT_GELU_TANH:
-        var t = tanh(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z))
+        var t = tanh_exact(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z))
         var du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * z * z)
         return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du
     elif act == ACT_GELU_ERF:
@@ -145,10 +152,16 @@ def ln_fwd_row_thread[dtype: DType, act: Int](
     var shift = load_f32(x, base)
     var s1: Float32 = 0.0
     var s2: Float32 = 0.0
-    for i in range(n):
-        var d = load_f32(x, base + i) - shift
-        s1 += d
-        s2 += d * d
+    # Two-level sums: one running sum over 4096 squares drifts by ~n/2 ulps.
+    for i0 in range(0, n, ROW_THREAD_CHUNK):
+        var c1: Float32 = 0.0
+        var c2: Float32 = 0.0
+        for i in range(i0, min(i0 + ROW_THREAD_CHUNK, n)):
+            var d = load_f32(x, base + i) - shift
+            c1 += d
+            c2 += d * d
+        s1 += c1
+        s2 += c2
     var st = shifted_stats(s1, s2, shift, n, eps)
     for i in range(n):
         var z = (load_f32(x, base + i) - st[0]) * st[1] * load_f32(gamma, i) + load_f32(beta, i)
@@ -304,6 +317,119 @@ def aligned(*addresses: Int) -> Bool:
     return True
 
 
+# Register-path configurations of the forward (CH vectors per thread, WPR
+# warps per row, RPB rows per block):
+#    0: CH=1, WPR=1, RPB=8 (256 threads, rows up to 32 vectors)
+#    1: CH=2, WPR=1, RPB=8 (256 threads, rows up to 64 vectors)
+#    2: CH=4, WPR=1, RPB=4 (128 threads, rows up to 128 vectors)
+#    3: CH=8, WPR=1, RPB=4 (128 threads, rows up to 256 vectors)
+#    4: CH=1, WPR=8, RPB=1 (256 threads, rows up to 256 vectors)
+#    5: CH=2, WPR=8, RPB=1 (256 threads, rows up to 512 vectors)
+#    6: CH=4, WPR=8, RPB=1 (256 threads, rows up to 1024 vectors)
+#    7: CH=4, WPR=16, RPB=1 (512 threads, rows up to 2048 vectors)
+#    8: CH=8, WPR=16, RPB=1 (512 threads, rows up to 4096 vectors)
+#    9: CH=2, WPR=16, RPB=1 (512 threads, rows up to 1024 vectors)
+#   10: CH=1, WPR=16, RPB=1 (512 threads, rows up to 512 vectors)
+#   11: CH=4, WPR=4, RPB=1 (128 threads, rows up to 512 vectors)
+#   12: CH=8, WPR=8, RPB=1 (256 threads, rows up to 2048 vectors)
+# `fast` and `vector` pick one from the row length (and, for fast, the row
+# count); variant V_FORCE + i forces config i (benchmark sweeps only).
+comptime V_FORCE = 100
+comptime MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle: H100 sweep
+
+
+def vector_config(nv: Int) -> Int:
+    """A block per row, at most 512 threads (1024-thread blocks get 64 registers each: too few)."""
+    if nv <= 256:
+        return 4
+    if nv <= 512:
+        return 5
+    if nv <= 1024:
+        return 6
+    if nv <= 2048:
+        return 7
+    if nv <= 4096:
+        return 8
+    return -1
+
+
+def fast_config(nv: Int, rows: Int) -> Int:
+    """Short rows and many of them: a warp per row, several rows per block; else as vector."""
+    if rows >= MULTI_ROW_MIN_ROWS:
+        if nv <= 32:
+            return 0
+        if nv <= 64:
+            return 1
+        if nv <= 128:
+            return 2
+        if nv <= 256:
+            return 3
+    return vector_config(nv)
+
+
+def config_capacity(config: Int) -> Int:
+    """Vectors per row that config holds in registers (0 for an unknown config)."""
+    if config == 0:
+        return 32
+    if config == 1:
+        return 64
+    if config == 2:
+        return 128
+    if config == 3:
+        return 256
+    if config == 4:
+        return 256
+    if config == 5:
+        return 512
+    if config == 6:
+        return 1024
+    if config == 7:
+        return 2048
+    if config == 8:
+        return 4096
+    if config == 9:
+        return 1024
+    if config == 10:
+        return 512
+    if config == 11:
+        return 512
+    if config == 12:
+        return 2048
+    return 0
+
+
+def launch_fwd_config[dtype: DType, act: Int, VEC: Int](
+    config: Int, ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
+) raises:
+    if config == 0:
+        launch_fwd_regs[dtype, act, VEC, 1, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 1:
+        launch_fwd_regs[dtype, act, VEC, 2, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 2:
+        launch_fwd_regs[dtype, act, VEC, 4, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 3:
+        launch_fwd_regs[dtype, act, VEC, 8, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 4:
+        launch_fwd_regs[dtype, act, VEC, 1, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 5:
+        launch_fwd_regs[dtype, act, VEC, 2, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 6:
+        launch_fwd_regs[dtype, act, VEC, 4, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 7:
+        launch_fwd_regs[dtype, act, VEC, 4, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 8:
+        launch_fwd_regs[dtype, act, VEC, 8, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 9:
+        launch_fwd_regs[dtype, act, VEC, 2, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 10:
+        launch_fwd_regs[dtype, act, VEC, 1, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 11:
+        launch_fwd_regs[dtype, act, VEC, 4, 4, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 12:
+        launch_fwd_regs[dtype, act, VEC, 8, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+
+
 def fwd_gpu[dtype: DType, act: Int](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32, variant: Int,
@@ -324,35 +450,12 @@ def fwd_gpu[dtype: DType, act: Int](
     comptime VEC = vector_width[dtype]()
     var nv = h // VEC
     var vec_ok = h % VEC == 0 and aligned(Int(y), Int(x), Int(gamma), Int(beta))
-    if vec_ok:
-        if variant == V_FAST:
-            # Short rows: a warp per row, several rows per block.
-            if nv <= 32:
-                return launch_fwd_regs[dtype, act, VEC, 1, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-            if nv <= 64:
-                return launch_fwd_regs[dtype, act, VEC, 2, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-            if nv <= 128:
-                return launch_fwd_regs[dtype, act, VEC, 4, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-            if nv <= 256:
-                return launch_fwd_regs[dtype, act, VEC, 8, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-            if nv <= 512:
-                return launch_fwd_regs[dtype, act, VEC, 4, 4, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        else:
-            if nv <= 256:
-                return launch_fwd_regs[dtype, act, VEC, 1, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-            if nv <= 512:
-                return launch_fwd_regs[dtype, act, VEC, 2, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        # Long rows: a block per row.
-        if nv <= 1024:
-            return launch_fwd_regs[dtype, act, VEC, 4, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        if nv <= 2048:
-            return launch_fwd_regs[dtype, act, VEC, 4, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        if nv <= 4096:
-            return launch_fwd_regs[dtype, act, VEC, 4, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        if nv <= 8192:
-            return launch_fwd_regs[dtype, act, VEC, 8, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        if nv <= 16384:
-            return launch_fwd_regs[dtype, act, VEC, 16, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    var config = fast_config(nv, rows) if variant == V_FAST else vector_config(nv)
+    if variant >= V_FORCE and config_capacity(variant - V_FORCE) >= nv:
+        config = variant - V_FORCE
+    if vec_ok and config >= 0:
+        launch_fwd_config[dtype, act, VEC](config, ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        return
     if h <= 1024:
         launch_fwd_loop[dtype, act, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
     else:
@@ -554,14 +657,12 @@ def bwd_gpu[dtype: DType, act: Int](
         launch_bwd_regs[dtype, act, VEC, 4, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     elif vec_ok and nv <= 1024:
         launch_bwd_regs[dtype, act, VEC, 4, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 2048:
-        launch_bwd_regs[dtype, act, VEC, 4, 16, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 4096:
-        launch_bwd_regs[dtype, act, VEC, 4, 32, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif vec_ok and nv <= 2048:  # 256 threads: the backward holds six register arrays
+        launch_bwd_regs[dtype, act, VEC, 8, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     elif h <= 1024:
         launch_bwd_loop[dtype, act, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     else:
-        launch_bwd_loop[dtype, act, 16, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+        launch_bwd_loop[dtype, act, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     comptime reduce = ln_bwd_reduce[dtype]
     ctx.enqueue_function[reduce](dgamma, dbeta, part_g, part_b, Int32(parts), Int32(h),
                                  grid_dim=ceildiv(h, REDUCE_COLS), block_dim=REDUCE_COLS * REDUCE_SLICES)
