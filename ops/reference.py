@@ -7,10 +7,8 @@ import torch
 
 def layernorm_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm over the last dim of x [..., H] in float64 (two-pass statistics)."""
-    x64 = x.double()
-    mean = x64.mean(dim=-1, keepdim=True)
-    var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
-    return (x64 - mean) / torch.sqrt(var + eps) * gamma.double() + beta.double()
+    mean, rstd = layernorm_stats_ref(x, eps)
+    return (x.double() - mean.unsqueeze(-1)) * rstd.unsqueeze(-1) * gamma.double() + beta.double()
 
 
 def layernorm_linear_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
