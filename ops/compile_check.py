@@ -22,7 +22,7 @@ from ops.bridge import GraphOp
 
 def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
     """Every (op, input dtypes) the project ships: the p22 problems and solutions, the library."""
-    from ops import layernorm
+    from ops import layernorm, layernorm_linear
     from ops.dispatch import SIZES, dispatch_op
     from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels
 
@@ -37,6 +37,7 @@ def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
         for act in layernorm.ACTIVATIONS:
             found.append((layernorm.fwd_op(act, 1e-5), (dtype, dtype, dtype, f32)))
             found.append((layernorm.bwd_op(act), (dtype, dtype, dtype, dtype, f32, f32)))
+        found.append((layernorm_linear.fwd_op(1e-5), (dtype,) * 5))
     return found
 
 

@@ -41,7 +41,7 @@ BWD_PART_BUDGET = 1 << 19  # elements per partials buffer above which parts stop
 _ROWS_H = ("rows", "h")
 
 
-def _eps_bits(eps: float) -> int:
+def eps_bits(eps: float) -> int:
     """float32 bit pattern of eps (MAX op parameters are ints)."""
     return struct.unpack("<I", struct.pack("<f", eps))[0]
 
@@ -53,7 +53,7 @@ def fwd_op(activation: str, eps: float) -> GraphOp:
         "layernorm_fwd", LIBRARY,
         inputs=(_ROWS_H, ("h",), ("h",), ("variant",)),
         outputs=(Out(_ROWS_H), Out(("rows",), torch.float32), Out(("rows",), torch.float32)),
-        parameters=(("act", ACTIVATIONS[activation]), ("eps_bits", _eps_bits(eps))),
+        parameters=(("act", ACTIVATIONS[activation]), ("eps_bits", eps_bits(eps))),
         weights=frozenset({1, 2, 3}),
     )
 
@@ -105,14 +105,20 @@ def _check_activation(activation: str) -> None:
         raise ValueError(f"activation: {activation!r} is not one of {list(ACTIVATIONS)}")
 
 
-def validate(x: object, weight: object, bias: object) -> None:
-    """Raise ValueError/TypeError naming the first bad argument."""
-    check_tensor("x", x, min_ndim=1, dtypes=DTYPES)
-    check_tensor("weight", weight, ndim=1, dtypes=DTYPES)
-    check_tensor("bias", bias, ndim=1, dtypes=DTYPES)
-    check_same({"x": x, "weight": weight, "bias": bias})
-    check_size("weight", weight, 0, x.shape[-1], "x's last dim")
-    check_size("bias", bias, 0, x.shape[-1], "x's last dim")
+def validate(x: object, weight: object, bias: object, names: tuple[str, str, str] = ("x", "weight", "bias")) -> None:
+    """Raise ValueError/TypeError naming the first bad argument (``names`` as the caller calls them)."""
+    nx, nw, nb = names
+    check_tensor(nx, x, min_ndim=1, dtypes=DTYPES)
+    check_tensor(nw, weight, ndim=1, dtypes=DTYPES)
+    check_tensor(nb, bias, ndim=1, dtypes=DTYPES)
+    check_same({nx: x, nw: weight, nb: bias})
+    check_size(nw, weight, 0, x.shape[-1], f"{nx}'s last dim")
+    check_size(nb, bias, 0, x.shape[-1], f"{nx}'s last dim")
+
+
+def check_eps(eps: float) -> None:
+    if not eps > 0:
+        raise ValueError(f"eps: must be positive, got {eps}")
 
 
 def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
@@ -120,8 +126,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
     """y = act(LayerNorm(x)) [..., H] (x's dtype), mean and rstd [...] (float32)."""
     validate(x, weight, bias)
     _check_activation(activation)
-    if not eps > 0:
-        raise ValueError(f"eps: must be positive, got {eps}")
+    check_eps(eps)
     h = x.shape[-1]
     y, mean, rstd = fwd_op(activation, float(eps))(x.view(-1, h), weight, bias, _selector(x.device, variant))
     return y.view(x.shape), mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])

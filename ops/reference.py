@@ -44,3 +44,11 @@ def layernorm_grads_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor
     x64, g64, b64 = (t.detach().double().requires_grad_() for t in (x, gamma, beta))
     y = layernorm_act_ref(x64, g64, b64, eps, activation)
     return torch.autograd.grad(y, (x64, g64, b64), dy.double())
+
+
+def layernorm_linear_grads_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
+                               bias: torch.Tensor, dy: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, ...]:
+    """(dx, dgamma, dbeta, dweight, dbias) of Linear(LayerNorm(x)) for upstream dy, by float64 autograd."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, gamma, beta, weight, bias)]
+    y = layernorm_linear_ref(*leaves, eps=eps)
+    return torch.autograd.grad(y, leaves, dy.double())

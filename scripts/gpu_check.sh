@@ -4,9 +4,11 @@
 # the GPU name and commit; commit them. Steps (default: all), each well under
 # the 10 minutes one device call may take:
 #   tests       the whole test suite, GPU tests included -> gpu_tests.txt
+#   gpu-tests   only the tests that run on the GPU (-k "cuda or gpu") -> gpu_tests.txt
 #   p22         the p22 solution, default and realistic sizes -> p22_*.txt
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
 #   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
+#   layernorm-linear  LayerNorm+Linear benchmark -> bench_layernorm_linear.{md,csv,png}
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
@@ -26,10 +28,11 @@ run() {  # run <report name> <command...>: tee the output into $out/<name>.txt, 
   [ "$rc" -eq 0 ] || status=1
 }
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests p22 dispatch layernorm)
+[ ${#steps[@]} -eq 0 ] && steps=(tests p22 dispatch layernorm layernorm-linear)
 for step in "${steps[@]}"; do
   case "$step" in
     tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests ;;
+    gpu-tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests -k "cuda or gpu" ;;
     p22)
       run p22_default python scripts/p22.py --solution --unfused --fused
       run p22_realistic python scripts/p22.py --solution --unfused --fused --batch 8 --seq 512 --hidden 768 --out 3072 --iters 100
@@ -40,6 +43,9 @@ for step in "${steps[@]}"; do
     layernorm)
       run bench_layernorm_log python scripts/bench_layernorm.py
       [ "$out" = results ] || cp results/bench_layernorm.* "$out"/ ;;
+    layernorm-linear)
+      run bench_layernorm_linear_log python scripts/bench_layernorm_linear.py
+      [ "$out" = results ] || cp results/bench_layernorm_linear.* "$out"/ ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"
       python scripts/sanitize_workload.py > /dev/null  # compile outside the sanitizer first

@@ -2,7 +2,8 @@
 
     compute-sanitizer --tool memcheck python scripts/sanitize_workload.py
 
-Runs LayerNorm forward (every variant), backward and the GELU forms, and the
+Runs LayerNorm forward (every variant), backward and the GELU forms, the
+fused LayerNorm+Linear kernel (both strip heights, partial tiles), and the
 p22 solution kernels, on shapes that hit each code path: short rows (a warp
 per row), long rows (a block per row), the loop fallback (odd h, rows too
 long for registers) and a partial last block. Exits non-zero on a wrong
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
+from ops import layernorm_linear as LL  # noqa: E402
 from ops import p22  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_linear_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
@@ -39,6 +41,15 @@ def main() -> int:
                         print(f"wrong: fwd {variant} {act} {dtype} {m}x{h}")
                         bad += 1
             L.layernorm_bwd(torch.randn_like(x), x, w, b, mean, rstd)
+    # 33 rows: 32-row strips; 4100 rows x 768 columns: 64-row strips, several column tiles per block.
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, kk, n in ((33, 70, 45), (4100, 100, 768)):
+            x, g, b = (torch.randn(*s, device="cuda", dtype=dtype) for s in ((m, kk), (kk,), (kk,)))
+            w, bias = torch.randn(n, kk, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+            y = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="fused")[0]
+            if compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=kk) is not None:
+                print(f"wrong: layernorm_linear fused {dtype} {m}x{kk}->{n}")
+                bad += 1
     k = p22.P22Kernels(p22.SOLUTIONS)
     inputs = p22.make_inputs(2, 33, 70, 45, device="cuda")
     for path in (p22.unfused, p22.fused):

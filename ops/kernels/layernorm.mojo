@@ -110,6 +110,28 @@ def load_f32[dtype: DType](p: Ptr[dtype], i: Int) -> Float32:
     return p[unsafe_offset=i].cast[F32]()
 
 
+@always_inline
+def store_normalized[dtype: DType, act: Int](
+    y: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
+    base: Int, i: Int, mean: Float32, rstd: Float32,
+):
+    """The scalar paths' output: y = act((x - mean) * rstd * gamma + beta) at column i."""
+    var z = (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
+    y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+
+
+@always_inline
+def gamma_dy[dtype: DType, act: Int](
+    dy: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], base: Int, i: Int, xhat: Float32,
+) -> Tuple[Float32, Float32]:
+    """(gamma, d) at column i of the scalar backward, d = dL/d(pre-activation): dy times act'."""
+    var g = load_f32(gamma, i)
+    var d = load_f32(dy, base + i)
+    comptime if act != ACT_NONE:
+        d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+    return (g, d)
+
+
 # ---------------------------------------------------------------- reductions
 
 comptime Shared = Pointer[Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED]
@@ -164,8 +186,7 @@ def ln_fwd_row_thread[dtype: DType, act: Int](
         s2 += c2
     var st = shifted_stats(s1, s2, shift, n, eps)
     for i in range(n):
-        var z = (load_f32(x, base + i) - st[0]) * st[1] * load_f32(gamma, i) + load_f32(beta, i)
-        y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+        store_normalized[dtype, act](y, x, gamma, beta, base, i, st[0], st[1])
     mean_out[unsafe_offset=row] = st[0]
     rstd_out[unsafe_offset=row] = st[1]
 
@@ -198,8 +219,7 @@ def ln_fwd_block_smem[dtype: DType, act: Int](
         barrier()
     var st = shifted_stats(sh1[unsafe_offset=0], sh2[unsafe_offset=0], shift, n, eps)
     for i in range(tid, n, SMEM_BLOCK):
-        var z = (load_f32(x, base + i) - st[0]) * st[1] * load_f32(gamma, i) + load_f32(beta, i)
-        y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+        store_normalized[dtype, act](y, x, gamma, beta, base, i, st[0], st[1])
     if tid == 0:
         mean_out[unsafe_offset=row] = st[0]
         rstd_out[unsafe_offset=row] = st[1]
@@ -232,8 +252,7 @@ def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
     if not valid:
         return
     for i in range(gt, n, GT):
-        var z = (load_f32(x, base + i) - st[0]) * st[1] * load_f32(gamma, i) + load_f32(beta, i)
-        y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+        store_normalized[dtype, act](y, x, gamma, beta, base, i, st[0], st[1])
     if gt == 0:
         mean_out[unsafe_offset=row] = st[0]
         rstd_out[unsafe_offset=row] = st[1]
@@ -367,38 +386,14 @@ def fast_config(nv: Int, rows: Int) -> Int:
     return vector_config(nv)
 
 
+comptime FWD_CAPACITY = (32, 64, 128, 256, 256, 512, 1024, 2048, 4096, 1024, 512, 512, 2048, 1024, 2048)
+
+
 def config_capacity(config: Int) -> Int:
     """Vectors per row that config holds in registers (0 for an unknown config)."""
-    if config == 0:
-        return 32
-    if config == 1:
-        return 64
-    if config == 2:
-        return 128
-    if config == 3:
-        return 256
-    if config == 4:
-        return 256
-    if config == 5:
-        return 512
-    if config == 6:
-        return 1024
-    if config == 7:
-        return 2048
-    if config == 8:
-        return 4096
-    if config == 9:
-        return 1024
-    if config == 10:
-        return 512
-    if config == 11:
-        return 512
-    if config == 12:
-        return 2048
-    if config == 13:
-        return 1024
-    if config == 14:
-        return 2048
+    comptime for i in range(len(FWD_CAPACITY)):
+        if config == i:
+            return FWD_CAPACITY[i]
     return 0
 
 
@@ -572,10 +567,7 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
             r = rstd[unsafe_offset=row]
             for i in range(gt, n, GT):
                 var xhat = (load_f32(x, base + i) - m) * r
-                var g = load_f32(gamma, i)
-                var d = load_f32(dy, base + i)
-                comptime if act != ACT_NONE:
-                    d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+                var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
                 sa += g * d
                 sb += g * d * xhat
         var slot = 2 * (it % 2)
@@ -584,10 +576,7 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
         if valid:
             for i in range(gt, n, GT):
                 var xhat = (load_f32(x, base + i) - m) * r
-                var g = load_f32(gamma, i)
-                var d = load_f32(dy, base + i)
-                comptime if act != ACT_NONE:
-                    d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+                var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
                 dx[unsafe_offset=base + i] = (r * (g * d - a - xhat * b)).cast[dtype]()
                 part_g[unsafe_offset=group * n + i] = part_g[unsafe_offset=group * n + i] + d * xhat
                 part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
@@ -645,28 +634,57 @@ def launch_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                                  grid_dim=ceildiv(parts, RPB), block_dim=WPR * RPB * WARP_SIZE)
 
 
+# Register-path configurations of the backward (CH, WPR, RPB as in the
+# forward), capped at 256 threads: the backward holds six register arrays.
+#   0: CH=1, WPR=1, RPB=8 (rows up to 32 vectors)
+#   1: CH=2, WPR=1, RPB=8 (up to 64)
+#   2: CH=4, WPR=1, RPB=4 (up to 128)
+#   3: CH=2, WPR=4, RPB=1 (up to 256)
+#   4: CH=4, WPR=4, RPB=1 (up to 512)
+#   5: CH=4, WPR=8, RPB=1 (up to 1024)
+#   6: CH=8, WPR=8, RPB=1 (up to 2048)
+comptime BWD_CAPACITY = (32, 64, 128, 256, 512, 1024, 2048)
+
+
+def bwd_config(nv: Int) -> Int:
+    """The smallest backward config whose registers hold a row of nv vectors; -1 if none does."""
+    comptime for i in range(len(BWD_CAPACITY)):
+        if nv <= BWD_CAPACITY[i]:
+            return i
+    return -1
+
+
+def launch_bwd_config[dtype: DType, act: Int, VEC: Int](
+    config: Int, ctx: DeviceContext, dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype],
+    x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
+    rows: Int, h: Int, parts: Int,
+) raises:
+    if config == 0:
+        launch_bwd_regs[dtype, act, VEC, 1, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif config == 1:
+        launch_bwd_regs[dtype, act, VEC, 2, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif config == 2:
+        launch_bwd_regs[dtype, act, VEC, 4, 1, 4](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif config == 3:
+        launch_bwd_regs[dtype, act, VEC, 2, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif config == 4:
+        launch_bwd_regs[dtype, act, VEC, 4, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif config == 5:
+        launch_bwd_regs[dtype, act, VEC, 4, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    elif config == 6:
+        launch_bwd_regs[dtype, act, VEC, 8, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+
+
 def bwd_gpu[dtype: DType, act: Int](
     ctx: DeviceContext, dx: Ptr[dtype], dgamma: Ptr[dtype], dbeta: Ptr[dtype],
     part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], rows: Int, h: Int, parts: Int,
 ) raises:
     comptime VEC = vector_width[dtype]()
-    var nv = h // VEC
     var vec_ok = h % VEC == 0 and aligned(Int(dx), Int(dy), Int(x), Int(gamma), Int(beta))
-    if vec_ok and nv <= 32:
-        launch_bwd_regs[dtype, act, VEC, 1, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 64:
-        launch_bwd_regs[dtype, act, VEC, 2, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 128:
-        launch_bwd_regs[dtype, act, VEC, 4, 1, 4](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 256:
-        launch_bwd_regs[dtype, act, VEC, 2, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 512:
-        launch_bwd_regs[dtype, act, VEC, 4, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 1024:
-        launch_bwd_regs[dtype, act, VEC, 4, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif vec_ok and nv <= 2048:  # 256 threads: the backward holds six register arrays
-        launch_bwd_regs[dtype, act, VEC, 8, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    var config = bwd_config(h // VEC)
+    if vec_ok and config >= 0:
+        launch_bwd_config[dtype, act, VEC](config, ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     elif h <= 1024:
         launch_bwd_loop[dtype, act, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     else:
@@ -678,6 +696,19 @@ def bwd_gpu[dtype: DType, act: Int](
 
 # ---------------------------------------------------------------- CPU
 
+def row_stats_cpu[dtype: DType](x: Ptr[dtype], base: Int, h: Int, eps: Float32) -> Tuple[Float32, Float32]:
+    """(mean, rstd) of x[base : base + h] by two exact passes."""
+    var s: Float32 = 0.0
+    for i in range(h):
+        s += load_f32(x, base + i)
+    var mean = s / Float32(h)
+    var ss: Float32 = 0.0
+    for i in range(h):
+        var d = load_f32(x, base + i) - mean
+        ss += d * d
+    return (mean, rsqrt(ss / Float32(h) + eps))
+
+
 def fwd_cpu[dtype: DType, act: Int](
     y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
@@ -685,18 +716,9 @@ def fwd_cpu[dtype: DType, act: Int](
     """Two exact passes per row (mean, then squared deviations), then the output."""
     for r in range(rows):
         var base = r * h
-        var s: Float32 = 0.0
+        var mean, rstd = row_stats_cpu(x, base, h, eps)
         for i in range(h):
-            s += load_f32(x, base + i)
-        var mean = s / Float32(h)
-        var ss: Float32 = 0.0
-        for i in range(h):
-            var d = load_f32(x, base + i) - mean
-            ss += d * d
-        var rstd = rsqrt(ss / Float32(h) + eps)
-        for i in range(h):
-            var z = (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
-            y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+            store_normalized[dtype, act](y, x, gamma, beta, base, i, mean, rstd)
         mean_out[unsafe_offset=r] = mean
         rstd_out[unsafe_offset=r] = rstd
 
@@ -718,20 +740,14 @@ def bwd_cpu[dtype: DType, act: Int](
         var sb: Float32 = 0.0
         for i in range(h):
             var xhat = (load_f32(x, base + i) - m) * rs
-            var g = load_f32(gamma, i)
-            var d = load_f32(dy, base + i)
-            comptime if act != ACT_NONE:
-                d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+            var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
             sa += g * d
             sb += g * d * xhat
         var a = sa / Float32(h)
         var b = sb / Float32(h)
         for i in range(h):
             var xhat = (load_f32(x, base + i) - m) * rs
-            var g = load_f32(gamma, i)
-            var d = load_f32(dy, base + i)
-            comptime if act != ACT_NONE:
-                d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
+            var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
             dx[unsafe_offset=base + i] = (rs * (g * d - a - xhat * b)).cast[dtype]()
             part_g[unsafe_offset=i] = part_g[unsafe_offset=i] + d * xhat
             part_b[unsafe_offset=i] = part_b[unsafe_offset=i] + d

@@ -10,12 +10,15 @@
 # p22_fused, the tiled version (what this puzzle is about): the GEMM tiling of
 # p22_matmul (tiles.mojo), plus
 #   1. a prologue where each warp computes mean and rstd of BM / N_WARPS rows
-#      of the block's row strip, kept in shared memory (two passes, as in
-#      p22_layernorm). A block then computes COL_TILES output tiles of that
-#      strip one after the other, so the statistics are paid once per
-#      COL_TILES * BN outputs (with one tile per block, as in the first tiled
-#      version, re-reading the strip for every tile made the fused kernel 1.5x
-#      slower than the unfused path on the H100 at 4096 x 768 -> 3072);
+#      of the block's row strip, kept in shared memory. One pass of shifted
+#      sums over all of a warp's rows at once: each lane keeps one load per
+#      row in flight (the first version's two passes, row after row, waited
+#      on memory). A block then computes col_tiles output tiles of that strip
+#      one after the other, so the statistics are paid once per
+#      col_tiles * BN outputs (with one tile per block, re-reading the strip
+#      for every tile made the fused kernel 1.5x slower than the unfused path
+#      on the H100 at 4096 x 768 -> 3072); col_tiles is picked at launch so
+#      the grid still has enough blocks to fill every SM;
 #   2. normalize-on-load: each x element is normalized, scaled by gamma and
 #      shifted by beta while it is copied into the shared-memory tile;
 #   3. the bias added in the epilogue.
@@ -30,6 +33,7 @@ from max.gpu.primitives import warp
 from max.gpu.memory import AddressSpace
 from std.math import ceildiv, rsqrt
 from std.memory import stack_allocation
+from std.os import getenv
 
 from .common import EPS, Ptr
 from .layernorm import row_stats_cpu
@@ -39,7 +43,8 @@ from .tiles import (
 )
 
 comptime NAIVE_BLOCK = 128
-comptime COL_TILES = 4
+comptime MAX_COL_TILES = 4
+comptime MIN_BLOCKS_PER_SM = 8
 comptime N_WARPS = THREADS // WARP_SIZE
 comptime ROWS_PER_WARP = BM // N_WARPS
 
@@ -72,9 +77,15 @@ def fused_naive_kernel[dtype: DType](
         y[unsafe_offset=r * nn + j] = (acc + bias[unsafe_offset=j].cast[DType.float32]()).cast[dtype]()
 
 
+@always_inline
+def stats_row(row0: Int, warp_id: Int, rr: Int, mm: Int) -> Int:
+    """Matrix row whose statistics warp `warp_id` computes as its rr-th, clamped into the matrix."""
+    return min(row0 + warp_id * ROWS_PER_WARP + rr, mm - 1)
+
+
 def fused_kernel[dtype: DType](
     y: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
-    w: Ptr[dtype], bias: Ptr[dtype], rows: Int32, k: Int32, n: Int32,
+    w: Ptr[dtype], bias: Ptr[dtype], rows: Int32, k: Int32, n: Int32, col_tiles: Int32,
 ):
     var a_s = stack_allocation[BM * BK, DType.float32, address_space=AddressSpace.SHARED]()
     var b_s = stack_allocation[BK * B_STRIDE, DType.float32, address_space=AddressSpace.SHARED]()
@@ -90,19 +101,24 @@ def fused_kernel[dtype: DType](
     var warp_id = tid // WARP_SIZE
     var row0 = Int(block_idx.y) * BM
 
-    # FILL ME IN [fused_stats] (roughly 16 lines)
-    # Hint: warp `warp_id` owns tile rows warp_id * ROWS_PER_WARP + rr for rr in
-    # range(ROWS_PER_WARP). For each row inside the matrix (row0 + m < mm), the
-    # 32 lanes stride over k (lane, lane + WARP_SIZE, ...), warp.sum() combines
-    # them; two passes as in p22_layernorm. Lane 0 stores mean_s[m] and
-    # rstd_s[m].
+    # FILL ME IN [fused_stats] (roughly 20 lines)
+    # Hint: warp `warp_id` owns tile rows m = warp_id * ROWS_PER_WARP + rr for
+    # rr in range(ROWS_PER_WARP); clamp the matrix row to mm - 1 so the last
+    # strip reads valid memory (its extra rows are never used). One pass over
+    # k: lanes stride (lane, lane + WARP_SIZE, ...) and, for every row at
+    # once, sum d = x - shift and d * d, where shift is the row's first
+    # element (sums of x and x * x would cancel when the mean is large).
+    # warp.sum() combines the lanes: mean = shift + E[d],
+    # var = E[d^2] - E[d]^2 (clamp at 0), rstd = rsqrt(var + EPS). Lane 0
+    # stores mean_s[m] and rstd_s[m].
     pass  # stub
     # END FILL ME IN
     # Every warp reads rows other warps wrote: wait until all are there.
     barrier()
 
-    for t in range(COL_TILES):
-        var col0 = (Int(block_idx.x) * COL_TILES + t) * BN
+    var ct = Int(col_tiles)
+    for t in range(ct):
+        var col0 = (Int(block_idx.x) * ct + t) * BN
         if col0 >= nn:
             break
         var acc = Acc(0)
@@ -132,6 +148,23 @@ def fused_kernel[dtype: DType](
             accumulate_tile(acc, a_s, b_s, ty, tx)
             barrier()
         store_tile[dtype, True](y, bias, acc, row0, col0, ty, tx, mm, nn)
+
+
+def col_tiles(rows: Int, n: Int, sm_count: Int) -> Int:
+    """Output tiles per block: up to MAX_COL_TILES share one strip's statistics,
+    fewer when that would leave under MIN_BLOCKS_PER_SM blocks per SM (the
+    last wave of blocks then leaves SMs idle). P22_FUSED_COL_TILES overrides
+    it for sweeps."""
+    var forced = getenv("P22_FUSED_COL_TILES", "")
+    if forced:
+        try:
+            return max(1, atol(forced))
+        except:
+            pass
+    var ct = MAX_COL_TILES
+    while ct > 1 and ceildiv(n, BN * ct) * ceildiv(rows, BM) < MIN_BLOCKS_PER_SM * sm_count:
+        ct //= 2
+    return ct
 
 
 def fused_cpu[dtype: DType](
@@ -196,10 +229,11 @@ struct P22Fused:
         var n = w.dim_size(0)
         comptime if target == "gpu":
             comptime kernel = fused_kernel[dtype]
+            var ct = col_tiles(rows, n, ctx.default_device_info.sm_count)
             ctx.enqueue_function[kernel](
                 y.unsafe_ptr(), x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
-                w.unsafe_ptr(), bias.unsafe_ptr(), Int32(rows), Int32(k), Int32(n),
-                grid_dim=(ceildiv(n, BN * COL_TILES), ceildiv(rows, BM)), block_dim=(TT, TT),
+                w.unsafe_ptr(), bias.unsafe_ptr(), Int32(rows), Int32(k), Int32(n), Int32(ct),
+                grid_dim=(ceildiv(n, BN * ct), ceildiv(rows, BM)), block_dim=(TT, TT),
             )
         else:
             fused_cpu[dtype](

@@ -1,0 +1,197 @@
+"""Linear(LayerNorm(x)), forward and backward, from Mojo (plus cuBLAS where the GEMM dominates).
+
+Shapes: x [..., K]; ln_weight, ln_bias [K]; weight [N, K]; bias [N] (or None);
+y [..., N]. All the same dtype (float32, float16 or bfloat16) and device.
+float32 is IEEE unless the caller enables TF32 in torch (the cuBLAS GEMMs
+follow ``torch.backends.cuda.matmul.allow_tf32``; the Mojo kernel never uses it).
+
+Forward algorithms (``algo``):
+
+* ``"fused"``: one Mojo kernel (``ops/kernels/layernorm_linear.mojo``):
+  statistics per row strip, x normalized while it is staged for the GEMM,
+  bias in the epilogue; the normalized tensor never touches device memory.
+* ``"unfused"``: our LayerNorm kernel, then ``torch.addmm`` (cuBLAS).
+* ``"auto"`` (default): ``fused`` where LayerNorm's traffic dominates
+  (n <= ``FUSED_MAX_N``) or on the CPU, else ``unfused`` (cuBLAS's tensor-core
+  GEMM beats our SIMT one once n is large).
+
+Backward (one path for all): the normalized x is recomputed by our LayerNorm
+kernel, dW = dy^T xn and dxn = dy W by cuBLAS, db = sum of dy, and dx, dgamma,
+dbeta by our deterministic LayerNorm backward.
+Layers: ``layernorm_linear_fwd`` / ``layernorm_linear_bwd`` (validated calls),
+``torch.ops.mojo.layernorm_linear_fwd`` / ``_bwd`` (torch.library, with fakes),
+``layernorm_linear`` (autograd), ``FusedLayerNormLinear`` (nn.Module).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from torch import nn
+
+from ops import layernorm
+from ops.bridge import LIBRARY, GraphOp, Out
+from ops.validate import check_same, check_size, check_tensor
+
+DTYPES = layernorm.DTYPES
+ALGOS = ("auto", "fused", "unfused")
+FUSED_MAX_N = 256
+
+
+@cache
+def fwd_op(eps: float) -> GraphOp:
+    """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32)."""
+    return GraphOp(
+        "layernorm_linear_fwd", LIBRARY,
+        inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",)),
+        outputs=(Out(("rows", "n")), Out(("rows",), torch.float32), Out(("rows",), torch.float32)),
+        parameters=(("eps_bits", layernorm.eps_bits(eps)),),
+        weights=frozenset({1, 2, 3, 4}),
+    )
+
+
+def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object) -> None:
+    """Raise ValueError/TypeError naming the first bad argument."""
+    check_tensor("x", x, min_ndim=1, dtypes=DTYPES)
+    check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
+    check_tensor("bias", bias, ndim=1, dtypes=DTYPES)
+    layernorm.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
+    check_same({"x": x, "weight": weight, "bias": bias})
+    check_size("weight", weight, 1, x.shape[-1], "x's last dim")
+    check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
+
+
+def pick_algo(algo: str, device: torch.device, n: int) -> str:
+    """The forward algorithm ``auto`` resolves to (see the module docstring)."""
+    if algo not in ALGOS:
+        raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
+    if algo != "auto":
+        return algo
+    return "fused" if device.type != "cuda" or n <= FUSED_MAX_N else "unfused"
+
+
+def _zero_bias(weight: torch.Tensor) -> torch.Tensor:
+    return weight.new_zeros(weight.shape[0])
+
+
+def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto"
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y [..., N] (x's dtype), mean and rstd [...] (float32)."""
+    bias = _zero_bias(weight) if bias is None else bias
+    validate(x, ln_weight, ln_bias, weight, bias)
+    layernorm.check_eps(eps)
+    k, n = x.shape[-1], weight.shape[0]
+    if pick_algo(algo, x.device, n) == "fused":
+        y, mean, rstd = fwd_op(float(eps))(x.view(-1, k), ln_weight, ln_bias, weight, bias)
+    else:
+        xn, mean, rstd = layernorm.layernorm_fwd(x.view(-1, k), ln_weight, ln_bias, eps)
+        y = torch.addmm(bias, xn, weight.T)
+    return y.view(*x.shape[:-1], n), mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
+
+
+def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                         weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float = 1e-5
+                         ) -> tuple[torch.Tensor, ...]:
+    """dx [..., K], dln_weight, dln_bias [K], dweight [N, K], dbias [N] from dy [..., N]."""
+    validate(x, ln_weight, ln_bias, weight, _zero_bias(weight))
+    check_tensor("dy", dy, min_ndim=1, dtypes=DTYPES)
+    check_same({"x": x, "dy": dy})
+    if dy.shape != (*x.shape[:-1], weight.shape[0]):
+        raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y {(*x.shape[:-1], weight.shape[0])}")
+    k = x.shape[-1]
+    x2, dy2 = x.view(-1, k), dy.view(-1, weight.shape[0])
+    xn = layernorm.layernorm_fwd(x2, ln_weight, ln_bias, eps)[0]
+    dweight = dy2.T @ xn
+    dbias = dy2.sum(0, dtype=torch.float32).to(dy.dtype)
+    dxn = dy2 @ weight
+    dx, dln_weight, dln_bias = layernorm.layernorm_bwd(dxn, x2, ln_weight, ln_bias, mean.view(-1), rstd.view(-1))
+    return dx.view(x.shape), dln_weight, dln_bias, dweight, dbias
+
+
+# ---------------------------------------------------------------- torch.library
+
+@torch.library.custom_op("mojo::layernorm_linear_fwd", mutates_args=())
+def _fwd_custom(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor, eps: float, algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
+
+
+@_fwd_custom.register_fake
+def _(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+      bias: torch.Tensor, eps: float, algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    stats = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(*x.shape[:-1], weight.shape[0]), stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("mojo::layernorm_linear_bwd", mutates_args=())
+def _bwd_custom(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, eps)
+
+
+@_bwd_custom.register_fake
+def _(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+      weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    return (torch.empty_like(x), torch.empty_like(ln_weight), torch.empty_like(ln_bias),
+            torch.empty_like(weight), weight.new_empty(weight.shape[0]))
+
+
+# ---------------------------------------------------------------- autograd and nn.Module
+
+class LayerNormLinearFunction(torch.autograd.Function):
+    """Autograd for Linear(LayerNorm(x)): gradients for x, ln_weight, ln_bias, weight and bias."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, ln_weight: torch.Tensor,
+                ln_bias: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                algo: str) -> torch.Tensor:
+        y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
+        ctx.save_for_backward(x, ln_weight, ln_bias, weight, mean, rstd)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
+        x, ln_weight, ln_bias, weight, mean, rstd = ctx.saved_tensors
+        grads = torch.ops.mojo.layernorm_linear_bwd(dy.contiguous(), x, ln_weight, ln_bias, weight, mean, rstd,
+                                                     ctx.eps)
+        return (*grads, None, None)
+
+
+def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto") -> torch.Tensor:
+    """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N]."""
+    bias = _zero_bias(weight) if bias is None else bias
+    return LayerNormLinearFunction.apply(x, ln_weight, ln_bias, weight, bias, eps, algo)
+
+
+class FusedLayerNormLinear(nn.Sequential):
+    """Drop-in for ``nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))``: same submodules, so its
+    state dict loads; the forward runs ``layernorm_linear`` (LayerNorm over the last dim only)."""
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, bias: bool = True,
+                 device: torch.device | None = None, dtype: torch.dtype | None = None, algo: str = "auto") -> None:
+        kw = {"device": device, "dtype": dtype}
+        super().__init__(nn.LayerNorm(in_features, eps=eps, **kw), nn.Linear(in_features, out_features, bias, **kw))
+        pick_algo(algo, torch.device("cpu"), out_features)  # reject a bad name now
+        self.algo = algo
+
+    @classmethod
+    def from_torch(cls, seq: nn.Sequential, algo: str = "auto") -> FusedLayerNormLinear:
+        """A copy of ``nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))`` (parameters, device, dtype)."""
+        ln, lin = seq[0], seq[1]
+        if not isinstance(ln, nn.LayerNorm) or not isinstance(lin, nn.Linear) or len(seq) != 2:
+            raise TypeError("seq: expected nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))")
+        if ln.weight is None or ln.bias is None or len(ln.normalized_shape) != 1:
+            raise ValueError("seq[0]: only an affine LayerNorm over the last dim is supported")
+        m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None,
+                device=lin.weight.device, dtype=lin.weight.dtype, algo=algo)
+        m.load_state_dict(seq.state_dict())
+        return m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ln, lin = self[0], self[1]
+        return layernorm_linear(x, ln.weight, ln.bias, lin.weight, lin.bias, ln.eps, self.algo)

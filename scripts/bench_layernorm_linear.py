@@ -1,0 +1,230 @@
+"""Linear(LayerNorm(x)) on the GPU: torch eager, torch.compile, our unfused pipeline, our fused op.
+
+Per row: device microseconds (CUDA events, median, inputs rotated past the
+L2 cache), TFLOP/s (2*M*N*K per forward), the ratio to torch eager
+F.linear(F.layer_norm(x)), and the peak memory one call allocates. TF32 is
+off. Every contender is checked against the float64 reference first.
+Backward rows time all five gradients (torch autograd vs ours).
+Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
+
+    poe bench-layernorm-linear            (needs a CUDA GPU)
+    python scripts/bench_layernorm_linear.py --quick
+    python scripts/bench_layernorm_linear.py --plot-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ops import layernorm_linear as LL  # noqa: E402
+from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
+from ops.timing import commit, gpu_name, measure  # noqa: E402
+from ops.tolerance import compare  # noqa: E402
+
+OUT = ROOT / "results"
+GRID_M = (16, 512, 4096, 16384)
+GRID_K = (768, 1024, 4096)
+GRID_N = (64, 768, 3072, 4096)
+TARGETS = ((4096, 768, 3072), (4096, 4096, 64), (4096, 4096, 4096))
+ROTATE_BYTES = 256 << 20
+FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "us", "TFLOPs", "vs_torch", "peak_MB")
+Sets = list[tuple[torch.Tensor, ...]]
+
+
+def input_sets(m: int, k: int, n: int, dtype: torch.dtype) -> Sets:
+    """(x, ln_weight, ln_bias, weight, bias, dy) sets, enough of them to rotate x past the L2 cache."""
+    count = max(2, min(16, -(-ROTATE_BYTES // (m * k * dtype.itemsize))))
+    sets = []
+    for _ in range(count):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        g = (1 + 0.1 * torch.randn(k, device="cuda")).to(dtype)
+        b = (0.1 * torch.randn(k, device="cuda")).to(dtype)
+        w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
+        bias = (0.1 * torch.randn(n, device="cuda")).to(dtype)
+        sets.append((x, g, b, w, bias, torch.randn(m, n, device="cuda", dtype=dtype)))
+    return sets
+
+
+def torch_eager(x, g, b, w, bias, dy=None):
+    return F.linear(F.layer_norm(x, (x.shape[-1],), g, b), w, bias)
+
+
+def ours(algo: str) -> Callable:
+    def run(x, g, b, w, bias, dy=None):
+        return LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)[0]
+    return run
+
+
+def peak_mb(fn: Callable, args: tuple) -> float:
+    """Memory one call allocates beyond its inputs, at its peak."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*args)
+    torch.cuda.synchronize()
+    del out
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def check_forward(fn: Callable, s: tuple, what: str) -> None:
+    x, g, b, w, bias, _ = s
+    if (bad := compare(fn(*s), layernorm_linear_ref(x, g, b, w, bias), x.dtype, reduction=x.shape[1])) is not None:
+        raise SystemExit(f"{what} is wrong at x {tuple(x.shape)} weight {tuple(w.shape)} {x.dtype}: {bad}")
+
+
+def row(kind: str, impl: str, s: tuple, us: float, torch_us: float, mb: float) -> dict:
+    x, w = s[0], s[3]
+    (m, k), n = x.shape, w.shape[0]
+    flops = 2 * m * n * k * (2 if kind == "bwd" else 1)
+    return {"kind": kind, "impl": impl, "dtype": str(x.dtype).removeprefix("torch."), "M": m, "K": k, "N": n,
+            "us": round(us, 2), "TFLOPs": round(flops / us / 1e6, 2), "vs_torch": round(us / torch_us, 3),
+            "peak_MB": round(mb, 1)}
+
+
+def iters_for(m: int, k: int, n: int) -> int:
+    return 50 if m * k * n <= 1 << 33 else 20
+
+
+def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int, int]], with_compile: bool) -> list[dict]:
+    compiled = torch.compile(torch_eager, dynamic=True) if with_compile else None
+    contenders = [("torch", torch_eager)] + ([("torch.compile", compiled)] if compiled else [])
+    contenders += [(f"ours:{a}", ours(a)) for a in ("unfused", "fused", "auto")]
+    rows = []
+    for m, k, n in shapes:
+        sets = input_sets(m, k, n, dtype)
+        it = iters_for(m, k, n)
+        t_torch = None
+        for impl, fn in contenders:
+            check_forward(fn, sets[0], impl)
+            t = measure(fn, sets, it).device_us
+            t_torch = t_torch or t
+            rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
+        done = rows[-len(contenders):]
+        print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in done), flush=True)
+        del sets
+    return rows
+
+
+def run_grads(y: torch.Tensor, leaves: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The backward of one prepared graph (all five gradients)."""
+    return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+
+def prepared(impl: str, sets: Sets) -> list[tuple]:
+    graphs = []
+    for x, g, b, w, bias, dy in sets:
+        leaves = tuple(t.detach().requires_grad_() for t in (x, g, b, w, bias))
+        y = torch_eager(*leaves) if impl == "torch" else LL.layernorm_linear(*leaves)
+        graphs.append((y, leaves, dy))
+    return graphs
+
+
+def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[dict]:
+    rows = []
+    for m, k, n in shapes:
+        sets = input_sets(m, k, n, dtype)[:4]
+        x, g, b, w, bias, dy = sets[0]
+        y, leaves, _ = prepared("ours", sets[:1])[0]
+        got = torch.autograd.grad(y, leaves, dy)
+        for name, gv, r in zip(("dx", "dln_w", "dln_b", "dw", "db"), got,
+                               layernorm_linear_grads_ref(x, g, b, w, bias, dy), strict=True):
+            if (bad := compare(gv, r, dtype, reduction=max(m, n * k), cond=10.0)) is not None:
+                raise SystemExit(f"backward {name} is wrong at M={m} K={k} N={n} {dtype}: {bad}")
+        t_torch = None
+        for impl in ("torch", "ours"):
+            graphs = prepared(impl, sets)
+            t = measure(run_grads, graphs, iters_for(m, k, n)).device_us
+            t_torch = t_torch or t
+            rows.append(row("bwd", impl, sets[0], t, t_torch, peak_mb(run_grads, graphs[0])))
+            del graphs
+        print(f"bwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in rows[-2:]),
+              flush=True)
+    return rows
+
+
+def write(rows: list[dict]) -> None:
+    OUT.mkdir(exist_ok=True)
+    stamp = f"GPU: {gpu_name()}; commit {commit()}; TF32 off"
+    with open(OUT / "bench_layernorm_linear.csv", "w", newline="") as f:
+        f.write(f"# {stamp}\n")
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["# LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)", "", stamp, "",
+             "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
+             "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
+             "(backward: torch autograd). peak_MB: memory one call allocates at its peak.", "",
+             "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
+    lines += ["| " + " | ".join(str(r[k]) for k in FIELDS) + " |" for r in rows]
+    (OUT / "bench_layernorm_linear.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
+    """Forward time relative to torch eager per shape, one panel per dtype."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    text = csv_path.read_text().splitlines()
+    stamp = text[0].lstrip("# ")
+    rows = [r for r in csv.DictReader(text[1:]) if r["kind"] == "fwd"]
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(16, 4.5 * len(dtypes)), squeeze=False)
+    for ax, dt in zip(axes[:, 0], dtypes, strict=True):
+        sel = [r for r in rows if r["dtype"] == dt]
+        shapes = sorted({(int(r["M"]), int(r["K"]), int(r["N"])) for r in sel})
+        for impl in sorted({r["impl"] for r in sel}):
+            got = {(int(r["M"]), int(r["K"]), int(r["N"])): float(r["vs_torch"]) for r in sel if r["impl"] == impl}
+            ax.plot(range(len(shapes)), [got.get(s, float("nan")) for s in shapes], "o-", label=impl, ms=3)
+        ax.set_xticks(range(len(shapes)), [f"{m}x{k}->{n}" for m, k, n in shapes], rotation=80, fontsize=6)
+        ax.set_yscale("log")
+        ax.set_ylabel("time / torch eager")
+        ax.set_title(f"LayerNorm+Linear forward, {dt} - {stamp}", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(OUT / "bench_layernorm_linear.png", dpi=110)
+    print(f"wrote {OUT / 'bench_layernorm_linear.png'}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the issue's target shapes only")
+    p.add_argument("--plot-only", action="store_true", help="draw the PNG from the committed CSV")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--dtypes", default="bfloat16,float32")
+    args = p.parse_args()
+    if args.plot_only:
+        plot()
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_layernorm_linear needs a CUDA GPU")
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    grid = list(TARGETS) if args.quick else list(dict.fromkeys(
+        list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
+    rows: list[dict] = []
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+        rows += bench_forward(dtype, grid, not args.no_compile)
+        rows += bench_backward(dtype, list(TARGETS))
+    write(rows)
+    try:
+        plot()
+    except ImportError:
+        print("matplotlib missing: run with --plot-only where it is installed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Fused LayerNorm + Linear: both forward algorithms, all five gradients, nn.Module, torch.compile, bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ops import layernorm_linear as LL
+from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_stats_ref
+from ops.tolerance import compare
+
+# (leading dims..., K, N): K and N off the 16/64 tiles, 1-element edges, a 2-D batch.
+SHAPES = [(1, 1, 1), (7, 37, 5), (37, 64, 65), (3, 1000, 7), (5, 1023, 130), (2, 3, 24, 40), (70, 130, 64)]
+GPU_SHAPES = [(4096, 768, 64), (513, 1024, 768), (1000, 4097, 33), (130, 256, 3072)]
+
+
+def make(lead: tuple[int, ...], k: int, n: int, dtype: torch.dtype, device: str,
+         mean: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """Fresh random x (rows shifted by ``mean``), ln_weight, ln_bias, weight (scaled by 1/sqrt(K)), bias, dy."""
+    g = torch.Generator().manual_seed(torch.seed())
+    f64 = {"generator": g, "dtype": torch.float64}
+    ts = (torch.randn(*lead, k, **f64) + mean, 1.0 + 0.2 * torch.randn(k, **f64), 0.2 * torch.randn(k, **f64),
+          torch.randn(n, k, **f64) / k ** 0.5, 0.2 * torch.randn(n, **f64), torch.randn(*lead, n, **f64))
+    return tuple(t.to(device=device, dtype=dtype) for t in ts)
+
+
+def algos(device: str) -> list[str]:
+    return list(LL.ALGOS)
+
+
+def check_forward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor, bias: torch.Tensor,
+                  algo: str, cond: float = 1.0) -> None:
+    y, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)
+    k = x.shape[-1]
+    where = f"algo {algo}, {x.dtype}, x {tuple(x.shape)}, weight {tuple(w.shape)}"
+    assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], w.shape[0]), where
+    bad = compare(y, layernorm_linear_ref(x, g, b, w, bias), x.dtype, reduction=k, cond=cond)
+    assert bad is None, f"y, {where}: {bad}"
+    mean_ref, rstd_ref = layernorm_stats_ref(x)
+    assert (bad := compare(mean, mean_ref, torch.float32, k, cond)) is None, f"mean, {where}: {bad}"
+    assert (bad := compare(rstd / rstd_ref, torch.ones_like(rstd_ref), torch.float32, k, cond)) is None, \
+        f"rstd, {where}: {bad}"
+
+
+def check_backward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor, bias: torch.Tensor,
+                   dy: torch.Tensor, cond: float = 1.0) -> None:
+    _, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias)
+    got = LL.layernorm_linear_bwd(dy, x, g, b, w, mean, rstd)
+    ref = layernorm_linear_grads_ref(x, g, b, w, bias, dy)
+    k, n = x.shape[-1], w.shape[0]
+    rows = x.numel() // k
+    # dx goes through dxn = dy W (n terms) and LayerNorm's backward (k terms, scaled by rstd).
+    dx_cond = cond * float(layernorm_stats_ref(x)[1].max())
+    sums = {"dx": (n * k, dx_cond), "dln_weight": (rows * n, cond), "dln_bias": (rows * n, 1.0),
+            "dweight": (rows, cond), "dbias": (rows, 1.0)}
+    for (name, (red, c)), gv, r in zip(sums.items(), got, ref, strict=True):
+        assert gv.dtype == x.dtype and gv.shape == r.shape, name
+        bad = compare(gv, r, x.dtype, reduction=red, cond=c)
+        assert bad is None, f"{name}, {x.dtype}, x {tuple(x.shape)}, weight {tuple(w.shape)}: {bad}"
+
+
+@pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_forward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    x, g, b, w, bias, _ = make(shape[:-2], shape[-2], shape[-1], dtype, device)
+    for algo in algos(device):
+        check_forward(x, g, b, w, bias, algo)
+
+
+@pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[1:5], ids=str)
+def test_backward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    check_backward(*make(shape[:-2], shape[-2], shape[-1], dtype, device))
+
+
+def test_large_mean_rows(device: str) -> None:
+    """Rows with mean 1e4 times their spread: the statistics must not cancel."""
+    x, g, b, w, bias, dy = make((6,), 1000, 24, torch.float32, device, mean=1e4)
+    for algo in algos(device):
+        check_forward(x, g, b, w, bias, algo, cond=1e4)
+    check_backward(x, g, b, w, bias, dy, cond=1e4)
+
+
+def test_nan_propagates(device: str) -> None:
+    x, g, b, w, bias, _ = make((4,), 300, 20, torch.float32, device)
+    x[1, 17] = float("nan")
+    for algo in algos(device):
+        y, _, _ = LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)
+        assert torch.isnan(y[1]).all(), algo
+        assert compare(y[[0, 2, 3]], layernorm_linear_ref(x[[0, 2, 3]], g, b, w, bias), torch.float32, 300) is None
+
+
+def test_backward_is_deterministic(device: str) -> None:
+    rows = 4096 if device == "cuda" else 200
+    x, g, b, w, bias, dy = make((rows,), 512, 96, torch.float32, device)
+    _, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias)
+    first = LL.layernorm_linear_bwd(dy, x, g, b, w, mean, rstd)
+    for _ in range(10):
+        again = LL.layernorm_linear_bwd(dy, x, g, b, w, mean, rstd)
+        for a, gv in zip(first, again, strict=True):
+            assert torch.equal(a, gv)
+
+
+def torch_block(k: int, n: int, device: str, bias: bool = True) -> nn.Sequential:
+    seq = nn.Sequential(nn.LayerNorm(k, eps=1e-6), nn.Linear(k, n, bias=bias)).to(device)
+    with torch.no_grad():
+        seq[0].weight.normal_(1.0, 0.2)
+        seq[0].bias.normal_(0.0, 0.2)
+    return seq
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_module_matches_sequential(device: str, bias: bool) -> None:
+    seq = torch_block(48, 20, device, bias)
+    ours = LL.FusedLayerNormLinear.from_torch(seq)
+    assert ours.state_dict().keys() == seq.state_dict().keys()
+    x = torch.randn(2, 5, 48, device=device, requires_grad=True)
+    y = ours(x)
+    lin_bias = seq[1].bias if bias else torch.zeros(20, device=device)
+    want = layernorm_linear_ref(x.detach(), seq[0].weight, seq[0].bias, seq[1].weight, lin_bias, eps=1e-6)
+    assert compare(y, want, torch.float32, 48) is None
+    dy = torch.randn_like(y)
+    params = [x, *ours.parameters()]
+    got = torch.autograd.grad(y, params, dy)
+    ref = layernorm_linear_grads_ref(x, seq[0].weight, seq[0].bias, seq[1].weight, lin_bias, dy, eps=1e-6)
+    for gv, r in zip(got, ref, strict=False):  # without bias, ref's last entry (dbias) has no parameter
+        assert compare(gv, r, torch.float32, reduction=48 * 20) is None
+
+
+def test_compile_fullgraph(device: str) -> None:
+    ours = LL.FusedLayerNormLinear(64, 24, device=device)
+    x = torch.randn(5, 64, device=device, requires_grad=True)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def block(t: torch.Tensor) -> torch.Tensor:
+        return ours(t) * 2.0
+
+    y = block(x)
+    y.sum().backward()
+    ln, lin = ours[0], ours[1]
+    assert compare(y, 2.0 * layernorm_linear_ref(x.detach(), ln.weight, ln.bias, lin.weight, lin.bias),
+                   torch.float32, 64) is None
+    ref_dx = layernorm_linear_grads_ref(x, ln.weight, ln.bias, lin.weight, lin.bias, torch.full_like(y, 2.0))[0]
+    assert compare(x.grad, ref_dx, torch.float32, reduction=64 * 24, cond=10.0) is None
+
+
+def test_opcheck() -> None:
+    x, g, b, w, bias, dy = make((3,), 32, 8, torch.float32, "cpu")
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(LL._fwd_custom, (x, g, b, w, bias, 1e-5, "auto"), test_utils=utils)
+    _, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias)
+    torch.library.opcheck(LL._bwd_custom, (dy, x, g, b, w, mean, rstd, 1e-5), test_utils=utils)
+
+
+def test_bad_inputs() -> None:
+    x, g, b, w, bias, dy = make((4,), 16, 8, torch.float32, "cpu")
+    cases = [
+        ((x, g, b, w[:, :15], bias), ValueError, "weight"),       # K mismatch
+        ((x, g, b, w, bias[:7]), ValueError, "bias"),
+        ((x, g[:15], b, w, bias), ValueError, "ln_weight"),
+        ((x, g, b.half(), w, bias), TypeError, "ln_bias"),
+        ((x, g, b, w.bfloat16(), bias), TypeError, "weight"),      # dtype mix
+        ((x, g, b, w.t(), bias), ValueError, "weight"),            # strides (and shape)
+        ((x.t().contiguous().t(), g, b, w, bias), ValueError, "x"),
+        ((x[:0], g, b, w, bias), ValueError, "x"),
+        ((x, g, b, w[0], bias), ValueError, "weight"),
+        ((x.double(), g, b, w, bias), TypeError, "x"),
+    ]
+    for args, err, name in cases:
+        with pytest.raises(err, match=f"^{name}:"):
+            LL.layernorm_linear_fwd(*args)
+    with pytest.raises(ValueError, match="^algo:"):
+        LL.layernorm_linear_fwd(x, g, b, w, bias, algo="nope")
+    with pytest.raises(ValueError, match="^eps:"):
+        LL.layernorm_linear_fwd(x, g, b, w, bias, eps=-1.0)
+    _, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias)
+    with pytest.raises(ValueError, match="^dy:"):
+        LL.layernorm_linear_bwd(dy[:, :7], x, g, b, w, mean, rstd)
+    with pytest.raises(TypeError, match="^seq:"):
+        LL.FusedLayerNormLinear.from_torch(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)))
+
+
+@pytest.mark.gpu
+def test_mixed_devices_rejected() -> None:
+    x, g, b, w, bias, _ = make((4,), 16, 8, torch.float32, "cuda")
+    with pytest.raises(ValueError, match="^weight:"):
+        LL.layernorm_linear_fwd(x, g, b, w.cpu(), bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """Transformer-sized shapes: both algorithms (and auto's pick) forward, and the backward."""
+    x, g, b, w, bias, dy = make(shape[:-2], shape[-2], shape[-1], dtype, "cuda")
+    for algo in LL.ALGOS:
+        check_forward(x, g, b, w, bias, algo)
+    check_backward(x, g, b, w, bias, dy)
