@@ -11,13 +11,15 @@ Forward algorithms (``algo``):
   statistics per row strip, x normalized while it is staged for the GEMM,
   bias in the epilogue; the normalized tensor never touches device memory.
 * ``"unfused"``: our LayerNorm kernel, then ``torch.addmm`` (cuBLAS).
-* ``"auto"`` (default): ``fused`` where LayerNorm's traffic dominates
-  (n <= ``FUSED_MAX_N``) or on the CPU, else ``unfused`` (cuBLAS's tensor-core
-  GEMM beats our SIMT one once n is large).
+* ``"auto"`` (default): ``unfused``. On the H100 (results/bench_layernorm_linear.md)
+  the SIMT fused kernel loses to cuBLAS's tensor-core GEMM at every measured
+  shape, the small-n ones included, so auto does not pick it (on the CPU,
+  torch's BLAS wins too). ``FUSED_MAX_N`` is where auto would switch.
 
-Backward (one path for all): the normalized x is recomputed by our LayerNorm
-kernel, dW = dy^T xn and dxn = dy W by cuBLAS, db = sum of dy, and dx, dgamma,
-dbeta by our deterministic LayerNorm backward.
+Backward (one path for all): dW = dy^T xn and dxn = dy W by cuBLAS, db = sum
+of dy, and dx, dgamma, dbeta by our deterministic LayerNorm backward. The
+autograd forward of ``unfused`` keeps the normalized xn for it (as torch does);
+after ``fused`` the backward recomputes xn with our LayerNorm kernel.
 Layers: ``layernorm_linear_fwd`` / ``layernorm_linear_bwd`` (validated calls),
 ``torch.ops.mojo.layernorm_linear_fwd`` / ``_bwd`` (torch.library, with fakes),
 ``layernorm_linear`` (autograd), ``FusedLayerNormLinear`` (nn.Module).
@@ -36,7 +38,7 @@ from ops.validate import check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "unfused")
-FUSED_MAX_N = 256
+FUSED_MAX_N = 0  # measured: fused loses at n = 64 already (4096 x 4096 -> 64: 340 us bf16 vs 42 us)
 
 
 @cache
@@ -68,7 +70,7 @@ def pick_algo(algo: str, device: torch.device, n: int) -> str:
         raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
     if algo != "auto":
         return algo
-    return "fused" if device.type != "cuda" or n <= FUSED_MAX_N else "unfused"
+    return "fused" if n <= FUSED_MAX_N else "unfused"
 
 
 def _zero_bias(weight: torch.Tensor) -> torch.Tensor:
@@ -92,9 +94,12 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
 
 
 def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
-                         weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float = 1e-5
-                         ) -> tuple[torch.Tensor, ...]:
-    """dx [..., K], dln_weight, dln_bias [K], dweight [N, K], dbias [N] from dy [..., N]."""
+                         weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float = 1e-5,
+                         xn: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """dx [..., K], dln_weight, dln_bias [K], dweight [N, K], dbias [N] from dy [..., N].
+
+    ``xn`` is LayerNorm(x) [..., K] if the caller kept it; else it is recomputed.
+    """
     validate(x, ln_weight, ln_bias, weight, _zero_bias(weight))
     check_tensor("dy", dy, min_ndim=1, dtypes=DTYPES)
     check_same({"x": x, "dy": dy})
@@ -102,8 +107,14 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
         raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y {(*x.shape[:-1], weight.shape[0])}")
     k = x.shape[-1]
     x2, dy2 = x.view(-1, k), dy.view(-1, weight.shape[0])
-    xn = layernorm.layernorm_fwd(x2, ln_weight, ln_bias, eps)[0]
-    dweight = dy2.T @ xn
+    if xn is None:
+        xn = layernorm.layernorm_fwd(x2, ln_weight, ln_bias, eps)[0]
+    else:
+        check_tensor("xn", xn, dtypes=DTYPES)
+        check_same({"x": x, "xn": xn})
+        if xn.shape != x.shape:
+            raise ValueError(f"xn: shape {tuple(xn.shape)} does not match x {tuple(x.shape)}")
+    dweight = dy2.T @ xn.view(-1, k)
     dbias = dy2.sum(0, dtype=torch.float32).to(dy.dtype)
     dxn = dy2 @ weight
     dx, dln_weight, dln_bias = layernorm.layernorm_bwd(dxn, x2, ln_weight, ln_bias, mean.view(-1), rstd.view(-1))
@@ -126,15 +137,15 @@ def _(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: t
 
 
 @torch.library.custom_op("mojo::layernorm_linear_bwd", mutates_args=())
-def _bwd_custom(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
-                weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float
+def _bwd_custom(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, eps)
+    return layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
 
 
 @_bwd_custom.register_fake
-def _(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
-      weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+def _(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+      weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (torch.empty_like(x), torch.empty_like(ln_weight), torch.empty_like(ln_bias),
             torch.empty_like(weight), weight.new_empty(weight.shape[0]))
 
@@ -148,16 +159,23 @@ class LayerNormLinearFunction(torch.autograd.Function):
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, ln_weight: torch.Tensor,
                 ln_bias: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                 algo: str) -> torch.Tensor:
-        y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
-        ctx.save_for_backward(x, ln_weight, ln_bias, weight, mean, rstd)
+        xn = None
+        if pick_algo(algo, x.device, weight.shape[0]) == "unfused":
+            # Our LayerNorm, then cuBLAS; xn is kept for dW as torch's own autograd keeps it.
+            xn, mean, rstd = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
+            y = torch.nn.functional.linear(xn, weight, bias)
+        else:
+            y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, "fused")
+        ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, mean, rstd)
         ctx.eps = eps
         return y
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
-        x, ln_weight, ln_bias, weight, mean, rstd = ctx.saved_tensors
-        grads = torch.ops.mojo.layernorm_linear_bwd(dy.contiguous(), x, ln_weight, ln_bias, weight, mean, rstd,
-                                                     ctx.eps)
+        x, xn, ln_weight, ln_bias, weight, mean, rstd = ctx.saved_tensors
+        if xn is None:
+            xn = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, ctx.eps, "fast", "none")[0]
+        grads = torch.ops.mojo.layernorm_linear_bwd(dy.contiguous(), x, xn, ln_weight, ln_bias, weight, mean, rstd)
         return (*grads, None, None)
 
 

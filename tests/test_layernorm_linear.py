@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ops import layernorm_linear as LL
@@ -23,10 +24,6 @@ def make(lead: tuple[int, ...], k: int, n: int, dtype: torch.dtype, device: str,
     ts = (torch.randn(*lead, k, **f64) + mean, 1.0 + 0.2 * torch.randn(k, **f64), 0.2 * torch.randn(k, **f64),
           torch.randn(n, k, **f64) / k ** 0.5, 0.2 * torch.randn(n, **f64), torch.randn(*lead, n, **f64))
     return tuple(t.to(device=device, dtype=dtype) for t in ts)
-
-
-def algos(device: str) -> list[str]:
-    return list(LL.ALGOS)
 
 
 def check_forward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor, bias: torch.Tensor,
@@ -64,7 +61,7 @@ def check_backward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.T
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_forward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, g, b, w, bias, _ = make(shape[:-2], shape[-2], shape[-1], dtype, device)
-    for algo in algos(device):
+    for algo in LL.ALGOS:
         check_forward(x, g, b, w, bias, algo)
 
 
@@ -77,7 +74,7 @@ def test_backward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> No
 def test_large_mean_rows(device: str) -> None:
     """Rows with mean 1e4 times their spread: the statistics must not cancel."""
     x, g, b, w, bias, dy = make((6,), 1000, 24, torch.float32, device, mean=1e4)
-    for algo in algos(device):
+    for algo in LL.ALGOS:
         check_forward(x, g, b, w, bias, algo, cond=1e4)
     check_backward(x, g, b, w, bias, dy, cond=1e4)
 
@@ -85,7 +82,7 @@ def test_large_mean_rows(device: str) -> None:
 def test_nan_propagates(device: str) -> None:
     x, g, b, w, bias, _ = make((4,), 300, 20, torch.float32, device)
     x[1, 17] = float("nan")
-    for algo in algos(device):
+    for algo in LL.ALGOS:
         y, _, _ = LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)
         assert torch.isnan(y[1]).all(), algo
         assert compare(y[[0, 2, 3]], layernorm_linear_ref(x[[0, 2, 3]], g, b, w, bias), torch.float32, 300) is None
@@ -110,10 +107,10 @@ def torch_block(k: int, n: int, device: str, bias: bool = True) -> nn.Sequential
     return seq
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_module_matches_sequential(device: str, bias: bool) -> None:
+@pytest.mark.parametrize(("bias", "algo"), [(True, "auto"), (True, "fused"), (False, "unfused")])
+def test_module_matches_sequential(device: str, bias: bool, algo: str) -> None:
     seq = torch_block(48, 20, device, bias)
-    ours = LL.FusedLayerNormLinear.from_torch(seq)
+    ours = LL.FusedLayerNormLinear.from_torch(seq, algo=algo)
     assert ours.state_dict().keys() == seq.state_dict().keys()
     x = torch.randn(2, 5, 48, device=device, requires_grad=True)
     y = ours(x)
@@ -150,7 +147,8 @@ def test_opcheck() -> None:
     utils = ("test_schema", "test_faketensor")
     torch.library.opcheck(LL._fwd_custom, (x, g, b, w, bias, 1e-5, "auto"), test_utils=utils)
     _, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias)
-    torch.library.opcheck(LL._bwd_custom, (dy, x, g, b, w, mean, rstd, 1e-5), test_utils=utils)
+    xn = F.layer_norm(x, (32,), g, b)
+    torch.library.opcheck(LL._bwd_custom, (dy, x, xn, g, b, w, mean, rstd), test_utils=utils)
 
 
 def test_bad_inputs() -> None:

@@ -162,7 +162,7 @@ def lnl_fwd_kernel[dtype: DType, BM: Int, TM: Int](
                 b_s[unsafe_offset=kc * LL_B_STRIDE + m_first + M_STEP * l] = rb[l]
             barrier()
             if k0 + LL_BK < kk:
-                fetch[A_PER, B_PER, M_STEP](ra, rb, x, w, row0 + m_first, col0 + m_first, k0 + kc, mm, nn, kk)
+                fetch[A_PER, B_PER, M_STEP](ra, rb, x, w, row0 + m_first, col0 + m_first, k0 + LL_BK + kc, mm, nn, kk)
             comptime for q in range(LL_BK):
                 var av = a_s.unsafe_load[width=TM, alignment=4 * TM](q * A_STRIDE + ty * TM)
                 var bv = b_s.unsafe_load[width=LL_TN, alignment=LL_VEC_ALIGN](q * LL_B_STRIDE + tx * LL_TN)

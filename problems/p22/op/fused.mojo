@@ -44,7 +44,7 @@ from .tiles import (
 
 comptime NAIVE_BLOCK = 128
 comptime MAX_COL_TILES = 4
-comptime MIN_BLOCKS_PER_SM = 8
+comptime MIN_BLOCKS_PER_SM = 4
 comptime N_WARPS = THREADS // WARP_SIZE
 comptime ROWS_PER_WARP = BM // N_WARPS
 
