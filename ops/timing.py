@@ -11,10 +11,13 @@ burst of calls with no synchronisation in between.
 
 from __future__ import annotations
 
+import argparse
+import csv
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -91,3 +94,34 @@ def commit() -> str:
         return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def bench_args(doc: str, quick_help: str, dtypes: str) -> argparse.Namespace:
+    """The command line every kernel benchmark takes (--quick, --plot-only, --no-compile, --dtypes)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--plot-only", action="store_true", help="draw the PNG from the committed CSV")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--dtypes", default=dtypes, help="comma-separated torch dtype names")
+    return p.parse_args()
+
+
+def write_report(stem: Path, rows: list[dict], fields: Sequence[str], stamp: str, title: str, note: str) -> None:
+    """``stem``.csv (stamp as a leading # line) and ``stem``.md (title, stamp, note, one table)."""
+    stem.parent.mkdir(exist_ok=True)
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        f.write(f"# {stamp}\n")
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        w.writerows(rows)
+    lines = [f"# {title}", "", stamp, "", note, "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+    lines += ["| " + " | ".join("" if r[k] is None else str(r[k]) for k in fields) + " |" for r in rows]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def save_plot(plot: Callable[[], None]) -> None:
+    """Draw the PNG where matplotlib is installed; say how to draw it later otherwise."""
+    try:
+        plot()
+    except ImportError:
+        print("matplotlib missing: run with --plot-only where it is installed")

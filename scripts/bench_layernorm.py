@@ -14,7 +14,6 @@ Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
-from ops.timing import commit, gpu_name, measure  # noqa: E402
+from ops.timing import bench_args, commit, gpu_name, measure, save_plot, write_report  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -151,19 +150,10 @@ def torch_gelu_backward_us(sets: list[tuple[torch.Tensor, ...]], iters: int) -> 
 
 
 def write(rows: list[dict], copy: float) -> None:
-    OUT.mkdir(exist_ok=True)
     stamp = f"GPU: {gpu_name()}; commit {commit()}; device copy {copy:.0f} GB/s (read+write)"
-    with open(OUT / "bench_layernorm.csv", "w", newline="") as f:
-        f.write(f"# {stamp}\n")
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    lines = ["# LayerNorm benchmark (scripts/bench_layernorm.py)", "", stamp, "",
-             "Device time per call (CUDA events, median, inputs rotated past L2). GB/s counts x read + y write "
-             "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager.", "",
-             "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
-    lines += ["| " + " | ".join("" if r[k] is None else str(r[k]) for k in FIELDS) + " |" for r in rows]
-    (OUT / "bench_layernorm.md").write_text("\n".join(lines) + "\n")
+    write_report(OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
+                 "Device time per call (CUDA events, median, inputs rotated past L2). GB/s counts x read + y write "
+                 "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager.")
 
 
 def plot(csv_path: Path = OUT / "bench_layernorm.csv") -> None:
@@ -195,12 +185,7 @@ def plot(csv_path: Path = OUT / "bench_layernorm.csv") -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="targets, progression and backward only")
-    p.add_argument("--plot-only", action="store_true", help="draw the PNG from results/bench_layernorm.csv")
-    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    p.add_argument("--dtypes", default="float32,bfloat16")
-    args = p.parse_args()
+    args = bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16")
     if args.plot_only:
         plot()
         return 0
@@ -219,10 +204,7 @@ def main() -> int:
         rows += bench_forward(dtype, list(GELU_SHAPES), ["fast"], copy, "gelu", with_compile=not args.no_compile)
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
     write(rows, copy)
-    try:
-        plot()
-    except ImportError:
-        print("matplotlib missing: run with --plot-only where it is installed")
+    save_plot(plot)
     return 0
 
 

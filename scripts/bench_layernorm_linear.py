@@ -14,7 +14,6 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm_linear as LL  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
-from ops.timing import commit, gpu_name, measure  # noqa: E402
+from ops.timing import bench_args, commit, gpu_name, measure, save_plot, write_report  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -153,20 +152,11 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> li
 
 
 def write(rows: list[dict]) -> None:
-    OUT.mkdir(exist_ok=True)
-    stamp = f"GPU: {gpu_name()}; commit {commit()}; TF32 off"
-    with open(OUT / "bench_layernorm_linear.csv", "w", newline="") as f:
-        f.write(f"# {stamp}\n")
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    lines = ["# LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)", "", stamp, "",
-             "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
-             "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
-             "(backward: torch autograd). peak_MB: memory one call allocates at its peak.", "",
-             "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
-    lines += ["| " + " | ".join(str(r[k]) for k in FIELDS) + " |" for r in rows]
-    (OUT / "bench_layernorm_linear.md").write_text("\n".join(lines) + "\n")
+    write_report(OUT / "bench_layernorm_linear", rows, FIELDS, f"GPU: {gpu_name()}; commit {commit()}; TF32 off",
+                 "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
+                 "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
+                 "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
+                 "(backward: torch autograd). peak_MB: memory one call allocates at its peak.")
 
 
 def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
@@ -198,12 +188,7 @@ def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="the issue's target shapes only")
-    p.add_argument("--plot-only", action="store_true", help="draw the PNG from the committed CSV")
-    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    p.add_argument("--dtypes", default="bfloat16,float32")
-    args = p.parse_args()
+    args = bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32")
     if args.plot_only:
         plot()
         return 0
@@ -219,10 +204,7 @@ def main() -> int:
         rows += bench_forward(dtype, grid, not args.no_compile)
         rows += bench_backward(dtype, list(TARGETS))
     write(rows)
-    try:
-        plot()
-    except ImportError:
-        print("matplotlib missing: run with --plot-only where it is installed")
+    save_plot(plot)
     return 0
 
 
