@@ -20,14 +20,21 @@
 # paid once per col_tiles * BN outputs; strips of 32 rows (not 64) when 64
 # would leave SMs idle (few rows or small n).
 #
-# Why this kernel (and not a tensor-core GEMM): it is for the shapes where
-# LayerNorm's memory traffic dominates (small n): there the saved write and
-# read of the normalized tensor is most of the time. For large n the GEMM
-# dominates, and the Python op (ops/layernorm_linear.py, algo "auto") runs
-# our LayerNorm kernel and cuBLAS instead: this SIMT kernel reaches about a
-# third of a tensor-core GEMM there. (MAX's tuned sm90 matmul, which takes
-# an epilogue lambda, needs n and k known at compile time: one compile per
-# weight shape, so it is not used here.)
+# Why this kernel (and where it stands): it targets the shapes where
+# LayerNorm's memory traffic dominates (small n), where skipping the write and
+# read of the normalized tensor is most of the saving. Measured on the H100
+# (results/bench_layernorm_linear.md): fp32 4096 x 4096 -> 64 in 196 us, just
+# behind our LayerNorm + cuBLAS (185 us); at large n it runs at about a third of
+# cuBLAS's fp32 GEMM and far below its bf16 tensor cores, so the Python op's
+# "auto" picks LayerNorm + cuBLAS everywhere. A tensor-core (mma) version is
+# the next step. MAX's tuned sm90 matmul takes an epilogue lambda, but it
+# dispatches on n and k known at compile time (one compile per weight shape),
+# so it is not used here.
+# Version 2 (this one) over version 1: BK 64 instead of 16. A strip is
+# latency-bound (few blocks, a long k loop); four times the loads in flight
+# per step took 4096 x 4096 -> 64 fp32 from 265 to 196 us, but large n got
+# slower (4096 x 768 -> 3072 fp32: 822 -> 1211 us; version 1 numbers: results at
+# commit f92f4fe), where this kernel is not used.
 # CPU: one row at a time, exact two-pass statistics, then the dot products.
 
 import extensibility
@@ -43,7 +50,7 @@ from .layernorm import F32, Ptr, load_f32, row_stats_cpu
 
 comptime LL_THREADS = 256
 comptime LL_BN = 64       # output columns per tile
-comptime LL_BK = 64       # k per main-loop step: 64 keeps 4x more loads in flight than 16 (a strip is latency-bound)
+comptime LL_BK = 64       # k per main-loop step (see version 2 above)
 comptime LL_TN = 4        # columns per thread
 comptime LL_TX = LL_BN // LL_TN
 comptime LL_PAD = 4       # shared rows padded by 4 floats: stores by k-column stay (mostly) conflict-free
