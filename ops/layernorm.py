@@ -117,6 +117,7 @@ def validate(x: object, weight: object, bias: object, names: tuple[str, str, str
 
 
 def check_eps(eps: float) -> None:
+    """eps must be a positive number (it is added to the variance)."""
     if not eps > 0:
         raise ValueError(f"eps: must be positive, got {eps}")
 

@@ -73,7 +73,9 @@ def pick_algo(algo: str, device: torch.device, n: int) -> str:
     return "fused" if n <= FUSED_MAX_N else "unfused"
 
 
-def _zero_bias(weight: torch.Tensor) -> torch.Tensor:
+def _zero_bias(weight: object) -> torch.Tensor:
+    """bias = 0 [N] for a Linear without bias (weight checked first, so a bad one is named)."""
+    check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
     return weight.new_zeros(weight.shape[0])
 
 
