@@ -10,6 +10,7 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
     poe bench-layernorm-linear            (needs a CUDA GPU)
     python scripts/bench_layernorm_linear.py --quick
     python scripts/bench_layernorm_linear.py --plot-only
+    python scripts/bench_layernorm_linear.py --dtypes float32 --append   (add to an earlier bfloat16 run)
 """
 
 from __future__ import annotations
@@ -159,6 +160,14 @@ def write(rows: list[dict]) -> None:
                  "(backward: torch autograd). peak_MB: memory one call allocates at its peak.")
 
 
+def kept_rows(dtypes: set[str]) -> list[dict]:
+    """Rows of the existing CSV whose dtype is not in ``dtypes``."""
+    path = OUT / "bench_layernorm_linear.csv"
+    if not path.exists():
+        return []
+    return [r for r in csv.DictReader(path.read_text().splitlines()[1:]) if r["dtype"] not in dtypes]
+
+
 def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
     """Forward time relative to torch eager per shape, one panel per dtype."""
     import matplotlib
@@ -188,7 +197,8 @@ def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
 
 
 def main() -> int:
-    args = bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32")
+    args = bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
+                      ("--append", "keep the CSV's rows of the dtypes not run now"))
     if args.plot_only:
         plot()
         return 0
@@ -203,6 +213,8 @@ def main() -> int:
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         rows += bench_forward(dtype, grid, not args.no_compile)
         rows += bench_backward(dtype, list(TARGETS))
+    if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
+        rows = kept_rows(set(args.dtypes.split(","))) + rows
     write(rows)
     save_plot(plot)
     return 0
