@@ -53,15 +53,17 @@ def fwd_op(eps: float) -> GraphOp:
     )
 
 
-def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object) -> None:
-    """Raise ValueError/TypeError naming the first bad argument."""
+def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None) -> None:
+    """Raise ValueError/TypeError naming the first bad argument (bias None: not checked)."""
     check_tensor("x", x, min_ndim=1, dtypes=DTYPES)
     check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
-    check_tensor("bias", bias, ndim=1, dtypes=DTYPES)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=DTYPES)
     layernorm.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
-    check_same({"x": x, "weight": weight, "bias": bias})
+    check_same({"x": x, "weight": weight} | ({} if bias is None else {"bias": bias}))
     check_size("weight", weight, 1, x.shape[-1], "x's last dim")
-    check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
+    if bias is not None:
+        check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
 
 
 def pick_algo(algo: str, device: torch.device, n: int) -> str:
@@ -91,7 +93,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
         y, mean, rstd = fwd_op(float(eps))(x.view(-1, k), ln_weight, ln_bias, weight, bias)
     else:
         xn, mean, rstd = layernorm.layernorm_fwd(x.view(-1, k), ln_weight, ln_bias, eps)
-        y = torch.addmm(bias, xn, weight.T)
+        y = torch.nn.functional.linear(xn, weight, bias)
     return y.view(*x.shape[:-1], n), mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
 
 
@@ -102,7 +104,7 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
 
     ``xn`` is LayerNorm(x) [..., K] if the caller kept it; else it is recomputed.
     """
-    validate(x, ln_weight, ln_bias, weight, _zero_bias(weight))
+    validate(x, ln_weight, ln_bias, weight, None)  # the backward never reads bias
     check_tensor("dy", dy, min_ndim=1, dtypes=DTYPES)
     check_same({"x": x, "dy": dy})
     if dy.shape != (*x.shape[:-1], weight.shape[0]):

@@ -111,13 +111,20 @@ def load_f32[dtype: DType](p: Ptr[dtype], i: Int) -> Float32:
 
 
 @always_inline
+def normalized[dtype: DType](
+    x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], base: Int, i: Int, mean: Float32, rstd: Float32,
+) -> Float32:
+    """(x - mean) * rstd * gamma + beta at column i, in fp32."""
+    return (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
+
+
+@always_inline
 def store_normalized[dtype: DType, act: Int](
     y: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
     base: Int, i: Int, mean: Float32, rstd: Float32,
 ):
     """The scalar paths' output: y = act((x - mean) * rstd * gamma + beta) at column i."""
-    var z = (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
-    y[unsafe_offset=base + i] = activate[act, 1](z).cast[dtype]()
+    y[unsafe_offset=base + i] = activate[act, 1](normalized(x, gamma, beta, base, i, mean, rstd)).cast[dtype]()
 
 
 @always_inline

@@ -46,7 +46,7 @@ from max.gpu.memory import AddressSpace
 from std.math import ceildiv, rsqrt
 from std.memory import stack_allocation, bitcast
 
-from .layernorm import F32, Ptr, load_f32, row_stats_cpu
+from .layernorm import F32, Ptr, load_f32, normalized, row_stats_cpu
 
 comptime LL_THREADS = 256
 comptime LL_BN = 64       # output columns per tile
@@ -219,16 +219,18 @@ def fwd_cpu[dtype: DType](
     y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], bias: Ptr[dtype], rows: Int, k: Int, n: Int, eps: Float32,
 ):
+    var xn = List[Float32](length=k, fill=0.0)  # the row, normalized once for all n outputs
     for r in range(rows):
         var base = r * k
         var mean, rstd = row_stats_cpu(x, base, k, eps)
         mean_out[unsafe_offset=r] = mean
         rstd_out[unsafe_offset=r] = rstd
+        for i in range(k):
+            xn[i] = normalized(x, gamma, beta, base, i, mean, rstd)
         for j in range(n):
             var acc: Float32 = 0.0
             for i in range(k):
-                var z = (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
-                acc += z * load_f32(w, j * k + i)
+                acc += xn[i] * load_f32(w, j * k + i)
             y[unsafe_offset=r * n + j] = (acc + load_f32(bias, j)).cast[dtype]()
 
 
