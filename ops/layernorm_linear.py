@@ -38,19 +38,60 @@ from ops.validate import check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "unfused")
-FUSED_MAX_N = 0  # measured: fused loses at n = 64 already (4096 x 4096 -> 64: 340 us bf16 vs 42 us)
+FUSED_MAX_N = 0  # auto picks "fused" on the GPU for n up to this (set from the H100 sweep)
+FUSED_TILE = 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
+SPLIT_BLOCKS_PER_SM = 3
+SPLIT_MIN_K = 256
+SPLIT_MAX = 16
 
 
 @cache
 def fwd_op(eps: float) -> GraphOp:
-    """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32)."""
+    """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch:
+    partial products [splits, rows, n], partial row sums [splits, rows, 2], partial column sums [splits, n, 2]."""
+    f32 = torch.float32
     return GraphOp(
         "layernorm_linear_fwd", LIBRARY,
         inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",)),
-        outputs=(Out(("rows", "n")), Out(("rows",), torch.float32), Out(("rows",), torch.float32)),
+        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32),
+                 Out(("splits", "rows", "n"), f32), Out(("splits", "rows", 2), f32), Out(("splits", "n", 2), f32)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
         weights=frozenset({1, 2, 3, 4}),
     )
+
+
+@cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def fused_splits(rows: int, k: int, n: int, device: torch.device) -> int:
+    """How many k chunks the fused GPU kernel splits into (1 on the CPU).
+
+    Enough blocks for SPLIT_BLOCKS_PER_SM per SM, but no chunk shorter than
+    SPLIT_MIN_K (each split adds a [rows, n] fp32 partial to write and read).
+    """
+    if device.type != "cuda":
+        return 1
+    tiles = -(-rows // FUSED_TILE) * -(-n // FUSED_TILE)
+    want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
+    return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
+
+
+def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor, eps: float, splits: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused kernel on validated x2 [rows, K]: y [rows, N], mean, rstd [rows].
+
+    ``splits`` overrides ``fused_splits`` (benchmark sweeps); it must be >= 1.
+    """
+    rows, k = x2.shape
+    if splits is None:
+        splits = fused_splits(rows, k, weight.shape[0], x2.device)
+    elif splits < 1:
+        raise ValueError(f"splits: {splits} is not >= 1")
+    y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, sizes={"splits": splits})
+    return y, mean, rstd
 
 
 def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None) -> None:
@@ -72,7 +113,7 @@ def pick_algo(algo: str, device: torch.device, n: int) -> str:
         raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
     if algo != "auto":
         return algo
-    return "fused" if n <= FUSED_MAX_N else "unfused"
+    return "fused" if device.type == "cuda" and n <= FUSED_MAX_N else "unfused"
 
 
 def _zero_bias(weight: object) -> torch.Tensor:
@@ -90,7 +131,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     layernorm.check_eps(eps)
     k, n = x.shape[-1], weight.shape[0]
     if pick_algo(algo, x.device, n) == "fused":
-        y, mean, rstd = fwd_op(float(eps))(x.view(-1, k), ln_weight, ln_bias, weight, bias)
+        y, mean, rstd = fused_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
     else:
         xn, mean, rstd = layernorm.layernorm_fwd(x.view(-1, k), ln_weight, ln_bias, eps)
         y = torch.nn.functional.linear(xn, weight, bias)

@@ -195,3 +195,39 @@ def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     for algo in LL.ALGOS:
         check_forward(x, g, b, w, bias, algo)
     check_backward(x, g, b, w, bias, dy)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
+@pytest.mark.parametrize("splits", [1, 3, 7, 40])
+def test_gpu_fused_splits(dtype: torch.dtype, splits: int) -> None:
+    """Every split count gives the same answer: chunks ending mid-step (K = 1000), splits past the end of K
+    (40 chunks of a 1000-long row leave the last ones empty), rows and columns off the 64-tiles."""
+    x, g, b, w, bias, _ = make((130,), 1000, 70, dtype, "cuda", mean=3.0)
+    y, mean, rstd = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)
+    assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=1000)) is None, bad
+    mean_ref, rstd_ref = layernorm_stats_ref(x)
+    assert (bad := compare(mean, mean_ref, torch.float32, 1000)) is None, bad
+    assert (bad := compare(rstd / rstd_ref, torch.ones_like(rstd_ref), torch.float32, 1000)) is None, bad
+
+
+@pytest.mark.gpu
+def test_gpu_fused_forward_is_deterministic() -> None:
+    x, g, b, w, bias, _ = make((4096,), 4096, 64, torch.bfloat16, "cuda")
+    assert LL.fused_splits(4096, 4096, 64, x.device) > 1  # the split path, whose sums must keep their order
+    first = LL.fused_fwd(x, g, b, w, bias, 1e-5)
+    for _ in range(10):
+        for a, again in zip(first, LL.fused_fwd(x, g, b, w, bias, 1e-5), strict=True):
+            assert torch.equal(a, again)
+
+
+def test_fused_splits_rules() -> None:
+    """One split on the CPU; on a GPU never below 1, never a chunk under SPLIT_MIN_K, never above SPLIT_MAX."""
+    assert LL.fused_splits(4096, 4096, 64, torch.device("cpu")) == 1
+    with pytest.raises(ValueError, match="^splits:"):
+        LL.fused_fwd(*make((4,), 16, 8, torch.float32, "cpu")[:5], 1e-5, 0)
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        assert LL.fused_splits(65536, 4096, 4096, dev) == 1
+        assert LL.fused_splits(16, 100, 64, dev) == 1
+        assert 1 < LL.fused_splits(4096, 4096, 64, dev) <= min(LL.SPLIT_MAX, 4096 // LL.SPLIT_MIN_K)
