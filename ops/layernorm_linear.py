@@ -7,14 +7,18 @@ follow ``torch.backends.cuda.matmul.allow_tf32``; the Mojo kernel never uses it)
 
 Forward algorithms (``algo``):
 
-* ``"fused"``: one Mojo kernel (``ops/kernels/layernorm_linear.mojo``):
-  statistics per row strip, x normalized while it is staged for the GEMM,
-  bias in the epilogue; the normalized tensor never touches device memory.
-* ``"unfused"``: our LayerNorm kernel, then ``torch.addmm`` (cuBLAS).
-* ``"auto"`` (default): ``unfused``. On the H100 (results/bench_layernorm_linear.md)
-  the SIMT fused kernel loses to cuBLAS's tensor-core GEMM at every measured
-  shape, the small-n ones included, so auto does not pick it (on the CPU,
-  torch's BLAS wins too). ``FUSED_MAX_N`` is where auto would switch.
+* ``"fused"``: one read of x, no normalized tensor (``ops/kernels/layernorm_linear.mojo``):
+  the GEMM runs on (x - x[row, 0]) * gamma as it is loaded, the rows'
+  statistics come from the same loads, and the normalization, beta and the
+  bias are applied to the GEMM's result; k is split over several blocks and a
+  second kernel sums the splits in a fixed order. fp16/bf16 on tensor cores.
+* ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
+* ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
+  and at least ``FUSED_MIN_ROWS`` rows, else ``unfused``. On the H100
+  (results/bench_layernorm_linear*.md) the fused kernel's IEEE fp32 FMAs beat
+  cuBLAS's fp32 GEMM plus a separate LayerNorm where n is small; with fp16/bf16
+  cuBLAS's tensor-core GEMM after our LayerNorm stays ahead at every measured
+  shape, and on the CPU torch's BLAS wins.
 
 Backward (one path for all): dW = dy^T xn and dxn = dy W by cuBLAS, db = sum
 of dy, and dx, dgamma, dbeta by our deterministic LayerNorm backward. The
@@ -38,10 +42,12 @@ from ops.validate import check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "unfused")
-FUSED_MAX_N = 0  # auto picks "fused" on the GPU for n up to this (set from the H100 sweep)
-FUSED_TILE = 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
-SPLIT_BLOCKS_PER_SM = 3
-SPLIT_MIN_K = 256
+FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
+FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
+FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
+SPLIT_BLOCKS_PER_SM = 4      # the H100 split sweep (results/bench_layernorm_linear_splits.md): fp32 best
+SPLIT_MIN_K = 128            # near 256-1024 blocks; more splits cost more partial-sum traffic
+
 SPLIT_MAX = 16
 
 
@@ -73,7 +79,7 @@ def fused_splits(rows: int, k: int, n: int, device: torch.device) -> int:
     """
     if device.type != "cuda":
         return 1
-    tiles = -(-rows // FUSED_TILE) * -(-n // FUSED_TILE)
+    tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
     want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
 
@@ -107,13 +113,14 @@ def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias
         check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
 
 
-def pick_algo(algo: str, device: torch.device, n: int) -> str:
+def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n: int) -> str:
     """The forward algorithm ``auto`` resolves to (see the module docstring)."""
     if algo not in ALGOS:
         raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
     if algo != "auto":
         return algo
-    return "fused" if device.type == "cuda" and n <= FUSED_MAX_N else "unfused"
+    fused = device.type == "cuda" and dtype == torch.float32 and n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
+    return "fused" if fused else "unfused"
 
 
 def _zero_bias(weight: object) -> torch.Tensor:
@@ -130,7 +137,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
     k, n = x.shape[-1], weight.shape[0]
-    if pick_algo(algo, x.device, n) == "fused":
+    if pick_algo(algo, x.device, x.dtype, x.numel() // k, n) == "fused":
         y, mean, rstd = fused_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
     else:
         xn, mean, rstd = layernorm.layernorm_fwd(x.view(-1, k), ln_weight, ln_bias, eps)
@@ -205,7 +212,8 @@ class LayerNormLinearFunction(torch.autograd.Function):
                 ln_bias: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                 algo: str) -> torch.Tensor:
         xn = None
-        if pick_algo(algo, x.device, weight.shape[0]) == "unfused":
+        rows = x.numel() // max(x.shape[-1], 1)
+        if pick_algo(algo, x.device, x.dtype, rows, weight.shape[0]) == "unfused":
             # Our LayerNorm, then cuBLAS; xn is kept for dW as torch's own autograd keeps it.
             xn, mean, rstd = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
             y = torch.nn.functional.linear(xn, weight, bias)
@@ -239,7 +247,7 @@ class FusedLayerNormLinear(nn.Sequential):
                  device: torch.device | None = None, dtype: torch.dtype | None = None, algo: str = "auto") -> None:
         kw = {"device": device, "dtype": dtype}
         super().__init__(nn.LayerNorm(in_features, eps=eps, **kw), nn.Linear(in_features, out_features, bias, **kw))
-        pick_algo(algo, torch.device("cpu"), out_features)  # reject a bad name now
+        pick_algo(algo, torch.device("cpu"), torch.float32, 1, out_features)  # reject a bad name now
         self.algo = algo
 
     @classmethod

@@ -11,6 +11,8 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
     python scripts/bench_layernorm_linear.py --quick
     python scripts/bench_layernorm_linear.py --plot-only
     python scripts/bench_layernorm_linear.py --dtypes float32 --append   (add to an earlier bfloat16 run)
+    python scripts/bench_layernorm_linear.py --splits   (the fused kernel's k splits at small n:
+                                                          results/bench_layernorm_linear_splits.{csv,md})
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ GRID_M = (16, 512, 4096, 16384)
 GRID_K = (768, 1024, 4096)
 GRID_N = (64, 768, 3072, 4096)
 TARGETS = ((4096, 768, 3072), (4096, 4096, 64), (4096, 4096, 4096))
+SPLIT_SHAPES = ((4096, 4096, 64), (4096, 4096, 128), (4096, 768, 64), (16384, 1024, 64), (512, 4096, 64),
+                (16, 4096, 64), (4096, 4096, 256))
+SPLIT_COUNTS = (1, 2, 4, 8, 16)
 ROTATE_BYTES = 256 << 20
 FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "us", "TFLOPs", "vs_torch", "peak_MB")
 Sets = list[tuple[torch.Tensor, ...]]
@@ -115,6 +120,33 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int, int]], with_c
     return rows
 
 
+def fused_with(splits: int | None) -> Callable:
+    def run(x, g, b, w, bias, dy=None):
+        return LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)[0]
+    return run
+
+
+def bench_splits(dtype: torch.dtype) -> list[dict]:
+    """The fused kernel at each split count (and the count fused_splits picks) next to torch and unfused."""
+    rows = []
+    for m, k, n in SPLIT_SHAPES:
+        sets = input_sets(m, k, n, dtype)
+        picked = LL.fused_splits(m, k, n, sets[0][0].device)
+        contenders = [("torch", torch_eager), ("ours:unfused", ours("unfused")),
+                      (f"ours:fused splits={picked} (picked)", fused_with(None))]
+        contenders += [(f"ours:fused splits={s}", fused_with(s)) for s in SPLIT_COUNTS if s != picked]
+        t_torch = None
+        for impl, fn in contenders:
+            check_forward(fn, sets[0], impl)
+            t = measure(fn, sets, iters_for(m, k, n)).device_us
+            t_torch = t_torch or t
+            rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
+        done = rows[-len(contenders):]
+        print(f"{dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in done), flush=True)
+        del sets
+    return rows
+
+
 def run_grads(y: torch.Tensor, leaves: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The backward of one prepared graph (all five gradients)."""
     return torch.autograd.grad(y, leaves, dy, retain_graph=True)
@@ -152,8 +184,8 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> li
     return rows
 
 
-def write(rows: list[dict]) -> None:
-    write_report(OUT / "bench_layernorm_linear", rows, FIELDS, f"GPU: {gpu_name()}; commit {commit()}; TF32 off",
+def write(rows: list[dict], stem: str = "bench_layernorm_linear") -> None:
+    write_report(OUT / stem, rows, FIELDS, f"GPU: {gpu_name()}; commit {commit()}; TF32 off",
                  "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
                  "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
                  "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
@@ -198,7 +230,8 @@ def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
 
 def main() -> int:
     args = bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
-                      ("--append", "keep the CSV's rows of the dtypes not run now"))
+                      ("--append", "keep the CSV's rows of the dtypes not run now"),
+                      ("--splits", "sweep the fused kernel's k splits instead (small n)"))
     if args.plot_only:
         plot()
         return 0
@@ -207,6 +240,10 @@ def main() -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.splits:
+        write([r for d in args.dtypes.split(",") for r in bench_splits(getattr(torch, d))],
+              "bench_layernorm_linear_splits")
+        return 0
     grid = list(TARGETS) if args.quick else list(dict.fromkeys(
         list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
     rows: list[dict] = []

@@ -9,6 +9,7 @@
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
 #   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
 #   layernorm-linear  LayerNorm+Linear benchmark -> bench_layernorm_linear.{md,csv,png}
+#   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
@@ -46,6 +47,9 @@ for step in "${steps[@]}"; do
     layernorm-linear)
       run bench_layernorm_linear_log python scripts/bench_layernorm_linear.py
       [ "$out" = results ] || cp results/bench_layernorm_linear.* "$out"/ ;;
+    layernorm-linear-splits)
+      run bench_layernorm_linear_splits_log python scripts/bench_layernorm_linear.py --splits --dtypes bfloat16,float32,float16
+      [ "$out" = results ] || cp results/bench_layernorm_linear_splits.* "$out"/ ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"
       python scripts/sanitize_workload.py > /dev/null  # compile outside the sanitizer first

@@ -41,12 +41,13 @@ def main() -> int:
                         print(f"wrong: fwd {variant} {act} {dtype} {m}x{h}")
                         bad += 1
             L.layernorm_bwd(torch.randn_like(x), x, w, b, mean, rstd)
-    # 33 rows: 32-row strips; 4100 rows x 768 columns: 64-row strips, several column tiles per block.
+    # Rows, columns and k off the tiles and the 16-byte vectors; 3 splits of k = 70 (bf16: chunks of 64, so
+    # the third lies past the end of k), the picked split count, several column tiles, a long odd k.
     for dtype in (torch.float32, torch.bfloat16):
-        for m, kk, n in ((33, 70, 45), (4100, 100, 768)):
+        for m, kk, n, splits in ((33, 70, 45, 3), (4100, 100, 768, None), (300, 1000, 64, 5)):
             x, g, b = (torch.randn(*s, device="cuda", dtype=dtype) for s in ((m, kk), (kk,), (kk,)))
             w, bias = torch.randn(n, kk, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-            y = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="fused")[0]
+            y = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)[0]
             if compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=kk) is not None:
                 print(f"wrong: layernorm_linear fused {dtype} {m}x{kk}->{n}")
                 bad += 1

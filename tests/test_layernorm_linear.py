@@ -231,3 +231,16 @@ def test_fused_splits_rules() -> None:
         assert LL.fused_splits(65536, 4096, 4096, dev) == 1
         assert LL.fused_splits(16, 100, 64, dev) == 1
         assert 1 < LL.fused_splits(4096, 4096, 64, dev) <= min(LL.SPLIT_MAX, 4096 // LL.SPLIT_MIN_K)
+
+
+def test_auto_rule() -> None:
+    """auto: fused only on the GPU, float32, small n and enough rows (the H100 sweep's winning region)."""
+    cuda, cpu, f32 = torch.device("cuda"), torch.device("cpu"), torch.float32
+    assert LL.pick_algo("auto", cuda, f32, 4096, 64) == "fused"
+    assert LL.pick_algo("auto", cuda, f32, 4096, LL.FUSED_MAX_N + 1) == "unfused"
+    assert LL.pick_algo("auto", cuda, f32, LL.FUSED_MIN_ROWS - 1, 64) == "unfused"
+    assert LL.pick_algo("auto", cuda, torch.bfloat16, 4096, 64) == "unfused"
+    assert LL.pick_algo("auto", cpu, f32, 4096, 64) == "unfused"
+    assert LL.pick_algo("fused", cpu, f32, 1, 1) == "fused"
+    with pytest.raises(ValueError, match="^algo:"):
+        LL.pick_algo("fast", cuda, f32, 4096, 64)

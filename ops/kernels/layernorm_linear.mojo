@@ -31,15 +31,23 @@
 # The Python side picks splits so that the first kernel has a few blocks per
 # SM: k is split exactly where LayerNorm fusion matters (small n, few output
 # tiles). At large n every split costs a pass over an fp32 [rows, n] scratch,
-# so the op's "auto" keeps cuBLAS there.
+# and the simple mma loop (fragments read from shared memory, no wgmma, no TMA)
+# is far from cuBLAS, so the op's "auto" keeps cuBLAS there.
 #
 # Version 3 (this one) over version 2: version 2 normalized x tiles while
 # staging them (prologue fusion), so each 32- or 64-row strip first read its
 # rows once for the statistics, SIMT FMAs only, and a strip could not be split
 # along k: at 4096 x 4096 -> 64 only 64-128 blocks ran (bf16 395 us, fp32 196 us
-# on the H100, behind our LayerNorm + cuBLAS at 42 and 185 us; commit e9f5947,
-# results/bench_layernorm_linear.md). Version 3 reads x once, splits k, and
-# uses tensor cores for fp16/bf16.
+# on the H100, behind our LayerNorm + cuBLAS at 42 and 185 us; commit e9f5947).
+# Version 3 reads x once, splits k, and uses tensor cores for fp16/bf16.
+# Where it stands (results/bench_layernorm_linear*.md): fp32 at small n is
+# about half of torch's time; fp16/bf16 at small n run at 1-2 TB/s of x, just
+# behind our LayerNorm + cuBLAS: a block stages, waits at a barrier, then
+# multiplies, so too few loads are in flight. Tried and not kept: 128-row
+# blocks of 8 warps with loads two steps ahead (bf16 no faster, fp32 slower
+# with half the blocks). Next: a multi-stage cp.async/TMA pipeline with the
+# shift and gamma applied to the mma fragments, and an in-block k split
+# reduced through shared memory instead of the fp32 scratch.
 # MAX's tuned sm90 matmul takes an epilogue lambda, but it dispatches on n and
 # k known at compile time (one compile per weight shape), so it is not used.
 # CPU: one row at a time, exact two-pass statistics, then the dot products.
