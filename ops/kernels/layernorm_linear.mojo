@@ -4,8 +4,9 @@
 # statistics and accumulation; fp16/bf16 products on tensor cores (mma.sync
 # m16n8k16), fp32 products as IEEE FMAs (no TF32).
 #
-# Algorithm (one read of x, no normalized tensor anywhere). With c = x[r, 0]
-# (a per-row shift) and a = (x - c) * gamma:
+# Algorithm (one read of x, no normalized tensor anywhere). With c the mean
+# of the row's first SHIFT_SAMPLE elements (a per-row shift) and
+# a = (x - c) * gamma:
 #   y[r, j] = rstd * (sum_k a[r, k] w[j, k] - (mean - c) * G[j]) + B[j] + bias[j]
 #   G[j] = sum_k gamma[k] w[j, k],   B[j] = sum_k beta[k] w[j, k]
 # so the GEMM runs on x as it is loaded (shifted and scaled, not yet
@@ -14,6 +15,10 @@
 # statistics and the GEMM free of cancellation when the mean is 1e4 times the
 # spread (x - c is of the spread's size); it is FlashNorm's fold of gamma and
 # beta into the weight, done on the fly instead of once per weight version.
+# fp16/bf16 round a before the mma, with an error proportional to |x - c|, so c
+# averages several elements: with c = x[r, 0], rows whose first element lay far
+# from their mean lost accuracy against torch's normalized GEMM (the H100
+# sanitizer workload caught it at 4100 x 100 -> 768, bf16, gamma ~ N(0, 1)).
 #
 # GPU mapping, two kernels:
 #   lnl_splitk_kernel: grid (ceil(rows / 64), ceil(n / 64), splits), 128
@@ -77,6 +82,7 @@ comptime MMA_K = 16
 comptime SIMT_TY = SK_THREADS // SK_GROUP        # fp32 patch: thread rows ty + 16 i, columns tx + 8 j
 comptime SIMT_ROWS = SK_BM // SIMT_TY
 comptime SIMT_COLS = SK_BN // SK_GROUP
+comptime SHIFT_SAMPLE = 8    # elements averaged into a row's shift
 comptime FIN_COLS = 64       # finish kernel: 4 rows x 64 columns per block
 comptime FIN_ROWS = 4
 
@@ -102,6 +108,16 @@ def stage_load[dtype: DType, VEC: Int](
                 if kg + e < k_hi:
                     v[e] = p[unsafe_offset=r * stride + kg + e]
     return v
+
+
+@always_inline
+def row_shift[dtype: DType](x: Ptr[dtype], r: Int, k: Int) -> Float32:
+    """Mean of row r's first min(k, SHIFT_SAMPLE) elements: both kernels compute it the same way."""
+    var s: Float32 = 0.0
+    var count = min(k, SHIFT_SAMPLE)
+    for e in range(count):
+        s += load_f32(x, r * k + e)
+    return s / Float32(count)
 
 
 @always_inline
@@ -194,7 +210,7 @@ def lnl_splitk_kernel[dtype: DType](
 
     var shift = SIMD[F32, SK_PASSES](0.0)
     comptime for p in range(SK_PASSES):
-        shift[p] = load_f32(x, min(row0 + lr + SK_ROWS_PER_PASS * p, mm - 1) * kk)
+        shift[p] = row_shift(x, min(row0 + lr + SK_ROWS_PER_PASS * p, mm - 1), kk)
     var s1 = SIMD[F32, SK_PASSES](0.0)
     var s2 = SIMD[F32, SK_PASSES](0.0)
     var cg = SIMD[F32, SK_PASSES](0.0)
@@ -304,7 +320,7 @@ def lnl_splitk_finish[dtype: DType](
     for z in range(sp):   # fixed order: bitwise identical run to run
         s1 += part_rows[unsafe_offset=2 * (z * mm + r)]
         s2 += part_rows[unsafe_offset=2 * (z * mm + r) + 1]
-    var shift = load_f32(x, r * kk)
+    var shift = row_shift(x, r, kk)
     var mean, rstd = shifted_stats(s1, s2, shift, kk, eps)
     if c == 0:
         mean_out[unsafe_offset=r] = mean
