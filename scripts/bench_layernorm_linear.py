@@ -100,24 +100,27 @@ def iters_for(m: int, k: int, n: int) -> int:
     return 50 if m * k * n <= 1 << 33 else 20
 
 
+def time_contenders(dtype: torch.dtype, shape: tuple[int, int, int],
+                    contenders: Callable[[Sets], list[tuple[str, Callable]]]) -> list[dict]:
+    """Check, then time every (name, fn) that ``contenders(input sets)`` lists at one shape, side by side;
+    the first one is the baseline of vs_torch."""
+    m, k, n = shape
+    sets = input_sets(m, k, n, dtype)
+    rows, t_torch = [], None
+    for impl, fn in contenders(sets):
+        check_forward(fn, sets[0], impl)
+        t = measure(fn, sets, iters_for(m, k, n)).device_us
+        t_torch = t_torch or t
+        rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
+    print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in rows), flush=True)
+    return rows
+
+
 def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int, int]], with_compile: bool) -> list[dict]:
     compiled = torch.compile(torch_eager, dynamic=True) if with_compile else None
     contenders = [("torch", torch_eager)] + ([("torch.compile", compiled)] if compiled else [])
     contenders += [(f"ours:{a}", ours(a)) for a in ("unfused", "fused", "auto")]
-    rows = []
-    for m, k, n in shapes:
-        sets = input_sets(m, k, n, dtype)
-        it = iters_for(m, k, n)
-        t_torch = None
-        for impl, fn in contenders:
-            check_forward(fn, sets[0], impl)
-            t = measure(fn, sets, it).device_us
-            t_torch = t_torch or t
-            rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
-        done = rows[-len(contenders):]
-        print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in done), flush=True)
-        del sets
-    return rows
+    return [r for shape in shapes for r in time_contenders(dtype, shape, lambda _: contenders)]
 
 
 def fused_with(splits: int | None) -> Callable:
@@ -128,23 +131,13 @@ def fused_with(splits: int | None) -> Callable:
 
 def bench_splits(dtype: torch.dtype) -> list[dict]:
     """The fused kernel at each split count (and the count fused_splits picks) next to torch and unfused."""
-    rows = []
-    for m, k, n in SPLIT_SHAPES:
-        sets = input_sets(m, k, n, dtype)
-        picked = LL.fused_splits(m, k, n, sets[0][0].device)
-        contenders = [("torch", torch_eager), ("ours:unfused", ours("unfused")),
-                      (f"ours:fused splits={picked} (picked)", fused_with(None))]
-        contenders += [(f"ours:fused splits={s}", fused_with(s)) for s in SPLIT_COUNTS if s != picked]
-        t_torch = None
-        for impl, fn in contenders:
-            check_forward(fn, sets[0], impl)
-            t = measure(fn, sets, iters_for(m, k, n)).device_us
-            t_torch = t_torch or t
-            rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
-        done = rows[-len(contenders):]
-        print(f"{dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in done), flush=True)
-        del sets
-    return rows
+    def contenders(sets: Sets) -> list[tuple[str, Callable]]:
+        x, w = sets[0][0], sets[0][3]
+        picked = LL.fused_splits(x.shape[0], x.shape[1], w.shape[0], x.device)
+        return ([("torch", torch_eager), ("ours:unfused", ours("unfused")),
+                 (f"ours:fused splits={picked} (picked)", fused_with(None))]
+                + [(f"ours:fused splits={s}", fused_with(s)) for s in SPLIT_COUNTS if s != picked])
+    return [r for shape in SPLIT_SHAPES for r in time_contenders(dtype, shape, contenders)]
 
 
 def run_grads(y: torch.Tensor, leaves: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
