@@ -8,6 +8,7 @@ all float32 on one device (CPU or CUDA).
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from pathlib import Path
 
@@ -87,8 +88,17 @@ def fused(k: P22Kernels, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tenso
           weight: torch.Tensor, bias: torch.Tensor, variant: str = "tiled") -> torch.Tensor:
     """One kernel, no intermediate tensor; ``variant`` is "tiled" (default) or "naive"."""
     validate(x, gamma, beta, weight, bias)
+    check_col_tiles_override()
     (y,) = k.fused_op(variant)(x, gamma, beta, weight, bias)
     return y
+
+
+def check_col_tiles_override() -> None:
+    """The tiled fused kernel reads P22_FUSED_COL_TILES (tiles per block, for sweeps); a value it
+    cannot use must fail here, not be ignored there."""
+    forced = os.environ.get("P22_FUSED_COL_TILES", "")
+    if forced and not (forced.isdigit() and int(forced) >= 1):
+        raise ValueError(f"P22_FUSED_COL_TILES: {forced!r} is not a positive integer")
 
 
 def make_inputs(batch: int, seq: int, hidden: int, out: int, device: str | torch.device = "cpu",

@@ -89,6 +89,13 @@ def test_bad_inputs_raise_clear_errors(path: str, arg: str, mutate, exc: type, m
         PATHS[path](*inputs)
 
 
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
+def test_bad_col_tiles_override_raises(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("P22_FUSED_COL_TILES", value)
+    with pytest.raises(ValueError, match="^P22_FUSED_COL_TILES:"):
+        fused(SOL, *make_inputs(2, 3, 8, 5))
+
+
 @pytest.mark.gpu
 def test_mixed_devices_raise() -> None:
     x, g, b, w, c = make_inputs(2, 3, 8, 5)
