@@ -8,8 +8,8 @@ follow ``torch.backends.cuda.matmul.allow_tf32``; the Mojo kernel never uses it)
 Forward algorithms (``algo``):
 
 * ``"fused"``: one read of x, no normalized tensor (``ops/kernels/layernorm_linear.mojo``):
-  the GEMM runs on (x - x[row, 0]) * gamma as it is loaded, the rows'
-  statistics come from the same loads, and the normalization, beta and the
+  the GEMM runs on (x - c) * gamma as it is loaded (c: the mean of the row's
+  first 8 elements), the rows' statistics come from the same loads, and the normalization, beta and the
   bias are applied to the GEMM's result; k is split over several blocks and a
   second kernel sums the splits in a fixed order. fp16/bf16 on tensor cores.
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
@@ -45,9 +45,10 @@ ALGOS = ("auto", "fused", "unfused")
 FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
 FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
 FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
-SPLIT_BLOCKS_PER_SM = 4      # the H100 split sweep (results/bench_layernorm_linear_splits.md): fp32 best
-SPLIT_MIN_K = 128            # near 256-1024 blocks; more splits cost more partial-sum traffic
-
+# k splits of the fused kernel: the H100 sweep (results/bench_layernorm_linear_splits.md) has fp32 best
+# near 256-1024 blocks; each split adds a [rows, n] fp32 partial to write and read.
+SPLIT_BLOCKS_PER_SM = 4
+SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
 
 
