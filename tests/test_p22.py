@@ -94,6 +94,8 @@ def test_bad_col_tiles_override_raises(monkeypatch: pytest.MonkeyPatch, value: s
     monkeypatch.setenv("P22_FUSED_COL_TILES", value)
     with pytest.raises(ValueError, match="^P22_FUSED_COL_TILES:"):
         fused(SOL, *make_inputs(2, 3, 8, 5))
+    with pytest.raises(ValueError, match="^P22_FUSED_COL_TILES:"):
+        kernel_cases(SOL, make_inputs(2, 3, 8, 5))
 
 
 @pytest.mark.gpu
