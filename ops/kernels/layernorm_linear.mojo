@@ -320,10 +320,10 @@ def lnl_splitk_finish[dtype: DType](
     for z in range(sp):   # fixed order: bitwise identical run to run
         s1 += part_rows[unsafe_offset=2 * (z * mm + r)]
         s2 += part_rows[unsafe_offset=2 * (z * mm + r) + 1]
-    var shift = row_shift(x, r, kk)
-    var mean, rstd = shifted_stats(s1, s2, shift, kk, eps)
+    # rstd does not depend on the shift; only the thread that writes the mean reads the row's sample.
+    var m1, rstd = shifted_stats(s1, s2, 0.0, kk, eps)
     if c == 0:
-        mean_out[unsafe_offset=r] = mean
+        mean_out[unsafe_offset=r] = row_shift(x, r, kk) + m1
         rstd_out[unsafe_offset=r] = rstd
     if c >= nn:
         return
@@ -334,8 +334,8 @@ def lnl_splitk_finish[dtype: DType](
         acc += part_acc[unsafe_offset=(z * mm + r) * nn + c]
         cg += part_cols[unsafe_offset=2 * (z * nn + c)]
         cb += part_cols[unsafe_offset=2 * (z * nn + c) + 1]
-    # mean - shift as s1 / k, not (shift + s1 / k) - shift: no rounding through the large mean.
-    var z_out = rstd * (acc - (s1 / Float32(kk)) * cg) + cb + load_f32(bias, c)
+    # mean - shift is m1 = s1 / k itself, never (shift + m1) - shift: no rounding through the large mean.
+    var z_out = rstd * (acc - m1 * cg) + cb + load_f32(bias, c)
     y[unsafe_offset=r * nn + c] = z_out.cast[dtype]()
 
 
