@@ -4,7 +4,7 @@
 
 Runs LayerNorm forward (every variant), backward and the GELU forms, the
 fused LayerNorm+Linear kernel (both strip heights, partial tiles), and the
-p22 solution kernels, on shapes that hit each code path: short rows (a warp
+p22 solution kernels (several strips and column tiles), on shapes that hit each code path: short rows (a warp
 per row), long rows (a block per row), the loop fallback (odd h, rows too
 long for registers) and a partial last block. Exits non-zero on a wrong
 result, so the sanitizer run also checks values.
@@ -12,6 +12,7 @@ result, so the sanitizer run also checks values.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -51,15 +52,26 @@ def main() -> int:
             if compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=kk) is not None:
                 print(f"wrong: layernorm_linear fused {dtype} {m}x{kk}->{n}")
                 bad += 1
-    k = p22.P22Kernels(p22.SOLUTIONS)
-    inputs = p22.make_inputs(2, 33, 70, 45, device="cuda")
-    for path in (p22.unfused, p22.fused):
-        if compare(path(k, *inputs), layernorm_linear_ref(*inputs), torch.float32, reduction=70) is not None:
-            print(f"wrong: p22 {path.__name__}")
-            bad += 1
+    bad += p22_kernels()
     torch.cuda.synchronize()
     print(f"sanitize workload done: {bad} wrong results")
     return 1 if bad else 0
+
+
+def p22_kernels() -> int:
+    """p22 solution, both paths: one partial strip and tile; then 3 strips (the last partial) x 3 column
+    tiles with the picked tiles per block and with 2 (the second block's second tile lies past n)."""
+    k = p22.P22Kernels(p22.SOLUTIONS)
+    bad = 0
+    for shape, col_tiles in (((2, 33, 70, 45), ""), ((3, 100, 200, 300), ""), ((3, 100, 200, 300), "2")):
+        os.environ["P22_FUSED_COL_TILES"] = col_tiles
+        inputs = p22.make_inputs(*shape, device="cuda")
+        for path in (p22.unfused, p22.fused):
+            if compare(path(k, *inputs), layernorm_linear_ref(*inputs), torch.float32, reduction=shape[2]) is not None:
+                print(f"wrong: p22 {path.__name__} {shape} col_tiles={col_tiles or 'picked'}")
+                bad += 1
+    os.environ.pop("P22_FUSED_COL_TILES")
+    return bad
 
 
 if __name__ == "__main__":

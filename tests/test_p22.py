@@ -17,7 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import p22 as cli  # noqa: E402
 
 SOL = P22Kernels(SOLUTIONS)
-SHAPES = [(1, 1, 1, 1), (2, 3, 37, 7), (4, 4, 8, 16), (1, 7, 1000, 33), (2, 2, 1023, 64), (1, 3, 256, 130)]
+# The last: 3 row strips of the 128 x 128 GPU tile (the last partial) x 3 column tiles (the last partial).
+SHAPES = [(1, 1, 1, 1), (2, 3, 37, 7), (4, 4, 8, 16), (1, 7, 1000, 33), (2, 2, 1023, 64), (1, 3, 256, 130),
+          (3, 100, 200, 300)]
 PATHS = {
     "unfused": lambda *a: unfused(SOL, *a),
     "fused": lambda *a: fused(SOL, *a),
@@ -87,6 +89,16 @@ def test_bad_inputs_raise_clear_errors(path: str, arg: str, mutate, exc: type, m
     inputs = mutate(*make_inputs(2, 3, 8, 5))
     with pytest.raises(exc, match=msg.replace("(", r"\(")):
         PATHS[path](*inputs)
+
+
+@pytest.mark.parametrize("col_tiles", ["1", "2", "3", "8"])
+def test_gpu_fused_col_tiles(monkeypatch: pytest.MonkeyPatch, col_tiles: str) -> None:
+    """Every tiles-per-block count, including blocks whose later tiles lie past the last column."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    monkeypatch.setenv("P22_FUSED_COL_TILES", col_tiles)
+    inputs = make_inputs(3, 100, 200, 300, device="cuda")
+    assert compare(fused(SOL, *inputs), layernorm_linear_ref(*inputs), torch.float32, reduction=200) is None
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])

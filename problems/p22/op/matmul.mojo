@@ -2,8 +2,10 @@
 # batch * seq), b [k, n] (the transposed Linear weight), c [batch, seq, n].
 #
 # GPU mapping: grid (ceil(n/BN), ceil(rows/BM)), THREADS threads per block;
-# see tiles.mojo for the tile layout. Loads past the matrix edges store 0 in
-# shared memory, and store_tile skips out-of-range outputs, so any size works.
+# see tiles.mojo for the tile layout. Each k step stages the values loaded
+# during the previous one, then issues the next step's loads before it
+# multiplies. Loads past the matrix edges give 0, and store_tile skips
+# out-of-range outputs, so any size works.
 # CPU: the i-k-j loop order, so the innermost loop walks b and c row-wise.
 
 import extensibility
@@ -16,41 +18,55 @@ from std.memory import stack_allocation
 
 from .common import Ptr
 from .tiles import (
-    A_LOADS, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TT, Acc,
-    accumulate_tile, store_tile,
+    A_LOADS, A_STRIDE, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TN, Acc, ARegs, BRegs,
+    a_k, a_row, accumulate_tile, store_a, store_tile,
 )
 
 
+@always_inline
+def load_a[dtype: DType](mut regs: ARegs, a: Ptr[dtype], row0: Int, k0: Int, m: Int, k: Int, tid: Int):
+    """This thread's left-operand values of the k step at k0 (0 past the matrix edges)."""
+    var kc = k0 + a_k(tid)
+    comptime for l in range(A_LOADS):
+        var r = row0 + a_row(tid, l)
+        regs[l] = a[unsafe_offset=r * k + kc].cast[DType.float32]() if r < m and kc < k else 0.0
+
+
+@always_inline
+def load_b[dtype: DType](mut regs: BRegs, b: Ptr[dtype], col0: Int, k0: Int, k: Int, n: Int, tid: Int):
+    """This thread's values of b [k, n] for the k step at k0: n runs fastest across threads."""
+    comptime for l in range(B_LOADS):
+        var idx = tid + l * THREADS
+        var kr = k0 + idx // BN
+        var col = col0 + idx % BN
+        regs[l] = b[unsafe_offset=kr * n + col].cast[DType.float32]() if kr < k and col < n else 0.0
+
+
 def matmul_kernel[dtype: DType](c: Ptr[dtype], a: Ptr[dtype], b: Ptr[dtype], m: Int32, k: Int32, n: Int32):
-    var a_s = stack_allocation[BM * BK, DType.float32, address_space=AddressSpace.SHARED]()
+    var a_s = stack_allocation[BK * A_STRIDE, DType.float32, address_space=AddressSpace.SHARED]()
     var b_s = stack_allocation[BK * B_STRIDE, DType.float32, address_space=AddressSpace.SHARED]()
     var mm = Int(m)
     var kk_n = Int(k)
     var nn = Int(n)
     var tx = Int(thread_idx.x)
     var ty = Int(thread_idx.y)
-    var tid = ty * TT + tx
+    var tid = ty * TN + tx
     var row0 = Int(block_idx.y) * BM
     var col0 = Int(block_idx.x) * BN
     var acc = Acc(0)
+    var a_regs = ARegs(0)
+    var b_regs = BRegs(0)
+    load_a(a_regs, a, row0, 0, mm, kk_n, tid)
+    load_b(b_regs, b, col0, 0, kk_n, nn, tid)
     for k0 in range(0, kk_n, BK):
-        comptime for l in range(A_LOADS):
-            var idx = tid + l * THREADS
-            var r = row0 + idx // BK
-            var kc = k0 + idx % BK
-            var v: Float32 = 0.0
-            if r < mm and kc < kk_n:
-                v = a[unsafe_offset=r * kk_n + kc].cast[DType.float32]()
-            a_s[unsafe_offset=idx] = v
+        store_a(a_s, a_regs, tid)
         comptime for l in range(B_LOADS):
             var idx = tid + l * THREADS
-            var kr = k0 + idx // BN
-            var col = col0 + idx % BN
-            var v: Float32 = 0.0
-            if kr < kk_n and col < nn:
-                v = b[unsafe_offset=kr * nn + col].cast[DType.float32]()
-            b_s[unsafe_offset=(idx // BN) * B_STRIDE + idx % BN] = v
+            b_s[unsafe_offset=(idx // BN) * B_STRIDE + idx % BN] = b_regs[l]
         barrier()
+        if k0 + BK < kk_n:
+            load_a(a_regs, a, row0, k0 + BK, mm, kk_n, tid)
+            load_b(b_regs, b, col0, k0 + BK, kk_n, nn, tid)
         accumulate_tile(acc, a_s, b_s, ty, tx)
         barrier()
     store_tile[dtype, False](c, c, acc, row0, col0, ty, tx, mm, nn)
@@ -82,7 +98,7 @@ struct P22Matmul:
             comptime kernel = matmul_kernel[dtype]
             ctx.enqueue_function[kernel](
                 c.unsafe_ptr(), a.unsafe_ptr(), b.unsafe_ptr(), Int32(m), Int32(k), Int32(n),
-                grid_dim=(ceildiv(n, BN), ceildiv(m, BM)), block_dim=(TT, TT),
+                grid_dim=(ceildiv(n, BN), ceildiv(m, BM)), block_dim=(TN, THREADS // TN),
             )
         else:
             matmul_cpu[dtype](c.unsafe_ptr(), a.unsafe_ptr(), b.unsafe_ptr(), m, k, n)

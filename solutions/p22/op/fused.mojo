@@ -8,7 +8,7 @@
 # unfused path as soon as the sizes are realistic.
 #
 # p22_fused, the tiled version (what this puzzle is about): the GEMM tiling of
-# p22_matmul (tiles.mojo), plus
+# p22_matmul (tiles.mojo: loads one k step ahead of the multiply), plus
 #   1. a prologue where each warp computes mean and rstd of BM / N_WARPS rows
 #      of the block's row strip, kept in shared memory. One pass of shifted
 #      sums over all of a warp's rows at once: each lane keeps one load per
@@ -17,13 +17,24 @@
 #      one after the other, so the statistics are paid once per
 #      col_tiles * BN outputs (with one tile per block, re-reading the strip
 #      for every tile made the fused kernel 1.5x slower than the unfused path
-#      on the H100 at 4096 x 768 -> 3072); col_tiles is picked at launch so
-#      the grid still has enough blocks to fill every SM;
+#      on the H100 at 4096 x 768 -> 3072);
 #   2. normalize-on-load: each x element is normalized, scaled by gamma and
-#      shifted by beta while it is copied into the shared-memory tile;
+#      shifted by beta as it is staged into the shared-memory tile (a
+#      thread's rows are fixed over k, so their mean and rstd sit in
+#      registers; its loads share one k column, so one gamma and beta each);
 #   3. the bias added in the epilogue.
 # Compared with the unfused path it saves the normalized tensor's write and
 # read, the transposed weight, the bias pass, and three launches.
+#
+# col_tiles (picked at launch) trades the two costs a block pays: its
+# strip's statistics, once, and its tiles, one after the other. An SM's time
+# is about (blocks it runs) x (col_tiles + STATS_COST) tile-times, so the
+# launcher picks the col_tiles that minimises ceil(blocks / SMs) x that
+# (an H100 sweep of col_tiles 1-6 at three sizes followed this model).
+# What this version changes over the previous one: 128 x 128 tiles with
+# loads one step ahead (tiles.mojo), the statistics in registers, and that
+# cost model in place of "as many tiles as still fill the GPU", which left a
+# half-empty last wave of blocks.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
@@ -38,13 +49,15 @@ from std.os import getenv
 from .common import EPS, Ptr
 from .layernorm import row_stats_cpu
 from .tiles import (
-    A_LOADS, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TT, Acc,
-    accumulate_tile, store_tile,
+    A_LOADS, A_STRIDE, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TN, Acc, ARegs, BRegs,
+    a_k, a_row, accumulate_tile, store_a, store_tile,
 )
 
 comptime NAIVE_BLOCK = 128
-comptime MAX_COL_TILES = 4
-comptime MIN_BLOCKS_PER_SM = 4
+comptime MAX_COL_TILES = 8
+# A strip's statistics cost about 1/8 of one tile's multiply (H100: ~13 us
+# against ~97 us at k = 768; both grow with k): STATS_COST = 1 / COST_SCALE.
+comptime COST_SCALE = 8
 comptime N_WARPS = THREADS // WARP_SIZE
 comptime ROWS_PER_WARP = BM // N_WARPS
 
@@ -83,11 +96,38 @@ def stats_row(row0: Int, warp_id: Int, rr: Int, mm: Int) -> Int:
     return min(row0 + warp_id * ROWS_PER_WARP + rr, mm - 1)
 
 
+@always_inline
+def load_x[dtype: DType](
+    mut regs: ARegs, mut g: Float32, mut b: Float32, x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
+    row0: Int, k0: Int, m: Int, k: Int, tid: Int,
+):
+    """This thread's raw x values of the k step at k0, and gamma/beta of its k column
+    (every load of a thread shares one column). 0 past the matrix edges."""
+    var kc = k0 + a_k(tid)
+    var in_k = kc < k
+    g = gamma[unsafe_offset=kc].cast[DType.float32]() if in_k else 0.0
+    b = beta[unsafe_offset=kc].cast[DType.float32]() if in_k else 0.0
+    comptime for l in range(A_LOADS):
+        var r = row0 + a_row(tid, l)
+        regs[l] = x[unsafe_offset=r * k + kc].cast[DType.float32]() if r < m and in_k else 0.0
+
+
+@always_inline
+def load_w[dtype: DType](mut regs: BRegs, w: Ptr[dtype], col0: Int, k0: Int, k: Int, n: Int, tid: Int):
+    """This thread's values of w [n, k] for the k step at k0: k runs fastest across threads,
+    so w is read coalesced as it is stored (no transpose)."""
+    comptime for l in range(B_LOADS):
+        var idx = tid + l * THREADS
+        var kr = k0 + idx % BK
+        var col = col0 + idx // BK
+        regs[l] = w[unsafe_offset=col * k + kr].cast[DType.float32]() if kr < k and col < n else 0.0
+
+
 def fused_kernel[dtype: DType](
     y: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
     w: Ptr[dtype], bias: Ptr[dtype], rows: Int32, k: Int32, n: Int32, col_tiles: Int32,
 ):
-    var a_s = stack_allocation[BM * BK, DType.float32, address_space=AddressSpace.SHARED]()
+    var a_s = stack_allocation[BK * A_STRIDE, DType.float32, address_space=AddressSpace.SHARED]()
     var b_s = stack_allocation[BK * B_STRIDE, DType.float32, address_space=AddressSpace.SHARED]()
     var mean_s = stack_allocation[BM, DType.float32, address_space=AddressSpace.SHARED]()
     var rstd_s = stack_allocation[BM, DType.float32, address_space=AddressSpace.SHARED]()
@@ -96,7 +136,7 @@ def fused_kernel[dtype: DType](
     var nn = Int(n)
     var tx = Int(thread_idx.x)
     var ty = Int(thread_idx.y)
-    var tid = ty * TT + tx
+    var tid = ty * TN + tx
     var lane = tid % WARP_SIZE
     var warp_id = tid // WARP_SIZE
     var row0 = Int(block_idx.y) * BM
@@ -132,56 +172,74 @@ def fused_kernel[dtype: DType](
     # Every warp reads rows other warps wrote: wait until all are there.
     barrier()
 
+    # Each thread's tile rows are fixed over k: keep their statistics in registers.
+    var row_mean = ARegs(0)
+    var row_rstd = ARegs(0)
+    comptime for l in range(A_LOADS):
+        row_mean[l] = mean_s[unsafe_offset=a_row(tid, l)]
+        row_rstd[l] = rstd_s[unsafe_offset=a_row(tid, l)]
+
     var ct = Int(col_tiles)
     for t in range(ct):
         var col0 = (Int(block_idx.x) * ct + t) * BN
         if col0 >= nn:
             break
         var acc = Acc(0)
+        # Raw x, gamma and beta of the next k step, loaded one step ahead;
+        # they are normalized when staged.
+        var x_regs = ARegs(0)
+        var g_reg: Float32 = 0.0
+        var b_reg: Float32 = 0.0
+        var w_regs = BRegs(0)
+        load_x(x_regs, g_reg, b_reg, x, gamma, beta, row0, 0, mm, kk_n, tid)
+        load_w(w_regs, w, col0, 0, kk_n, nn, tid)
         for k0 in range(0, kk_n, BK):
+            var a_regs = ARegs(0)
+            var kc = k0 + a_k(tid)
             comptime for l in range(A_LOADS):
-                var idx = tid + l * THREADS
-                var m = idx // BK
-                var r = row0 + m
-                var kc = k0 + idx % BK
                 var v: Float32 = 0.0
-                if r < mm and kc < kk_n:
-                    # FILL ME IN [fused_normalize_on_load] (roughly 3 lines)
-                    # Hint: v = (x - mean_s[m]) * rstd_s[m] * gamma[kc] + beta[kc], all in float32.
-                    var xn = (x[unsafe_offset=r * kk_n + kc].cast[DType.float32]() - mean_s[unsafe_offset=m]) * rstd_s[unsafe_offset=m]
-                    v = xn * gamma[unsafe_offset=kc].cast[DType.float32]() + beta[unsafe_offset=kc].cast[DType.float32]()
+                if row0 + a_row(tid, l) < mm and kc < kk_n:
+                    # FILL ME IN [fused_normalize_on_load] (roughly 2 lines)
+                    # Hint: v = (x - mean) * rstd * gamma + beta, with this load's x_regs[l],
+                    # row_mean[l], row_rstd[l] and the k column's g_reg, b_reg.
+                    var xn = (x_regs[l] - row_mean[l]) * row_rstd[l]
+                    v = xn * g_reg + b_reg
                     # END FILL ME IN
-                a_s[unsafe_offset=idx] = v
+                a_regs[l] = v
+            store_a(a_s, a_regs, tid)
             comptime for l in range(B_LOADS):
-                # k runs fastest across threads: w is [n, k], so this reads it coalesced.
                 var idx = tid + l * THREADS
-                var kr = idx % BK
-                var col = idx // BK
-                var v: Float32 = 0.0
-                if k0 + kr < kk_n and col0 + col < nn:
-                    v = w[unsafe_offset=(col0 + col) * kk_n + k0 + kr].cast[DType.float32]()
-                b_s[unsafe_offset=kr * B_STRIDE + col] = v
+                b_s[unsafe_offset=(idx % BK) * B_STRIDE + idx // BK] = w_regs[l]
             barrier()
+            if k0 + BK < kk_n:
+                load_x(x_regs, g_reg, b_reg, x, gamma, beta, row0, k0 + BK, mm, kk_n, tid)
+                load_w(w_regs, w, col0, k0 + BK, kk_n, nn, tid)
             accumulate_tile(acc, a_s, b_s, ty, tx)
             barrier()
         store_tile[dtype, True](y, bias, acc, row0, col0, ty, tx, mm, nn)
 
 
 def col_tiles(rows: Int, n: Int, sm_count: Int) -> Int:
-    """Output tiles per block: up to MAX_COL_TILES share one strip's statistics,
-    fewer when that would leave under MIN_BLOCKS_PER_SM blocks per SM (the
-    last wave of blocks then leaves SMs idle). P22_FUSED_COL_TILES overrides
-    it for sweeps."""
+    """Output tiles per block: the count (up to MAX_COL_TILES) minimising
+    ceil(blocks / SMs) x (tiles per block + STATS_COST), the time of the
+    busiest SM. P22_FUSED_COL_TILES overrides it for sweeps."""
     var forced = getenv("P22_FUSED_COL_TILES", "")
     if forced:
         try:
             return max(1, atol(forced))
         except:
             pass
-    var ct = MAX_COL_TILES
-    while ct > 1 and ceildiv(n, BN * ct) * ceildiv(rows, BM) < MIN_BLOCKS_PER_SM * sm_count:
-        ct //= 2
-    return ct
+    var strips = ceildiv(rows, BM)
+    var tiles = ceildiv(n, BN)
+    var best = 1
+    var best_cost = -1
+    for ct in range(1, min(MAX_COL_TILES, tiles) + 1):
+        var blocks = strips * ceildiv(tiles, ct)
+        var cost = ceildiv(blocks, sm_count) * (COST_SCALE * ct + 1)
+        if best_cost < 0 or cost < best_cost:
+            best = ct
+            best_cost = cost
+    return best
 
 
 def fused_cpu[dtype: DType](
@@ -250,7 +308,7 @@ struct P22Fused:
             ctx.enqueue_function[kernel](
                 y.unsafe_ptr(), x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
                 w.unsafe_ptr(), bias.unsafe_ptr(), Int32(rows), Int32(k), Int32(n), Int32(ct),
-                grid_dim=(ceildiv(n, BN * ct), ceildiv(rows, BM)), block_dim=(TT, TT),
+                grid_dim=(ceildiv(n, BN * ct), ceildiv(rows, BM)), block_dim=(TN, THREADS // TN),
             )
         else:
             fused_cpu[dtype](
