@@ -342,8 +342,16 @@ def to_buffer(t: torch.Tensor, stream: int | None = None) -> Any:
     return Buffer._from_dlpack(capsule, _max_device("gpu", t.device.index or 0), stream)
 
 
+# torch's private getter returns the current stream's handle without building a
+# torch.cuda.Stream object (which costs about 8 us of host time per call).
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _raw_stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    """Handle of torch's current CUDA stream on ``device``."""
+    if _current_raw_stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return _current_raw_stream(device.index or 0)
 
 
 def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor],
@@ -367,7 +375,7 @@ def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Te
              for i, t in enumerate(tensors)]
     model.execute(*bufs)
     if cuda:
-        _stream_sync(device).after()
+        _stream_sync(device).after(stream)
 
 
 class _StreamSync:
@@ -379,14 +387,26 @@ class _StreamSync:
         self.device = device
         self.into_max = torch.cuda.Event()
         self.out_of_max = torch.cuda.Event()
+        self._streams: dict[int, torch.cuda.Stream] = {}  # raw handle -> torch's object for it
+
+    def current(self, raw: int | None = None) -> torch.cuda.Stream:
+        """torch's current stream, its object built once per stream handle (not per call)."""
+        raw = _raw_stream(self.device) if raw is None else raw
+        stream = self._streams.get(raw)
+        if stream is None:
+            if len(self._streams) >= 64:
+                self._streams.clear()
+            stream = self._streams[raw] = torch.cuda.current_stream(self.device)
+        return stream
 
     def before(self) -> None:
-        self.into_max.record(torch.cuda.current_stream(self.device))
+        self.into_max.record(self.current())
         self.max_stream.wait_event(self.into_max)
 
-    def after(self) -> None:
+    def after(self, raw: int | None = None) -> None:
+        """torch's current stream (``raw``: its handle, when the caller has it) waits for MAX's queue."""
         self.out_of_max.record(self.max_stream)
-        torch.cuda.current_stream(self.device).wait_event(self.out_of_max)
+        self.current(raw).wait_event(self.out_of_max)
 
 
 @cache

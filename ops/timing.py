@@ -72,6 +72,22 @@ def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tenso
     return Timing(statistics.median(device_times), statistics.median(host_times), iters)
 
 
+def kernel_times(fn: Callable[[], object], calls: int = 20) -> dict[str, tuple[int, float]]:
+    """Device kernels CUPTI saw over ``calls`` calls of ``fn`` (after one warm-up call):
+    name -> (launches, device microseconds per call of ``fn``), busiest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    found = {e.key: (e.count, e.device_time_total / calls) for e in prof.key_averages()
+             if e.device_type.name == "CUDA"}
+    return dict(sorted(found.items(), key=lambda kv: -kv[1][1]))
+
+
 def gpu_name() -> str:
     """The CUDA device name, or "cpu"."""
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

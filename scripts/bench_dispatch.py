@@ -15,7 +15,6 @@ import csv
 import statistics
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +25,7 @@ import torch  # noqa: E402
 from ops import bridge  # noqa: E402
 from ops.bridge import LIBRARY  # noqa: E402
 from ops.dispatch import dispatch_op  # noqa: E402
-from ops.timing import commit, gpu_name  # noqa: E402
+from ops.timing import commit, gpu_name, kernel_times  # noqa: E402
 
 CALLS = 2000
 N_ELEMS = 1024
@@ -47,20 +46,7 @@ def host_us(fn, calls: int = CALLS) -> float:
     return statistics.median(times)
 
 
-def kernels_launched(fn, calls: int = 20) -> Counter:
-    """Device kernel names (and counts) seen by CUPTI over ``calls`` calls."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return Counter({e.key: e.count for e in prof.key_averages() if e.device_type.name == "CUDA"})
-
-
-def measure_op(n: int, lib: object, dev: torch.device) -> tuple[dict, dict, dict[str, Counter]]:
+def measure_op(n: int, lib: object, dev: torch.device) -> tuple[dict, dict, dict[str, dict[str, tuple[int, float]]]]:
     """Check, then time, the n-input op through the bridge and through CustomOpLibrary."""
     from max.driver import Buffer
 
@@ -101,8 +87,8 @@ def measure_op(n: int, lib: object, dev: torch.device) -> tuple[dict, dict, dict
     }
     profiles = {}
     if n == 6:
-        profiles["bridge"] = kernels_launched(lambda: ours(*xs))
-        profiles["CustomOpLibrary"] = kernels_launched(lambda: theirs(out, *xs))
+        profiles["bridge"] = kernel_times(lambda: ours(*xs))
+        profiles["CustomOpLibrary"] = kernel_times(lambda: theirs(out, *xs))
     return row, part, profiles
 
 
@@ -124,7 +110,7 @@ def main() -> int:
     return 0
 
 
-def write(rows: list[dict], parts: list[dict], profiles: dict[str, Counter]) -> None:
+def write(rows: list[dict], parts: list[dict], profiles: dict[str, dict[str, tuple[int, float]]]) -> None:
     OUT.mkdir(exist_ok=True)
     stamp = f"GPU: {gpu_name()}, float32, {N_ELEMS} elements, commit {commit()}, torch {torch.__version__}"
     with open(OUT / "bench_dispatch.csv", "w", newline="") as f:
@@ -143,7 +129,7 @@ def write(rows: list[dict], parts: list[dict], profiles: dict[str, Counter]) -> 
     lines += ["| " + " | ".join([str(p["inputs"])] + [f"{p[k]:.1f}" for k in keys]) + " |" for p in parts]
     for name, kernels in profiles.items():
         lines += [f"\nDevice kernels over 20 calls of the 6-input op, {name} (torch.profiler / CUPTI):\n"]
-        lines += [f"- {count} x `{kname[:100]}`" for kname, count in kernels.most_common()]
+        lines += [f"- {count} x `{kname[:100]}`" for kname, (count, _) in kernels.items()]
     text = "\n".join(lines) + "\n"
     (OUT / "bench_dispatch.md").write_text(text)
     print(text)

@@ -6,7 +6,7 @@
 #   tests       the whole test suite, GPU tests included -> gpu_tests.txt
 #   gpu-tests   only the tests that run on the GPU (-k "cuda or gpu") -> gpu_tests.txt
 #   p22-tests   only the p22 tests that run on the GPU -> gpu_tests_p22.txt
-#   p22         the p22 solution, default and realistic sizes -> p22_*.txt
+#   p22         the p22 solution, default and realistic sizes, per-kernel times, tiles-per-block sweeps -> p22_*.txt
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
 #   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
 #   layernorm-linear  LayerNorm+Linear benchmark -> bench_layernorm_linear.{md,csv,png}
@@ -38,7 +38,8 @@ for step in "${steps[@]}"; do
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;
     p22)
       run p22_default python scripts/p22.py --solution --unfused --fused
-      run p22_realistic python scripts/p22.py --solution --unfused --fused --batch 8 --seq 512 --hidden 768 --out 3072 --iters 100
+      run p22_realistic python scripts/p22.py --solution --unfused --fused --batch 8 --seq 512 --hidden 768 --out 3072 --iters 100 --col-tiles-sweep
+      run p22_col_tiles bash -c "python scripts/p22.py --solution --unfused --fused --col-tiles-sweep --batch 8 --seq 512 --hidden 768 --out 768 --iters 30 && python scripts/p22.py --solution --unfused --fused --col-tiles-sweep --batch 4 --seq 1024 --hidden 1024 --out 4096 --iters 30"
       run p22_realistic_naive python scripts/p22.py --solution --fused --variant naive --batch 8 --seq 512 --hidden 768 --out 3072 --iters 5 ;;
     dispatch)
       run bench_dispatch_log python scripts/bench_dispatch.py

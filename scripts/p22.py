@@ -13,6 +13,7 @@ only when every result is correct; 2 when a needed kernel is still a stub.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from ops import bridge  # noqa: E402
 from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, fused, kernel_cases, make_inputs, unfused  # noqa: E402
 from ops.reference import layernorm_linear_ref  # noqa: E402
 from ops.skeleton import regions_in  # noqa: E402
-from ops.timing import measure  # noqa: E402
+from ops.timing import kernel_times, measure  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 # Above this many GFLOP per call the scalar CPU kernels take many seconds; a
@@ -67,6 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed calls per benchmark")
     p.add_argument("--no-bench", action="store_true", help="skip the benchmark")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--col-tiles-sweep", action="store_true",
+                   help="GPU: also time the tiled fused kernel at every tiles-per-block count (P22_FUSED_COL_TILES)")
     args = p.parse_args(argv)
     if not (args.unfused or args.fused or args.check):
         p.error("choose --unfused, --fused (or both), or --check")
@@ -127,6 +130,47 @@ def benchmark(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices
             ratio = results[("fused", dev)].device_us / results[("unfused", dev)].device_us
             print(f"  fused / unfused device time on {dev}: {ratio:.2f}x")
     print("  (device us: CUDA events on the GPU, wall time on the CPU; host us: time for the call to return)")
+    if "cuda" in devices:
+        cuda_sets = [tuple(t.cuda() for t in s) for s in sets]
+        kernel_breakdown(k, modes, args, cuda_sets[0])
+        if args.col_tiles_sweep and "fused" in modes and args.variant == "tiled":
+            col_tiles_sweep(k, args, cuda_sets)
+
+
+def col_tiles_sweep(k: P22Kernels, args: argparse.Namespace, sets: list[tuple[torch.Tensor, ...]]) -> None:
+    """Device time of the tiled fused kernel at each tiles-per-block count, next to the launcher's pick."""
+    print("\nFused kernel vs output tiles per block (P22_FUSED_COL_TILES), device us")
+    cells, before = [], os.environ.get("P22_FUSED_COL_TILES", "")
+    try:
+        for forced in ["", *map(str, range(1, 9))]:
+            os.environ["P22_FUSED_COL_TILES"] = forced
+            t = measure(lambda *a: fused(k, *a), sets, iters=args.iters, warmup=2)
+            cells.append(f"{forced or 'picked'} {t.device_us:.1f}")
+    finally:
+        os.environ["P22_FUSED_COL_TILES"] = before
+    print("  " + " | ".join(cells))
+
+
+def kernel_breakdown(k: P22Kernels, modes: list[str], args: argparse.Namespace,
+                     inputs: tuple[torch.Tensor, ...]) -> None:
+    """Where each path's device time goes, kernel by kernel (torch.profiler / CUPTI)."""
+    print("\nDevice time per kernel, us per call (torch.profiler, 20 calls)")
+    for mode in modes:
+        times = kernel_times(lambda m=mode: run_path(k, m, args.variant, inputs))
+        parts = ", ".join(f"{short_kernel_name(name)} {us:.1f}" for name, (_, us) in times.items())
+        print(f"  {mode:8s}: {parts}")
+
+
+def short_kernel_name(name: str) -> str:
+    """'op_matmul_matmul_kernel_DTyp6A...' -> 'matmul_kernel': MAX names a kernel op_<file>_<function>
+    plus a hash, and each p22 kernel function starts with its file's name."""
+    if not name.startswith("op_"):
+        return name[:40]
+    head, found, _ = name.removeprefix("op_").partition("_kernel")
+    for i, ch in enumerate(head):
+        if ch == "_" and head[i + 1:].startswith(head[:i]):
+            return head[i + 1:] + "_kernel"
+    return head + found if found else name[:40]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -101,6 +101,16 @@ def test_gpu_fused_col_tiles(monkeypatch: pytest.MonkeyPatch, col_tiles: str) ->
     assert compare(fused(SOL, *inputs), layernorm_linear_ref(*inputs), torch.float32, reduction=200) is None
 
 
+@pytest.mark.parametrize("name,short", [
+    ("op_matmul_matmul_kernel_DTyp6A6A6A6AcB6A", "matmul_kernel"),
+    ("op_bias_add_bias_add_kernel6A6A6A6AcB6A6", "bias_add_kernel"),
+    ("op_fused_fused_naive_kernel6A6A", "fused_naive_kernel"),
+    ("void at::native::elementwise_kernel<128, 4>(int)", "void at::native::elementwise_kernel<128,"),
+])
+def test_short_kernel_name(name: str, short: str) -> None:
+    assert cli.short_kernel_name(name) == short
+
+
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
 def test_bad_col_tiles_override_raises(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("P22_FUSED_COL_TILES", value)

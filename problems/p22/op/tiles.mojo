@@ -20,8 +20,8 @@
 # a thread's 8 x 8 patch reads 16 shared values per k step for 64 FMAs
 # (the first: 8 for 16), 16 bytes at a time, and the next step's
 # global loads overlap this step's multiply. On the H100 the 64 x 64 tile
-# with only the 16-byte loads was no faster; the larger patch and the
-# loads ahead made the matmul about 30% faster.
+# with only the 16-byte loads was no faster; the larger patch with the
+# loads ahead was (per-kernel times in results/p22_realistic.txt).
 
 from max.gpu.memory import AddressSpace
 

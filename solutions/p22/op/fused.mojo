@@ -29,8 +29,9 @@
 # col_tiles (picked at launch) trades the two costs a block pays: its
 # strip's statistics, once, and its tiles, one after the other. An SM's time
 # is about (blocks it runs) x (col_tiles + STATS_COST) tile-times, so the
-# launcher picks the col_tiles that minimises ceil(blocks / SMs) x that
-# (an H100 sweep of col_tiles 1-6 at three sizes followed this model).
+# launcher picks the col_tiles that minimises ceil(blocks / SMs) x that.
+# H100 sweeps of every count at three sizes (results/p22_realistic.txt,
+# results/p22_col_tiles.txt) show how close the pick comes to the best.
 # What this version changes over the previous one: 128 x 128 tiles with
 # loads one step ahead (tiles.mojo), the statistics in registers, and that
 # cost model in place of "as many tiles as still fill the GPU", which left a
@@ -55,8 +56,8 @@ from .tiles import (
 
 comptime NAIVE_BLOCK = 128
 comptime MAX_COL_TILES = 8
-# A strip's statistics cost about 1/8 of one tile's multiply (H100: ~13 us
-# against ~97 us at k = 768; both grow with k): STATS_COST = 1 / COST_SCALE.
+# A strip's statistics cost about 1/8 of one tile's multiply (fitted to an
+# H100 sweep; both grow with k): STATS_COST = 1 / COST_SCALE.
 comptime COST_SCALE = 8
 comptime N_WARPS = THREADS // WARP_SIZE
 comptime ROWS_PER_WARP = BM // N_WARPS
