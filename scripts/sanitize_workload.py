@@ -4,9 +4,10 @@
 
 Runs LayerNorm forward (every variant), backward and the GELU forms, the
 fused LayerNorm+Linear kernel (both strip heights, partial tiles), and the
-p22 solution kernels (several strips and column tiles), on shapes that hit each code path: short rows (a warp
-per row), long rows (a block per row), the loop fallback (odd h, rows too
-long for registers) and a partial last block. Exits non-zero on a wrong
+p22 solution kernels (several strips and column tiles), on shapes that hit
+each code path: short rows (a warp per row), long rows (a block per row),
+the loop fallback (odd h, rows too long for registers) and a partial last
+block. Exits non-zero on a wrong
 result, so the sanitizer run also checks values.
 """
 
