@@ -9,6 +9,8 @@ all float32 on one device (CPU or CUDA).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -100,6 +102,20 @@ def check_col_tiles_override() -> None:
     forced = os.environ.get("P22_FUSED_COL_TILES", "")
     if forced and not (forced.isdigit() and int(forced) >= 1):
         raise ValueError(f"P22_FUSED_COL_TILES: {forced!r} is not a positive integer")
+
+
+@contextmanager
+def col_tiles_override(value: str) -> Iterator[None]:
+    """P22_FUSED_COL_TILES set to ``value`` ("" lets the launcher pick) inside the block, restored after."""
+    before = os.environ.get("P22_FUSED_COL_TILES")
+    os.environ["P22_FUSED_COL_TILES"] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("P22_FUSED_COL_TILES")
+        else:
+            os.environ["P22_FUSED_COL_TILES"] = before
 
 
 def make_inputs(batch: int, seq: int, hidden: int, out: int, device: str | torch.device = "cpu",

@@ -13,7 +13,6 @@ only when every result is correct; 2 when a needed kernel is still a stub.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,16 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from ops import bridge  # noqa: E402
-from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, fused, kernel_cases, make_inputs, unfused  # noqa: E402
+from ops.p22 import (  # noqa: E402
+    PROBLEMS,
+    SOLUTIONS,
+    P22Kernels,
+    col_tiles_override,
+    fused,
+    kernel_cases,
+    make_inputs,
+    unfused,
+)
 from ops.reference import layernorm_linear_ref  # noqa: E402
 from ops.skeleton import regions_in  # noqa: E402
 from ops.timing import kernel_times, measure  # noqa: E402
@@ -116,9 +124,9 @@ def benchmark(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices
     flops = 2.0 * args.batch * args.seq * args.hidden * args.out
     print(f"\nBenchmark: median of {args.iters} calls after warm-up, 4 rotating input sets")
     print(f"  {'path':28s} {'device us':>10s} {'host us':>9s} {'GFLOP/s':>9s}")
-    results = {}
+    results, sets_on = {}, {}
     for dev in devices:
-        dev_sets = [tuple(t.to(dev) for t in s) for s in sets]
+        dev_sets = sets_on[dev] = [tuple(t.to(dev) for t in s) for s in sets]
         iters = args.iters if dev == "cuda" else max(3, min(args.iters, 10))
         for mode in modes:
             label = f"{mode}{'/' + args.variant if mode == 'fused' else ''} ({dev})"
@@ -131,23 +139,19 @@ def benchmark(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices
             print(f"  fused / unfused device time on {dev}: {ratio:.2f}x")
     print("  (device us: CUDA events on the GPU, wall time on the CPU; host us: time for the call to return)")
     if "cuda" in devices:
-        cuda_sets = [tuple(t.cuda() for t in s) for s in sets]
-        kernel_breakdown(k, modes, args, cuda_sets[0])
+        kernel_breakdown(k, modes, args, sets_on["cuda"][0])
         if args.col_tiles_sweep and "fused" in modes and args.variant == "tiled":
-            col_tiles_sweep(k, args, cuda_sets)
+            col_tiles_sweep(k, args, sets_on["cuda"])
 
 
 def col_tiles_sweep(k: P22Kernels, args: argparse.Namespace, sets: list[tuple[torch.Tensor, ...]]) -> None:
     """Device time of the tiled fused kernel at each tiles-per-block count, next to the launcher's pick."""
     print("\nFused kernel vs output tiles per block (P22_FUSED_COL_TILES), device us")
-    cells, before = [], os.environ.get("P22_FUSED_COL_TILES", "")
-    try:
-        for forced in ["", *map(str, range(1, 9))]:
-            os.environ["P22_FUSED_COL_TILES"] = forced
+    cells = []
+    for forced in ["", *map(str, range(1, 9))]:
+        with col_tiles_override(forced):
             t = measure(lambda *a: fused(k, *a), sets, iters=args.iters, warmup=2)
-            cells.append(f"{forced or 'picked'} {t.device_us:.1f}")
-    finally:
-        os.environ["P22_FUSED_COL_TILES"] = before
+        cells.append(f"{forced or 'picked'} {t.device_us:.1f}")
     print("  " + " | ".join(cells))
 
 

@@ -13,7 +13,6 @@ result, so the sanitizer run also checks values.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -65,13 +64,13 @@ def p22_kernels() -> int:
     k = p22.P22Kernels(p22.SOLUTIONS)
     bad = 0
     for shape, col_tiles in (((2, 33, 70, 45), ""), ((3, 100, 200, 300), ""), ((3, 100, 200, 300), "2")):
-        os.environ["P22_FUSED_COL_TILES"] = col_tiles
         inputs = p22.make_inputs(*shape, device="cuda")
         for path in (p22.unfused, p22.fused):
-            if compare(path(k, *inputs), layernorm_linear_ref(*inputs), torch.float32, reduction=shape[2]) is not None:
+            with p22.col_tiles_override(col_tiles):
+                got = path(k, *inputs)
+            if compare(got, layernorm_linear_ref(*inputs), torch.float32, reduction=shape[2]) is not None:
                 print(f"wrong: p22 {path.__name__} {shape} col_tiles={col_tiles or 'picked'}")
                 bad += 1
-    os.environ.pop("P22_FUSED_COL_TILES")
     return bad
 
 

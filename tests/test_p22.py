@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from ops import bridge
-from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, fused, kernel_cases, make_inputs, unfused
+from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, col_tiles_override, fused, kernel_cases, make_inputs, unfused
 from ops.reference import layernorm_linear_ref
 from ops.tolerance import compare
 
@@ -109,6 +110,17 @@ def test_gpu_fused_col_tiles(monkeypatch: pytest.MonkeyPatch, col_tiles: str) ->
 ])
 def test_short_kernel_name(name: str, short: str) -> None:
     assert cli.short_kernel_name(name) == short
+
+
+def test_col_tiles_override_restores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("P22_FUSED_COL_TILES", raising=False)
+    with col_tiles_override("3"):
+        assert os.environ["P22_FUSED_COL_TILES"] == "3"
+    assert "P22_FUSED_COL_TILES" not in os.environ
+    monkeypatch.setenv("P22_FUSED_COL_TILES", "5")
+    with col_tiles_override(""):
+        assert os.environ["P22_FUSED_COL_TILES"] == ""
+    assert os.environ["P22_FUSED_COL_TILES"] == "5"
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
