@@ -14,11 +14,12 @@ Forward algorithms (``algo``):
   second kernel sums the splits in a fixed order. fp16/bf16 on tensor cores.
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
-  and at least ``FUSED_MIN_ROWS`` rows, else ``unfused``. On the H100
-  (results/bench_layernorm_linear*.md) the fused kernel's IEEE fp32 FMAs beat
-  cuBLAS's fp32 GEMM plus a separate LayerNorm where n is small; with fp16/bf16
-  cuBLAS's tensor-core GEMM after our LayerNorm stays ahead at every measured
-  shape, and on the CPU torch's BLAS wins.
+  and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
+  at least ``FUSED16_MIN_ROWS`` rows and k >= ``FUSED16_MIN_K``; else ``unfused``.
+  On the H100 (results/bench_layernorm_linear*.md) the fused kernel's IEEE fp32
+  FMAs beat cuBLAS's fp32 GEMM plus a separate LayerNorm where n is small; in
+  fp16/bf16 the fused kernel (cp.async ring, mma.sync) wins where x is long and n
+  small, cuBLAS's GEMM after our LayerNorm elsewhere; on the CPU torch's BLAS wins.
 
 Backward (one path for all): dW = dy^T xn and dxn = dy W by cuBLAS, db = sum
 of dy, and dx, dgamma, dbeta by our deterministic LayerNorm backward. The
@@ -44,10 +45,14 @@ DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "unfused")
 FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
 FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
+# fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md): the tensor-core kernel
+# beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
+FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
 FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
 # k splits of the fused kernel: the H100 sweep (results/bench_layernorm_linear_splits.md) has fp32 best
 # near 256-1024 blocks; each split adds a [rows, n] fp32 partial to write and read.
-SPLIT_BLOCKS_PER_SM = 4
+SPLIT_BLOCKS_PER_SM = 4     # float32; the fp16/bf16 kernel (4 resident blocks at most) does best near 3
+SPLIT_BLOCKS_PER_SM_16 = 3
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
 
@@ -72,16 +77,17 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def fused_splits(rows: int, k: int, n: int, device: torch.device) -> int:
+def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
     """How many k chunks the fused GPU kernel splits into (1 on the CPU).
 
-    Enough blocks for SPLIT_BLOCKS_PER_SM per SM, but no chunk shorter than
-    SPLIT_MIN_K (each split adds a [rows, n] fp32 partial to write and read).
+    Enough blocks for SPLIT_BLOCKS_PER_SM (fp16/bf16: SPLIT_BLOCKS_PER_SM_16) per SM, but no chunk
+    shorter than SPLIT_MIN_K (each split adds a [rows, n] fp32 partial to write and read).
     """
     if device.type != "cuda":
         return 1
     tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
-    want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
+    per_sm = SPLIT_BLOCKS_PER_SM if dtype == torch.float32 else SPLIT_BLOCKS_PER_SM_16
+    want = -(-per_sm * _sm_count(device) // tiles)
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
 
 
@@ -94,7 +100,7 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
     """
     rows, k = x2.shape
     if splits is None:
-        splits = fused_splits(rows, k, weight.shape[0], x2.device)
+        splits = fused_splits(rows, k, weight.shape[0], x2.device, x2.dtype)
     elif splits < 1:
         raise ValueError(f"splits: {splits} is not >= 1")
     y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, sizes={"splits": splits})
@@ -114,13 +120,18 @@ def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias
         check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
 
 
-def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n: int) -> str:
+def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int = 0) -> str:
     """The forward algorithm ``auto`` resolves to (see the module docstring)."""
     if algo not in ALGOS:
         raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
     if algo != "auto":
         return algo
-    fused = device.type == "cuda" and dtype == torch.float32 and n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
+    if device.type != "cuda":
+        return "unfused"
+    if dtype == torch.float32:
+        fused = n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
+    else:
+        fused = n <= FUSED16_MAX_N and rows >= FUSED16_MIN_ROWS and k >= FUSED16_MIN_K
     return "fused" if fused else "unfused"
 
 
@@ -138,7 +149,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
     k, n = x.shape[-1], weight.shape[0]
-    if pick_algo(algo, x.device, x.dtype, x.numel() // k, n) == "fused":
+    if pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k) == "fused":
         y, mean, rstd = fused_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
     else:
         xn, mean, rstd = layernorm.layernorm_fwd(x.view(-1, k), ln_weight, ln_bias, eps)

@@ -133,7 +133,7 @@ def bench_splits(dtype: torch.dtype) -> list[dict]:
     """The fused kernel at each split count (and the count fused_splits picks) next to torch and unfused."""
     def contenders(sets: Sets) -> list[tuple[str, Callable]]:
         x, w = sets[0][0], sets[0][3]
-        picked = LL.fused_splits(x.shape[0], x.shape[1], w.shape[0], x.device)
+        picked = LL.fused_splits(x.shape[0], x.shape[1], w.shape[0], x.device, x.dtype)
         return ([("torch", torch_eager), ("ours:unfused", ours("unfused")),
                  (f"ours:fused splits={picked} (picked)", fused_with(None))]
                 + [(f"ours:fused splits={s}", fused_with(s)) for s in SPLIT_COUNTS if s != picked])

@@ -234,12 +234,18 @@ def test_fused_splits_rules() -> None:
 
 
 def test_auto_rule() -> None:
-    """auto: fused only on the GPU, float32, small n and enough rows (the H100 sweep's winning region)."""
+    """auto: fused only on the GPU, small n, enough rows (fp16/bf16: long k too): the H100 sweeps' winners."""
     cuda, cpu, f32 = torch.device("cuda"), torch.device("cpu"), torch.float32
     assert LL.pick_algo("auto", cuda, f32, 4096, 64) == "fused"
     assert LL.pick_algo("auto", cuda, f32, 4096, LL.FUSED_MAX_N + 1) == "unfused"
     assert LL.pick_algo("auto", cuda, f32, LL.FUSED_MIN_ROWS - 1, 64) == "unfused"
-    assert LL.pick_algo("auto", cuda, torch.bfloat16, 4096, 64) == "unfused"
+    assert LL.pick_algo("auto", cuda, torch.bfloat16, 4096, 64) == "unfused"  # k unknown (0): too short
+    bf16, k16 = torch.bfloat16, LL.FUSED16_MIN_K
+    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N, k16) == "fused"
+    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N + 1, k16) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS - 1, LL.FUSED16_MAX_N, k16) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N, k16 - 1) == "unfused"
+    assert LL.pick_algo("auto", cpu, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N, k16) == "unfused"
     assert LL.pick_algo("auto", cpu, f32, 4096, 64) == "unfused"
     assert LL.pick_algo("fused", cpu, f32, 1, 1) == "fused"
     with pytest.raises(ValueError, match="^algo:"):

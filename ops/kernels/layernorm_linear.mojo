@@ -21,51 +21,59 @@
 # sanitizer workload caught it at 4100 x 100 -> 768, bf16, gamma ~ N(0, 1)).
 #
 # GPU mapping, two kernels:
-#   lnl_splitk_kernel: grid (ceil(rows / 64), ceil(n / 64), splits), 128
-#     threads. Block (i, j, z) multiplies rows 64i.. by columns 64j.. over the
-#     z-th chunk of k, staging BK = 128 bytes of each of its 64 x rows and 64 w
-#     rows per step in shared memory (8 threads per row, 16-byte loads,
-#     prefetched into registers one step ahead). Each warp owns 16 rows x 64
-#     columns (eight m16n8 mma tiles); in fp32 each thread owns a 4 x 8 patch.
-#     It writes its fp32 partial products, and blocks of column 0 the rows'
-#     partial shifted sums, blocks of row 0 the partial G and B, all to
+#   lnl_splitk_kernel (fp32): grid (ceil(rows / 64), ceil(n / 64), splits),
+#     128 threads. Block (i, j, z) multiplies rows 64i.. by columns 64j.. over
+#     the z-th chunk of k, staging BK = 128 bytes of each of its 64 x rows and
+#     64 w rows per step in shared memory (8 threads per row, 16-byte loads,
+#     prefetched into registers one step ahead); each thread owns a 4 x 8
+#     patch. It writes its fp32 partial products, and blocks of column 0 the
+#     rows' partial shifted sums, blocks of row 0 the partial G and B, all to
 #     [splits, ...] scratch buffers.
+#   lnl_mma_kernel (fp16/bf16): the same grid plus one row of blocks, 128
+#     threads. Raw x, w, gamma and beta tiles (MMA_BK = 64 elements of each
+#     row per step) arrive by cp.async in a ring of MMA_STAGES steps; each warp
+#     owns 16 rows x 64 columns (eight m16n8k16 mma tiles) and applies the
+#     shift and gamma to its A fragments in registers, summing the rows'
+#     shifted sums from the same fragments. The extra row of blocks forms G
+#     and B from the same w tiles (its x copies fall past the rows). Launch
+#     bounds cap it at 128 registers so 4 blocks fit an SM.
 #   lnl_splitk_finish: grid (ceil(rows / 4), ceil(n / 64)), 256 threads, one
 #     output each: sums the splits in a fixed order (deterministic, no atomics),
 #     then statistics, correction, bias, y in x's dtype.
 # The Python side picks splits so that the first kernel has a few blocks per
 # SM: k is split exactly where LayerNorm fusion matters (small n, few output
 # tiles). At large n every split costs a pass over an fp32 [rows, n] scratch,
-# and the simple mma loop (fragments read from shared memory, no wgmma, no TMA)
-# is far from cuBLAS, so the op's "auto" keeps cuBLAS there.
+# and the mma.sync loop (no wgmma, no TMA) is far from cuBLAS, so the op's
+# "auto" keeps cuBLAS there.
 #
-# Version 3 (this one) over version 2: version 2 normalized x tiles while
-# staging them (prologue fusion), so each 32- or 64-row strip first read its
-# rows once for the statistics, SIMT FMAs only, and a strip could not be split
-# along k: at 4096 x 4096 -> 64 only 64-128 blocks ran (bf16 395 us, fp32 196 us
-# on the H100, behind our LayerNorm + cuBLAS at 42 and 185 us; commit e9f5947).
-# Version 3 reads x once, splits k, and uses tensor cores for fp16/bf16.
-# Where it stands (results/bench_layernorm_linear*.md): fp32 at small n is
-# about half of torch's time; fp16/bf16 at small n run at 1-2 TB/s of x, just
-# behind our LayerNorm + cuBLAS: a block stages, waits at a barrier, then
-# multiplies, so too few loads are in flight. Tried and not kept: 128-row
-# blocks of 8 warps with loads two steps ahead (bf16 no faster, fp32 slower
-# with half the blocks). Next: a multi-stage cp.async/TMA pipeline with the
-# shift and gamma applied to the mma fragments, and an in-block k split
-# reduced through shared memory instead of the fp32 scratch.
+# Version 4 (this one) over version 3: the fp16/bf16 path no longer stages
+# through registers (a block loaded, waited at a barrier, then multiplied, and
+# gamma was fetched each step: bf16 4096 x 4096 -> 64 took 47.6 us at its best
+# split, behind our LayerNorm + cuBLAS at 41.9). The cp.async ring, the
+# transform on the fragments and the register cap bring it to 34.7 us there
+# (H100 sweep, commit noted in results/). What the ring taught: with 230
+# registers (two blocks per SM, one warp per scheduler) the loop was issue-
+# bound - deeper rings, a wait for everything and removing the mma all timed
+# the same; the register cap, not the ring depth, paid. Tried and not kept:
+# two warp groups splitting each step's k (8 warps, partner sums folded in
+# shared memory): slower; G and B from an extra mma in warp 0: 32 registers
+# for every thread; G and B in a separate column-sum loop: latency-bound.
+# Version 2 (prologue fusion, SIMT only) could not split k and lost at small n.
 # MAX's tuned sm90 matmul takes an epilogue lambda, but it dispatches on n and
 # k known at compile time (one compile per weight shape), so it is not used.
 # CPU: one row at a time, exact two-pass statistics, then the dot products.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceContext, FuncAttribute
 from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE
 from max.gpu.compute.mma import mma
 from max.gpu.primitives import warp
-from max.gpu.memory import AddressSpace
+from max.gpu.memory import AddressSpace, async_copy, async_copy_commit_group, async_copy_wait_group, external_memory
 from std.math import ceildiv
 from std.memory import stack_allocation, bitcast
+from std.utils.static_tuple import StaticTuple
+from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 
 from .layernorm import ALIGN, F32, Ptr, aligned, load_f32, normalized, row_stats_cpu, shifted_stats, vector_width
 
@@ -82,16 +90,10 @@ comptime MMA_K = 16
 comptime SIMT_TY = SK_THREADS // SK_GROUP        # fp32 patch: thread rows ty + 16 i, columns tx + 8 j
 comptime SIMT_ROWS = SK_BM // SIMT_TY
 comptime SIMT_COLS = SK_BN // SK_GROUP
+comptime SIMT_PAD = 1         # fp32 shared rows of 32 + 1: the SIMT loop's column reads are conflict-free
 comptime SHIFT_SAMPLE = 8    # elements averaged into a row's shift
 comptime FIN_COLS = 64       # finish kernel: 4 rows x 64 columns per block
 comptime FIN_ROWS = 4
-
-
-def sk_pad[dtype: DType]() -> Int:
-    """Shared-row padding in elements. 16-bit rows of 64 + 8 elements put the
-    8 rows an mma fragment load touches on distinct banks and keep rows 16-byte
-    aligned; fp32 rows of 32 + 1 make the SIMT loop's column reads conflict-free."""
-    return 1 if dtype == F32 else 8
 
 
 @always_inline
@@ -114,10 +116,13 @@ def stage_load[dtype: DType, VEC: Int](
 def row_shift[dtype: DType](x: Ptr[dtype], r: Int, k: Int) -> Float32:
     """Mean of row r's first min(k, SHIFT_SAMPLE) elements: both kernels compute it the same way."""
     var s: Float32 = 0.0
-    var count = min(k, SHIFT_SAMPLE)
-    for e in range(count):
+    if k >= SHIFT_SAMPLE:   # unrolled: the loads fly together (this starts every block)
+        comptime for e in range(SHIFT_SAMPLE):
+            s += load_f32(x, r * k + e)
+        return s / Float32(SHIFT_SAMPLE)
+    for e in range(k):
         s += load_f32(x, r * k + e)
-    return s / Float32(count)
+    return s / Float32(k)
 
 
 @always_inline
@@ -134,35 +139,8 @@ def stage_store[dtype: DType, VEC: Int, STRIDE: Int](
     sh: Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED], row: Int, col: Int,
     v: SIMD[dtype, VEC],
 ):
-    comptime if dtype == F32:
-        comptime for e in range(VEC):   # fp32 rows are padded to an odd length: no 16-byte alignment
-            sh[unsafe_offset=row * STRIDE + col + e] = v[e]
-    else:
-        sh.unsafe_store[alignment=ALIGN](row * STRIDE + col, v)
-
-
-@always_inline
-def mma_step[dtype: DType, STRIDE: Int](
-    mut acc: SIMD[F32, SK_ACC],
-    a_s: Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    b_s: Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    warp_row: Int, lane: Int, kq: Int,
-):
-    """One m16 x n64 x k16 slice of the warp's tile: A fragment rows g, g + 8 and
-    columns 2t, 2t + 1 (+8); B fragment rows (k) 2t, 2t + 1 (+8) of column g."""
-    var g = lane // 4
-    var t = lane % 4
-    var ar = (warp_row + g) * STRIDE + kq + 2 * t
-    var af = a_s.unsafe_load[width=2, alignment=4](ar).join(
-        a_s.unsafe_load[width=2, alignment=4](ar + 8 * STRIDE)).join(
-        a_s.unsafe_load[width=2, alignment=4](ar + 8).join(
-            a_s.unsafe_load[width=2, alignment=4](ar + 8 * STRIDE + 8)))
-    comptime for nt in range(SK_BN // MMA_N):
-        var br = (nt * MMA_N + g) * STRIDE + kq + 2 * t
-        var bf = b_s.unsafe_load[width=2, alignment=4](br).join(b_s.unsafe_load[width=2, alignment=4](br + 8))
-        var d = SIMD[F32, 4](0.0)
-        mma(d, af, bf, acc.slice[4, offset=nt * 4]())
-        acc = acc.insert[offset=nt * 4](d)
+    comptime for e in range(VEC):   # rows are padded to an odd length: no 16-byte alignment
+        sh[unsafe_offset=row * STRIDE + col + e] = v[e]
 
 
 @always_inline
@@ -184,13 +162,13 @@ def simt_step[dtype: DType, STRIDE: Int](
         acc = acc.insert[offset=i * SIMT_COLS](part)
 
 
-def lnl_splitk_kernel[dtype: DType](
+def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel)
     part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, vec_ok: Int32,
 ):
     comptime VEC = vector_width[dtype]()
     comptime BK = SK_GROUP * VEC
-    comptime STRIDE = BK + sk_pad[dtype]()
+    comptime STRIDE = BK + SIMT_PAD
     comptime W = SK_PASSES * VEC
     var a_s = stack_allocation[SK_BM * STRIDE, dtype, address_space=AddressSpace.SHARED]()
     var b_s = stack_allocation[SK_BN * STRIDE, dtype, address_space=AddressSpace.SHARED]()
@@ -251,12 +229,8 @@ def lnl_splitk_kernel[dtype: DType](
                 var r = lr + SK_ROWS_PER_PASS * p
                 xr = xr.insert[offset=p * VEC](stage_load[dtype, VEC](x, row0 + r, mm, kk, kg + BK, k_hi, vok))
                 wr = wr.insert[offset=p * VEC](stage_load[dtype, VEC](w, col0 + r, nn, kk, kg + BK, k_hi, vok))
-        comptime if dtype == F32:
-            comptime for q in range(BK):
-                simt_step[dtype, STRIDE](acc, a_s, b_s, tid // SK_GROUP, tid % SK_GROUP, q)
-        else:
-            comptime for kq in range(0, BK, MMA_K):
-                mma_step[dtype, STRIDE](acc, a_s, b_s, (tid // WARP_SIZE) * MMA_M, tid % WARP_SIZE, kq)
+        comptime for q in range(BK):
+            simt_step[dtype, STRIDE](acc, a_s, b_s, tid // SK_GROUP, tid % SK_GROUP, q)
         barrier()
 
     write_partials[dtype](part_acc, acc, row0, col0, z, mm, nn, tid)
@@ -273,6 +247,188 @@ def lnl_splitk_kernel[dtype: DType](
             if col_sums and col0 + r < nn:
                 part_cols[unsafe_offset=2 * (z * nn + col0 + r)] = tg
                 part_cols[unsafe_offset=2 * (z * nn + col0 + r) + 1] = tb
+
+
+comptime SPtr[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED]
+comptime MMA_STAGES = 3                   # k steps in flight per block (the cp.async ring)
+comptime MMA_BK = 64                      # k elements per step: 128 bytes of each 16-bit row
+comptime MMA_STRIDE = MMA_BK + 8          # shared rows: 16-byte aligned, fragment loads conflict-free
+comptime MMA_CHUNKS = MMA_BK // 8         # 16-byte copies per row per step
+comptime MMA_TILE = (SK_BM + SK_BN) * MMA_STRIDE + 2 * MMA_BK   # one step: x rows, w rows, gamma, beta
+comptime MMA_COPIES = (SK_BM + SK_BN) * MMA_CHUNKS // SK_THREADS  # row copies per thread per step
+comptime MMA_SMEM_BYTES = MMA_STAGES * MMA_TILE * 2
+comptime MMA_MIN_BLOCKS = 4               # blocks per SM the register budget must allow
+
+
+@always_inline
+def chunk_copy[dtype: DType, VEC_OK: Bool](
+    dst: SPtr[dtype], src: Ptr[dtype], r: Int, nrows: Int, k: Int, kg: Int, k_hi: Int,
+):
+    """Elements kg.. kg + 8 of row r of src (row length k) into dst, zeros past k_hi or nrows:
+    an asynchronous 16-byte copy when rows are 16-byte aligned (then k_hi is a multiple of 8 and
+    a chunk is whole or empty), element loads otherwise."""
+    comptime if VEC_OK:
+        var ok = r < nrows and kg < k_hi
+        var g = src.unsafe_address_space_cast[AddressSpace.GLOBAL]()
+        async_copy[16, fill=Scalar[dtype](0)](g.unsafe_offset(r * k + kg if ok else 0), dst,
+                                              src_size=Int32(16 if ok else 0))
+    else:
+        dst.unsafe_store[alignment=ALIGN](0, stage_load[dtype, 8](src, r, nrows, k, kg, k_hi, False))
+
+
+@always_inline
+def issue_step[dtype: DType, VEC_OK: Bool](
+    tile: SPtr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], w: Ptr[dtype], row0: Int, col0: Int,
+    mm: Int, nn: Int, kk: Int, k0: Int, k_hi: Int, tid: Int,
+):
+    """Starts the copies of one k step into tile: 64 x rows, 64 w rows, then gamma and beta."""
+    comptime for i in range(MMA_COPIES):
+        var idx = tid + SK_THREADS * i
+        var r = idx // MMA_CHUNKS
+        var kc = (idx % MMA_CHUNKS) * 8
+        var dst = tile.unsafe_offset(r * MMA_STRIDE + kc)
+        if r < SK_BM:
+            chunk_copy[dtype, VEC_OK](dst, x, row0 + r, mm, kk, k0 + kc, k_hi)
+        else:
+            chunk_copy[dtype, VEC_OK](dst, w, col0 + r - SK_BM, nn, kk, k0 + kc, k_hi)
+    if tid < 2 * MMA_CHUNKS:
+        var kc = (tid % MMA_CHUNKS) * 8
+        chunk_copy[dtype, VEC_OK](tile.unsafe_offset((SK_BM + SK_BN) * MMA_STRIDE + tid * 8),
+                                  gamma if tid < MMA_CHUNKS else beta, 0, 1, kk, k0 + kc, k_hi)
+
+
+@always_inline
+def pair_vec[dtype: DType](p: SPtr[dtype], i: Int, j: Int) -> SIMD[F32, 8]:
+    """An mma A fragment's column pattern: elements (i, i + 1) twice, then (j, j + 1) twice, as fp32."""
+    var a = p.unsafe_load[width=2, alignment=4](i).cast[F32]()
+    var b = p.unsafe_load[width=2, alignment=4](j).cast[F32]()
+    return a.join(a).join(b.join(b))
+
+
+@always_inline
+def quad_sum(v: Float32) -> Float32:
+    """Sum over the four lanes t of an mma fragment row group."""
+    var s = v
+    comptime for i in range(2):
+        s += warp.shuffle_xor(s, UInt32(1 << i))
+    return s
+
+
+@always_inline
+def colsum_step[dtype: DType](
+    mut cg: Float32, mut cb: Float32, b_s: SPtr[dtype], g_s: SPtr[dtype], tid: Int,
+):
+    """One step of G and B in a column-sum block: thread tid takes column tid % 64 and half the step's k."""
+    comptime HALF = MMA_BK // 2
+    var h = (tid // SK_BN) * HALF
+    var wr = b_s.unsafe_offset((tid % SK_BN) * MMA_STRIDE + h)
+    comptime for q in range(0, HALF, 8):
+        var wv = wr.unsafe_load[width=8, alignment=ALIGN](q).cast[F32]()
+        cg += (wv * g_s.unsafe_load[width=8, alignment=ALIGN](h + q).cast[F32]()).reduce_add()
+        cb += (wv * g_s.unsafe_load[width=8, alignment=ALIGN](MMA_BK + h + q).cast[F32]()).reduce_add()
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(SK_THREADS)),
+    `nvvm.minctasm`=SIMDLength(MMA_MIN_BLOCKS),
+)
+def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
+    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
+    beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32,
+):
+    var mm = Int(rows)
+    var kk = Int(k)
+    var nn = Int(n)
+    var tid = Int(thread_idx.x)
+    var col0 = Int(block_idx.y) * SK_BN
+    var z = Int(block_idx.z)
+    var k_lo = z * Int(chunk)
+    var k_hi = min(kk, k_lo + Int(chunk))
+    # The extra row of blocks forms G and B from the same w tiles (its x copies fall past the rows).
+    var col_block = Int(block_idx.x) * SK_BM >= mm
+    var smem = external_memory[Scalar[dtype], address_space=AddressSpace.SHARED, alignment=ALIGN]()
+    var lane = tid % WARP_SIZE
+    var wrow = (tid // WARP_SIZE) * MMA_M
+    var g = lane // 4
+    var t = lane % 4
+    var row0 = Int(block_idx.x) * SK_BM
+    var steps = ceildiv(max(k_hi - k_lo, 0), MMA_BK)
+
+    comptime for s in range(MMA_STAGES - 1):
+        if s < steps:
+            issue_step[dtype, VEC_OK](smem.unsafe_offset(s * MMA_TILE), x, gamma, beta, w, row0, col0, mm, nn, kk,
+                                      k_lo + s * MMA_BK, k_hi, tid)
+        async_copy_commit_group()   # empty groups keep the count uniform: step s is group s
+    var r_top = row0 + wrow + g     # the thread's fragment rows: r_top, r_top + 8
+    var sh0 = row_shift(x, min(r_top, mm - 1), kk)
+    var sh1 = row_shift(x, min(r_top + 8, mm - 1), kk)
+    var shv = SIMD[F32, 8](sh0, sh0, sh1, sh1, sh0, sh0, sh1, sh1)
+    var s1 = SIMD[F32, 8](0.0)
+    var s2 = SIMD[F32, 8](0.0)
+    var acc = SIMD[F32, SK_ACC](0.0)
+    var cg: Float32 = 0.0
+    var cb: Float32 = 0.0
+    var slot = 0                         # step s's ring slot (s % MMA_STAGES without a division)
+    var fill = MMA_STAGES - 1            # the slot step s + MMA_STAGES - 1 goes to
+    for s in range(steps):
+        async_copy_wait_group(Int32(MMA_STAGES - 2))   # this thread's copies of step s have landed ...
+        barrier()   # ... everyone's have, and everyone is done with the slot refilled next
+        if s + MMA_STAGES - 1 < steps:
+            issue_step[dtype, VEC_OK](smem.unsafe_offset(fill * MMA_TILE), x, gamma, beta, w, row0, col0, mm, nn,
+                                      kk, k_lo + (s + MMA_STAGES - 1) * MMA_BK, k_hi, tid)
+        async_copy_commit_group()
+        var a_s = smem.unsafe_offset(slot * MMA_TILE)
+        var b_s = a_s.unsafe_offset(SK_BM * MMA_STRIDE)
+        var g_s = b_s.unsafe_offset(SK_BN * MMA_STRIDE)
+        slot = 0 if slot == MMA_STAGES - 1 else slot + 1
+        fill = 0 if fill == MMA_STAGES - 1 else fill + 1
+        if col_block:
+            colsum_step[dtype](cg, cb, b_s, g_s, tid)
+            continue
+        var tail = k_lo + (s + 1) * MMA_BK > k_hi   # the chunk's last step may hold zero-filled columns
+        comptime for kq in range(0, MMA_BK, MMA_K):
+            var c = kq + 2 * t
+            var ar = (wrow + g) * MMA_STRIDE + c
+            var af = a_s.unsafe_load[width=2, alignment=4](ar).join(
+                a_s.unsafe_load[width=2, alignment=4](ar + 8 * MMA_STRIDE)).join(
+                a_s.unsafe_load[width=2, alignment=4](ar + 8).join(
+                    a_s.unsafe_load[width=2, alignment=4](ar + 8 * MMA_STRIDE + 8)))
+            var d = af.cast[F32]() - shv
+            if tail:   # zero-filled columns must not reach the sums
+                var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(k_lo + s * MMA_BK + c)
+                d = cols.lt(SIMD[DType.int32, 8](Int32(k_hi))).select(d, SIMD[F32, 8](0.0))
+            s1 += d
+            s2 += d * d
+            var a = (d * pair_vec[dtype](g_s, c, c + 8)).cast[dtype]()
+            comptime for nt in range(SK_BN // MMA_N):
+                var br = (nt * MMA_N + g) * MMA_STRIDE + c
+                var bf = b_s.unsafe_load[width=2, alignment=4](br).join(
+                    b_s.unsafe_load[width=2, alignment=4](br + 8))
+                var dd = SIMD[F32, 4](0.0)
+                mma(dd, a, bf, acc.slice[4, offset=nt * 4]())
+                acc = acc.insert[offset=nt * 4](dd)
+
+    if col_block:   # the two k halves of each column meet in the (now idle) pipeline memory
+        barrier()
+        var red = smem.unsafe_bitcast[Float32]()
+        if tid >= SK_BN:
+            red[unsafe_offset=tid - SK_BN] = cg
+            red[unsafe_offset=tid] = cb
+        barrier()
+        if tid < SK_BN and col0 + tid < nn:
+            part_cols[unsafe_offset=2 * (z * nn + col0 + tid)] = cg + red[unsafe_offset=tid]
+            part_cols[unsafe_offset=2 * (z * nn + col0 + tid) + 1] = cb + red[unsafe_offset=tid + SK_BN]
+        return
+    write_partials[dtype](part_acc, acc, row0, col0, z, mm, nn, tid)
+    if block_idx.y == 0:   # row g: elements 0, 1, 4, 5 of the fragment; row g + 8: 2, 3, 6, 7
+        var t1 = SIMD[F32, 2](quad_sum(s1[0] + s1[1] + s1[4] + s1[5]), quad_sum(s1[2] + s1[3] + s1[6] + s1[7]))
+        var t2 = SIMD[F32, 2](quad_sum(s2[0] + s2[1] + s2[4] + s2[5]), quad_sum(s2[2] + s2[3] + s2[6] + s2[7]))
+        if t == 0:
+            comptime for h in range(2):
+                var r = r_top + 8 * h
+                if r < mm:
+                    part_rows[unsafe_offset=2 * (z * mm + r)] = t1[h]
+                    part_rows[unsafe_offset=2 * (z * mm + r) + 1] = t2[h]
 
 
 @always_inline
@@ -339,6 +495,19 @@ def lnl_splitk_finish[dtype: DType](
     y[unsafe_offset=r * nn + c] = z_out.cast[dtype]()
 
 
+def launch_mma[dtype: DType, VEC_OK: Bool](
+    ctx: DeviceContext, part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], w: Ptr[dtype], rows: Int, k: Int, n: Int, chunk: Int, splits: Int,
+) raises:
+    """The 16-bit kernel, with one more row of blocks for the column sums."""
+    comptime kernel = lnl_mma_kernel[dtype, VEC_OK]
+    ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, x, gamma, beta, w, Int32(rows), Int32(k),
+                                 Int32(n), Int32(chunk),
+                                 grid_dim=(ceildiv(rows, SK_BM) + 1, ceildiv(n, SK_BN), splits),
+                                 block_dim=SK_THREADS, shared_mem_bytes=MMA_SMEM_BYTES,
+                                 func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(MMA_SMEM_BYTES)))
+
+
 def fwd_gpu[dtype: DType](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], bias: Ptr[dtype], part_acc: Ptr[F32], part_rows: Ptr[F32],
@@ -348,13 +517,22 @@ def fwd_gpu[dtype: DType](
     comptime BK = SK_GROUP * VEC
     # Chunks are whole steps, so every step but a chunk's last is full and
     # vector loads stay aligned; a split past the end of k writes zeros.
-    var chunk = ceildiv(ceildiv(k, splits), BK) * BK
+    comptime STEP = max(BK, MMA_BK)   # powers of two: whole steps of either kernel
+    var chunk = ceildiv(ceildiv(k, splits), STEP) * STEP
     var vec_ok = k % VEC == 0 and aligned(Int(x), Int(w), Int(gamma), Int(beta))
-    comptime kernel = lnl_splitk_kernel[dtype]
-    ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, x, gamma, beta, w, Int32(rows), Int32(k),
-                                 Int32(n), Int32(chunk), Int32(1 if vec_ok else 0),
-                                 grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
-                                 block_dim=SK_THREADS)
+    comptime if dtype == F32:
+        comptime kernel = lnl_splitk_kernel[dtype]
+        ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, x, gamma, beta, w, Int32(rows), Int32(k),
+                                     Int32(n), Int32(chunk), Int32(1 if vec_ok else 0),
+                                     grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
+                                     block_dim=SK_THREADS)
+    else:
+        if vec_ok:
+            launch_mma[dtype, True](ctx, part_acc, part_rows, part_cols, x, gamma, beta, w, rows, k, n, chunk,
+                                    splits)
+        else:
+            launch_mma[dtype, False](ctx, part_acc, part_rows, part_cols, x, gamma, beta, w, rows, k, n, chunk,
+                                     splits)
     comptime finish = lnl_splitk_finish[dtype]
     ctx.enqueue_function[finish](y, mean, rstd, x, bias, part_acc, part_rows, part_cols, Int32(rows), Int32(k),
                                  Int32(n), Int32(splits), eps,
