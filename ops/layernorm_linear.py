@@ -49,8 +49,8 @@ FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill 
 # beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
 FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
 FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
-# k splits of the fused kernel: the H100 sweep (results/bench_layernorm_linear_splits.md) has fp32 best
-# near 256-1024 blocks; each split adds a [rows, n] fp32 partial to write and read.
+# k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
+# fp32 best near 256-1024 blocks, the file now holds the bf16 sweep; each split adds a [rows, n] fp32 partial.
 SPLIT_BLOCKS_PER_SM = 4     # float32; the fp16/bf16 kernel (4 resident blocks at most) does best near 3
 SPLIT_BLOCKS_PER_SM_16 = 3
 SPLIT_MIN_K = 128  # no chunk shorter than this
