@@ -51,10 +51,10 @@
 # gamma was fetched each step: bf16 4096 x 4096 -> 64 took 47.6 us at its best
 # split, behind our LayerNorm + cuBLAS at 41.9). The cp.async ring, the
 # transform on the fragments and the register cap bring it to 35.9 us there
-# (results/bench_layernorm_linear_splits.md, torch 49.2). What the ring taught: with 230
-# registers (two blocks per SM, one warp per scheduler) the loop was issue-
-# bound - deeper rings, a wait for everything and removing the mma all timed
-# the same; the register cap, not the ring depth, paid. Tried and not kept:
+# (results/bench_layernorm_linear_splits.md, torch 49.2). What the ring
+# taught: with 230 registers (two blocks per SM, one warp per scheduler) the
+# loop was issue-bound - deeper rings, a wait for everything and removing the
+# mma all timed the same; the register cap, not the ring depth, paid. Tried and not kept:
 # two warp groups splitting each step's k (8 warps, partner sums folded in
 # shared memory): slower; G and B from an extra mma in warp 0: 32 registers
 # for every thread; G and B in a separate column-sum loop: latency-bound.
