@@ -126,11 +126,13 @@ def row_shift[dtype: DType](x: Ptr[dtype], r: Int, k: Int) -> Float32:
 
 
 @always_inline
-def group_sum8(v: Float32) -> Float32:
-    """Sum over the SK_GROUP consecutive lanes that stage one row."""
+def lanes_sum[LANES: Int](v: Float32) -> Float32:
+    """Sum over LANES consecutive lanes (a power of two; LANES-aligned groups), in a fixed order."""
     var s = v
-    comptime for i in range(3):
-        s += warp.shuffle_xor(s, UInt32(SK_GROUP >> (i + 1)))
+    comptime for i in range(5):   # spans LANES / 2, LANES / 4, .., 1
+        comptime span = LANES >> (i + 1)
+        comptime if span > 0:
+            s += warp.shuffle_xor(s, UInt32(span))
     return s
 
 
@@ -235,10 +237,10 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
 
     write_partials[dtype](part_acc, acc, row0, col0, z, mm, nn, tid)
     comptime for p in range(SK_PASSES):
-        var t1 = group_sum8(s1[p])
-        var t2 = group_sum8(s2[p])
-        var tg = group_sum8(cg[p])
-        var tb = group_sum8(cb[p])
+        var t1 = lanes_sum[SK_GROUP](s1[p])
+        var t2 = lanes_sum[SK_GROUP](s2[p])
+        var tg = lanes_sum[SK_GROUP](cg[p])
+        var tb = lanes_sum[SK_GROUP](cb[p])
         var r = lr + SK_ROWS_PER_PASS * p
         if tid % SK_GROUP == 0:
             if block_idx.y == 0 and row0 + r < mm:
@@ -303,15 +305,6 @@ def pair_vec[dtype: DType](p: SPtr[dtype], i: Int, j: Int) -> SIMD[F32, 8]:
     var a = p.unsafe_load[width=2, alignment=4](i).cast[F32]()
     var b = p.unsafe_load[width=2, alignment=4](j).cast[F32]()
     return a.join(a).join(b.join(b))
-
-
-@always_inline
-def quad_sum(v: Float32) -> Float32:
-    """Sum over the four lanes t of an mma fragment row group."""
-    var s = v
-    comptime for i in range(2):
-        s += warp.shuffle_xor(s, UInt32(1 << i))
-    return s
 
 
 @always_inline
@@ -421,8 +414,10 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
         return
     write_partials[dtype](part_acc, acc, row0, col0, z, mm, nn, tid)
     if block_idx.y == 0:   # row g: elements 0, 1, 4, 5 of the fragment; row g + 8: 2, 3, 6, 7
-        var t1 = SIMD[F32, 2](quad_sum(s1[0] + s1[1] + s1[4] + s1[5]), quad_sum(s1[2] + s1[3] + s1[6] + s1[7]))
-        var t2 = SIMD[F32, 2](quad_sum(s2[0] + s2[1] + s2[4] + s2[5]), quad_sum(s2[2] + s2[3] + s2[6] + s2[7]))
+        var t1 = SIMD[F32, 2](lanes_sum[4](s1[0] + s1[1] + s1[4] + s1[5]),
+                              lanes_sum[4](s1[2] + s1[3] + s1[6] + s1[7]))
+        var t2 = SIMD[F32, 2](lanes_sum[4](s2[0] + s2[1] + s2[4] + s2[5]),
+                              lanes_sum[4](s2[2] + s2[3] + s2[6] + s2[7]))
         if t == 0:
             comptime for h in range(2):
                 var r = r_top + 8 * h

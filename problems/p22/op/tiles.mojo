@@ -25,6 +25,8 @@
 
 from max.gpu.memory import AddressSpace
 
+from .common import Ptr
+
 comptime BM = 128
 comptime BN = 128
 comptime BK = 8
@@ -58,6 +60,15 @@ def a_k(tid: Int) -> Int:
 
 
 @always_inline
+def load_a[dtype: DType](mut regs: ARegs, a: Ptr[dtype], row0: Int, k0: Int, m: Int, k: Int, tid: Int):
+    """This thread's left-operand values of the k step at k0 (0 past the matrix edges)."""
+    var kc = k0 + a_k(tid)
+    comptime for l in range(A_LOADS):
+        var r = row0 + a_row(tid, l)
+        regs[l] = a[unsafe_offset=r * k + kc].cast[DType.float32]() if r < m and kc < k else 0.0
+
+
+@always_inline
 def store_a(a_s: Shared, regs: ARegs, tid: Int):
     """Stage this thread's left-operand values, transposed (k-major)."""
     comptime for l in range(A_LOADS):
@@ -72,10 +83,10 @@ def accumulate_tile(mut acc: Acc, a_s: Shared, b_s: Shared, ty: Int, tx: Int):
         var b_frag = SIMD[DType.float32, RN]()
         comptime for g in range(RM // 4):
             a_frag = a_frag.insert[offset=4 * g](
-                a_s.unsafe_load[width=4, alignment=16](kk * A_STRIDE + g * 4 * TM + ty * 4))
+                a_s.unsafe_load[width=4, alignment=16](kk * A_STRIDE + patch_row(4 * g, ty)))
         comptime for g in range(RN // 4):
             b_frag = b_frag.insert[offset=4 * g](
-                b_s.unsafe_load[width=4, alignment=16](kk * B_STRIDE + g * 4 * TN + tx * 4))
+                b_s.unsafe_load[width=4, alignment=16](kk * B_STRIDE + patch_col(4 * g, tx)))
         comptime for i in range(RM):
             comptime for j in range(RN):
                 acc[i * RN + j] += a_frag[i] * b_frag[j]

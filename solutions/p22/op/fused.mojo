@@ -51,7 +51,7 @@ from .common import EPS, Ptr
 from .layernorm import row_stats_cpu
 from .tiles import (
     A_LOADS, A_STRIDE, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TN, Acc, ARegs, BRegs,
-    a_k, a_row, accumulate_tile, store_a, store_tile,
+    a_k, a_row, accumulate_tile, load_a, store_a, store_tile,
 )
 
 comptime NAIVE_BLOCK = 128
@@ -104,13 +104,10 @@ def load_x[dtype: DType](
 ):
     """This thread's raw x values of the k step at k0, and gamma/beta of its k column
     (every load of a thread shares one column). 0 past the matrix edges."""
+    load_a(regs, x, row0, k0, m, k, tid)
     var kc = k0 + a_k(tid)
-    var in_k = kc < k
-    g = gamma[unsafe_offset=kc].cast[DType.float32]() if in_k else 0.0
-    b = beta[unsafe_offset=kc].cast[DType.float32]() if in_k else 0.0
-    comptime for l in range(A_LOADS):
-        var r = row0 + a_row(tid, l)
-        regs[l] = x[unsafe_offset=r * k + kc].cast[DType.float32]() if r < m and in_k else 0.0
+    g = gamma[unsafe_offset=kc].cast[DType.float32]() if kc < k else 0.0
+    b = beta[unsafe_offset=kc].cast[DType.float32]() if kc < k else 0.0
 
 
 @always_inline

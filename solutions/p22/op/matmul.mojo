@@ -18,18 +18,9 @@ from std.memory import stack_allocation
 
 from .common import Ptr
 from .tiles import (
-    A_LOADS, A_STRIDE, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TN, Acc, ARegs, BRegs,
-    a_k, a_row, accumulate_tile, store_a, store_tile,
+    A_STRIDE, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TN, Acc, ARegs, BRegs,
+    accumulate_tile, load_a, store_a, store_tile,
 )
-
-
-@always_inline
-def load_a[dtype: DType](mut regs: ARegs, a: Ptr[dtype], row0: Int, k0: Int, m: Int, k: Int, tid: Int):
-    """This thread's left-operand values of the k step at k0 (0 past the matrix edges)."""
-    var kc = k0 + a_k(tid)
-    comptime for l in range(A_LOADS):
-        var r = row0 + a_row(tid, l)
-        regs[l] = a[unsafe_offset=r * k + kc].cast[DType.float32]() if r < m and kc < k else 0.0
 
 
 @always_inline
