@@ -20,10 +20,11 @@
 # from their mean lost accuracy against torch's normalized GEMM (the H100
 # sanitizer workload caught it at 4100 x 100 -> 768, bf16, gamma ~ N(0, 1)).
 # The fp16/bf16 kernel moves gamma to the other operand: its mma multiplies
-# d = x - c (c rounded to the input dtype, d by one packed 16-bit subtract)
-# by w * gamma (one packed multiply per weight fragment), which is the same
-# product with one rounding on each side; sum d and sum d^2 come from the
-# tensor cores too (d against a column of ones, d against itself).
+# d = x - c (one packed 16-bit subtract, exact: c is 0 unless the mean is far
+# above the spread, and then snapped to a grid that keeps x - c exact, see
+# snap_shift) by w * gamma (one packed multiply per weight fragment, one
+# rounding); sum d and sum d^2 come from the tensor cores too (d against a
+# column of ones, d against itself), so the statistics stay fp32-exact.
 #
 # GPU mapping, two kernels:
 #   lnl_splitk_kernel (fp32): grid (ceil(rows / 64), ceil(n / 64), splits),
@@ -136,15 +137,45 @@ def stage_load[dtype: DType, VEC: Int](
 
 @always_inline
 def row_shift[dtype: DType](x: Ptr[dtype], r: Int, k: Int) -> Float32:
-    """Mean of row r's first min(k, SHIFT_SAMPLE) elements: both kernels compute it the same way."""
+    """Mean of row r's first min(k, SHIFT_SAMPLE) elements (16-bit rows: see snap_shift):
+    both kernels compute it the same way."""
     var s: Float32 = 0.0
+    var lo = Float32.MAX
+    var hi = -Float32.MAX
+    var n = min(k, SHIFT_SAMPLE)
     if k >= SHIFT_SAMPLE:   # unrolled: the loads fly together (this starts every block)
         comptime for e in range(SHIFT_SAMPLE):
-            s += load_f32(x, r * k + e)
-        return (s / Float32(SHIFT_SAMPLE)).cast[dtype]().cast[F32]()
-    for e in range(k):
-        s += load_f32(x, r * k + e)
-    return (s / Float32(k)).cast[dtype]().cast[F32]()
+            var v = load_f32(x, r * k + e)
+            s += v
+            lo = min(lo, v)
+            hi = max(hi, v)
+    else:
+        for e in range(k):
+            var v = load_f32(x, r * k + e)
+            s += v
+            lo = min(lo, v)
+            hi = max(hi, v)
+    comptime if dtype == F32:
+        return s / Float32(n)
+    return snap_shift(s / Float32(n), lo, hi)
+
+
+@always_inline
+def snap_shift(c: Float32, lo: Float32, hi: Float32) -> Float32:
+    """The 16-bit kernel's shift: 0 unless the sample [lo, hi] sits within 25% of one value (a mean
+    far above the spread), then c rounded to a multiple of 2^(e - 5), e the exponent of the larger end.
+
+    That kernel forms x - c in 16-bit arithmetic, and its statistics must be fp32-exact. With c = 0,
+    x - c is x; a far-off mean makes every x lie within 50% of c, whose spacing then divides the grid
+    and |x - c| <= |x|, so x - c is exact too. An unrounded shift near the spread made every x of a
+    binade round alike and the sums drift (mean errors of 1e-3 at bf16 in the H100 tests)."""
+    var small = min(abs(lo), abs(hi))
+    var big = max(abs(lo), abs(hi))
+    if lo * hi <= 0.0 or big >= 1.25 * small:
+        return 0.0
+    var e = Int((bitcast[DType.uint32](big) >> 23) & 0xFF)   # biased exponent
+    var q = bitcast[F32](UInt32(max(e - 5, 1)) << 23)
+    return round(c / q) * q
 
 
 @always_inline
