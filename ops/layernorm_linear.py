@@ -51,8 +51,8 @@ FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
 FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
 # k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
 # fp32 best near 256-1024 blocks, the file now holds the bf16 sweep; each split adds a [rows, n] fp32 partial.
-SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
-SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
+SPLIT_BLOCKS_PER_SM = 4     # float32; the fp16/bf16 kernel (4 resident blocks at most) does best near 3
+SPLIT_BLOCKS_PER_SM_16 = 3
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
 
@@ -80,17 +80,14 @@ def _sm_count(device: torch.device) -> int:
 def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
     """How many k chunks the fused GPU kernel splits into (1 on the CPU).
 
-    float32: enough blocks for SPLIT_BLOCKS_PER_SM per SM; fp16/bf16: as many as keep to
-    SPLIT_BLOCKS_PER_SM_16 per SM. No chunk shorter than SPLIT_MIN_K (each split adds a
-    [rows, n] fp32 partial to write and read).
+    Enough blocks for SPLIT_BLOCKS_PER_SM (fp16/bf16: SPLIT_BLOCKS_PER_SM_16) per SM, but no chunk
+    shorter than SPLIT_MIN_K (each split adds a [rows, n] fp32 partial to write and read).
     """
     if device.type != "cuda":
         return 1
     tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
-    if dtype == torch.float32:
-        want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
-    else:
-        want = SPLIT_BLOCKS_PER_SM_16 * _sm_count(device) // tiles
+    per_sm = SPLIT_BLOCKS_PER_SM if dtype == torch.float32 else SPLIT_BLOCKS_PER_SM_16
+    want = -(-per_sm * _sm_count(device) // tiles)
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
 
 

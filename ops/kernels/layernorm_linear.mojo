@@ -19,12 +19,6 @@
 # averages several elements: with c = x[r, 0], rows whose first element lay far
 # from their mean lost accuracy against torch's normalized GEMM (the H100
 # sanitizer workload caught it at 4100 x 100 -> 768, bf16, gamma ~ N(0, 1)).
-# The fp16/bf16 kernel moves gamma to the other operand: its mma multiplies
-# d = x - c (one packed 16-bit subtract, exact: c is 0 unless the mean is far
-# above the spread, and then snapped to a grid that keeps x - c exact, see
-# snap_shift) by w * gamma (one packed multiply per weight fragment, one
-# rounding); sum d and sum d^2 come from the tensor cores too (d against a
-# column of ones, d against itself), so the statistics stay fp32-exact.
 #
 # GPU mapping, two kernels:
 #   lnl_splitk_kernel (fp32): grid (ceil(rows / 64), ceil(n / 64), splits),
@@ -38,38 +32,21 @@
 #   lnl_mma_kernel (fp16/bf16): the same grid plus one row of blocks, 128
 #     threads. Raw x, w, gamma and beta tiles (MMA_BK = 64 elements of each
 #     row per step) arrive by cp.async in a ring of MMA_STAGES steps; each warp
-#     owns 16 rows x 64 columns (eight m16n8k16 mma tiles), takes its A and B
-#     fragments with ldmatrix, subtracts the shift from A and scales B by
-#     gamma in packed 16-bit arithmetic, and runs three more mma per k slice
-#     for the rows' shifted sums. The extra row of blocks forms G and B from
-#     the same w tiles (its x copies fall past the rows). Launch bounds cap it
-#     at 128 registers so 4 blocks fit an SM.
+#     owns 16 rows x 64 columns (eight m16n8k16 mma tiles) and applies the
+#     shift and gamma to its A fragments in registers, summing the rows'
+#     shifted sums from the same fragments. The extra row of blocks forms G
+#     and B from the same w tiles (its x copies fall past the rows). Launch
+#     bounds cap it at 128 registers so 4 blocks fit an SM.
 #   lnl_splitk_finish: grid (ceil(rows / 4), ceil(n / 64)), 256 threads, one
 #     output each: sums the splits in a fixed order (deterministic, no atomics),
-#     then statistics, correction, bias, y in x's dtype. The split-0 blocks of
-#     the first kernel leave each row's shift in mean_out, so the finish never
-#     reads x.
+#     then statistics, correction, bias, y in x's dtype.
 # The Python side picks splits so that the first kernel has a few blocks per
 # SM: k is split exactly where LayerNorm fusion matters (small n, few output
 # tiles). At large n every split costs a pass over an fp32 [rows, n] scratch,
 # and the mma.sync loop (no wgmma, no TMA) is far from cuBLAS, so the op's
 # "auto" keeps cuBLAS there.
 #
-# Version 5 (this one) over version 4, fp16/bf16 only: per 16 x 16 k slice a
-# warp ran 8 fp32 conversions, subtractions, sums, products with gamma and a
-# repack of its A fragment plus 20 scalar shared loads (ncu on the H100: 8.9M
-# instructions, 26.2 us for the first kernel at 4096 x 4096 -> 64, 7 splits);
-# ldmatrix, the packed shift and gamma and the tensor-core statistics bring it
-# to 6.2M instructions and 24.5 us, and the finish no longer waits on x for the
-# shift. With fewer instructions the loop stays latency-bound (ncu: 0.7
-# eligible warps per scheduler; stalls on shared-memory results, cp.async
-# waits and dependencies about equally), so the split pick now aims at two
-# blocks per SM (longer blocks, fewer partials). Tried on the H100 and not
-# kept (same or slower): 8 warps of 16 x 32 (more warps, more instructions),
-# 128 x 64 blocks, 128-wide k steps, an L2 prefetch of each row's chunk
-# (cp.async.bulk.prefetch) or of 256 bytes per copy, a finish that loads all
-# splits at once.
-# Version 4 over version 3: the fp16/bf16 path no longer stages
+# Version 4 (this one) over version 3: the fp16/bf16 path no longer stages
 # through registers (a block loaded, waited at a barrier, then multiplied, and
 # gamma was fetched each step: bf16 4096 x 4096 -> 64 took 47.6 us at its best
 # split, behind our LayerNorm + cuBLAS at 41.9). The cp.async ring, the
@@ -90,7 +67,7 @@ import extensibility
 from extensibility import InputTensor, _MutableInputTensor
 from max.gpu.host import DeviceContext, FuncAttribute
 from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE
-from max.gpu.compute.mma import mma, ld_matrix
+from max.gpu.compute.mma import mma
 from max.gpu.primitives import warp
 from max.gpu.memory import AddressSpace, async_copy, async_copy_commit_group, async_copy_wait_group, external_memory
 from std.math import ceildiv
@@ -137,45 +114,15 @@ def stage_load[dtype: DType, VEC: Int](
 
 @always_inline
 def row_shift[dtype: DType](x: Ptr[dtype], r: Int, k: Int) -> Float32:
-    """Mean of row r's first min(k, SHIFT_SAMPLE) elements (16-bit rows: see snap_shift):
-    both kernels compute it the same way."""
+    """Mean of row r's first min(k, SHIFT_SAMPLE) elements: both kernels compute it the same way."""
     var s: Float32 = 0.0
-    var lo = Float32.MAX
-    var hi = -Float32.MAX
-    var n = min(k, SHIFT_SAMPLE)
     if k >= SHIFT_SAMPLE:   # unrolled: the loads fly together (this starts every block)
         comptime for e in range(SHIFT_SAMPLE):
-            var v = load_f32(x, r * k + e)
-            s += v
-            lo = min(lo, v)
-            hi = max(hi, v)
-    else:
-        for e in range(k):
-            var v = load_f32(x, r * k + e)
-            s += v
-            lo = min(lo, v)
-            hi = max(hi, v)
-    comptime if dtype == F32:
-        return s / Float32(n)
-    return snap_shift(s / Float32(n), lo, hi)
-
-
-@always_inline
-def snap_shift(c: Float32, lo: Float32, hi: Float32) -> Float32:
-    """The 16-bit kernel's shift: 0 unless the sample [lo, hi] sits within 25% of one value (a mean
-    far above the spread), then c rounded to a multiple of 2^(e - 5), e the exponent of the larger end.
-
-    That kernel forms x - c in 16-bit arithmetic, and its statistics must be fp32-exact. With c = 0,
-    x - c is x; a far-off mean makes every x lie within 50% of c, whose spacing then divides the grid
-    and |x - c| <= |x|, so x - c is exact too. An unrounded shift near the spread made every x of a
-    binade round alike and the sums drift (mean errors of 1e-3 at bf16 in the H100 tests)."""
-    var small = min(abs(lo), abs(hi))
-    var big = max(abs(lo), abs(hi))
-    if lo * hi <= 0.0 or big >= 1.25 * small:
-        return 0.0
-    var e = Int((bitcast[DType.uint32](big) >> 23) & 0xFF)   # biased exponent
-    var q = bitcast[F32](UInt32(max(e - 5, 1)) << 23)
-    return round(c / q) * q
+            s += load_f32(x, r * k + e)
+        return s / Float32(SHIFT_SAMPLE)
+    for e in range(k):
+        s += load_f32(x, r * k + e)
+    return s / Float32(k)
 
 
 @always_inline
@@ -218,7 +165,7 @@ def simt_step[dtype: DType, STRIDE: Int](
 
 
 def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel)
-    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], mean_out: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
+    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, vec_ok: Int32,
 ):
     comptime VEC = vector_width[dtype]()
@@ -299,8 +246,6 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
             if block_idx.y == 0 and row0 + r < mm:
                 part_rows[unsafe_offset=2 * (z * mm + row0 + r)] = t1
                 part_rows[unsafe_offset=2 * (z * mm + row0 + r) + 1] = t2
-                if z == 0:   # the finish adds the mean's shifted part
-                    mean_out[unsafe_offset=row0 + r] = shift[p]
             if col_sums and col0 + r < nn:
                 part_cols[unsafe_offset=2 * (z * nn + col0 + r)] = tg
                 part_cols[unsafe_offset=2 * (z * nn + col0 + r) + 1] = tb
@@ -355,6 +300,14 @@ def issue_step[dtype: DType, VEC_OK: Bool](
 
 
 @always_inline
+def pair_vec[dtype: DType](p: SPtr[dtype], i: Int, j: Int) -> SIMD[F32, 8]:
+    """An mma A fragment's column pattern: elements (i, i + 1) twice, then (j, j + 1) twice, as fp32."""
+    var a = p.unsafe_load[width=2, alignment=4](i).cast[F32]()
+    var b = p.unsafe_load[width=2, alignment=4](j).cast[F32]()
+    return a.join(a).join(b.join(b))
+
+
+@always_inline
 def colsum_step[dtype: DType](
     mut cg: Float32, mut cb: Float32, b_s: SPtr[dtype], g_s: SPtr[dtype], tid: Int,
 ):
@@ -373,8 +326,7 @@ def colsum_step[dtype: DType](
     `nvvm.minctasm`=SIMDLength(MMA_MIN_BLOCKS),
 )
 def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
-    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], mean_out: Ptr[F32], x: Ptr[dtype],
-    gamma: Ptr[dtype],
+    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32,
 ):
     var mm = Int(rows)
@@ -401,17 +353,11 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
                                       k_lo + s * MMA_BK, k_hi, tid)
         async_copy_commit_group()   # empty groups keep the count uniform: step s is group s
     var r_top = row0 + wrow + g     # the thread's fragment rows: r_top, r_top + 8
-    # ldmatrix x4 row addresses: lanes 8q.. 8q + 7 give matrix q's rows. A: q = 0..3 are rows 0-7 / 8-15
-    # by k 0-7 / 8-15 (the fragment's register order); B: two n tiles, each k 0-7 then k 8-15.
-    var a_lm = (wrow + lane % 8 + 8 * ((lane // 8) % 2)) * MMA_STRIDE + 8 * (lane // 16)
-    var b_lm = (lane % 8 + 8 * (lane // 16)) * MMA_STRIDE + 8 * ((lane // 8) % 2)
     var sh0 = row_shift(x, min(r_top, mm - 1), kk)
     var sh1 = row_shift(x, min(r_top + 8, mm - 1), kk)
-    var shv = SIMD[F32, 8](sh0, sh0, sh1, sh1, sh0, sh0, sh1, sh1).cast[dtype]()
-    var ones = SIMD[dtype, 4](1)
-    var s1 = SIMD[F32, 4](0.0)    # d @ ones: every column holds the row sums
-    var s2a = SIMD[F32, 4](0.0)   # d @ d[0:8]^T: the diagonal holds rows 0-7's sums of squares
-    var s2b = SIMD[F32, 4](0.0)   # d @ d[8:16]^T: rows 8-15
+    var shv = SIMD[F32, 8](sh0, sh0, sh1, sh1, sh0, sh0, sh1, sh1)
+    var s1 = SIMD[F32, 8](0.0)
+    var s2 = SIMD[F32, 8](0.0)
     var acc = SIMD[F32, SK_ACC](0.0)
     var cg: Float32 = 0.0
     var cb: Float32 = 0.0
@@ -435,26 +381,25 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
         var tail = k_lo + (s + 1) * MMA_BK > k_hi   # the chunk's last step may hold zero-filled columns
         comptime for kq in range(0, MMA_BK, MMA_K):
             var c = kq + 2 * t
-            var af = ld_matrix[simd_width=8](a_s.unsafe_offset(a_lm + kq))
-            var a = af - shv
+            var ar = (wrow + g) * MMA_STRIDE + c
+            var af = a_s.unsafe_load[width=2, alignment=4](ar).join(
+                a_s.unsafe_load[width=2, alignment=4](ar + 8 * MMA_STRIDE)).join(
+                a_s.unsafe_load[width=2, alignment=4](ar + 8).join(
+                    a_s.unsafe_load[width=2, alignment=4](ar + 8 * MMA_STRIDE + 8)))
+            var d = af.cast[F32]() - shv
             if tail:   # zero-filled columns must not reach the sums
                 var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(k_lo + s * MMA_BK + c)
-                a = cols.lt(SIMD[DType.int32, 8](Int32(k_hi))).select(a, SIMD[dtype, 8](0))
-            var gm = g_s.unsafe_load[width=2, alignment=4](c).join(g_s.unsafe_load[width=2, alignment=4](c + 8))
-            var t4 = SIMD[F32, 4](0.0)
-            mma(t4, a, ones, s1)
-            s1 = t4
-            mma(t4, a, a.slice[2, offset=0]().join(a.slice[2, offset=4]()), s2a)
-            s2a = t4
-            mma(t4, a, a.slice[2, offset=2]().join(a.slice[2, offset=6]()), s2b)
-            s2b = t4
-            comptime for np in range(SK_BN // (2 * MMA_N)):
-                var bq = ld_matrix[simd_width=8](b_s.unsafe_offset(b_lm + np * 2 * MMA_N * MMA_STRIDE + kq))
-                comptime for h in range(2):
-                    comptime nt = 2 * np + h
-                    var dd = SIMD[F32, 4](0.0)
-                    mma(dd, a, bq.slice[4, offset=4 * h]() * gm, acc.slice[4, offset=nt * 4]())
-                    acc = acc.insert[offset=nt * 4](dd)
+                d = cols.lt(SIMD[DType.int32, 8](Int32(k_hi))).select(d, SIMD[F32, 8](0.0))
+            s1 += d
+            s2 += d * d
+            var a = (d * pair_vec[dtype](g_s, c, c + 8)).cast[dtype]()
+            comptime for nt in range(SK_BN // MMA_N):
+                var br = (nt * MMA_N + g) * MMA_STRIDE + c
+                var bf = b_s.unsafe_load[width=2, alignment=4](br).join(
+                    b_s.unsafe_load[width=2, alignment=4](br + 8))
+                var dd = SIMD[F32, 4](0.0)
+                mma(dd, a, bf, acc.slice[4, offset=nt * 4]())
+                acc = acc.insert[offset=nt * 4](dd)
 
     if col_block:   # the two k halves of each column meet in the (now idle) pipeline memory
         barrier()
@@ -468,19 +413,17 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             part_cols[unsafe_offset=2 * (z * nn + col0 + tid) + 1] = cb + red[unsafe_offset=tid + SK_BN]
         return
     write_partials[dtype](part_acc, acc, row0, col0, z, mm, nn, tid)
-    # Diagonal (g, g) sits in lane 4g + g / 2, element g % 2 (rows 8-15: elements 2, 3).
-    var src = UInt32(4 * g + g // 2)
-    var odd = g % 2 == 1
-    var q2 = SIMD[F32, 2](warp.shuffle_idx(s2a[1] if odd else s2a[0], src),
-                          warp.shuffle_idx(s2b[3] if odd else s2b[2], src))
-    if block_idx.y == 0 and t == 0:   # row sums: s1[0] (row g), s1[2] (row g + 8), any column
-        comptime for h in range(2):
-            var r = r_top + 8 * h
-            if r < mm:
-                part_rows[unsafe_offset=2 * (z * mm + r)] = s1[2 * h]
-                part_rows[unsafe_offset=2 * (z * mm + r) + 1] = q2[h]
-                if z == 0:   # the finish adds the mean's shifted part
-                    mean_out[unsafe_offset=r] = sh0 if h == 0 else sh1
+    if block_idx.y == 0:   # row g: elements 0, 1, 4, 5 of the fragment; row g + 8: 2, 3, 6, 7
+        var t1 = SIMD[F32, 2](lanes_sum[4](s1[0] + s1[1] + s1[4] + s1[5]),
+                              lanes_sum[4](s1[2] + s1[3] + s1[6] + s1[7]))
+        var t2 = SIMD[F32, 2](lanes_sum[4](s2[0] + s2[1] + s2[4] + s2[5]),
+                              lanes_sum[4](s2[2] + s2[3] + s2[6] + s2[7]))
+        if t == 0:
+            comptime for h in range(2):
+                var r = r_top + 8 * h
+                if r < mm:
+                    part_rows[unsafe_offset=2 * (z * mm + r)] = t1[h]
+                    part_rows[unsafe_offset=2 * (z * mm + r) + 1] = t2[h]
 
 
 @always_inline
@@ -510,7 +453,7 @@ def write_partials[dtype: DType](
 
 
 def lnl_splitk_finish[dtype: DType](
-    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], bias: Ptr[dtype],
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype], bias: Ptr[dtype],
     part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], rows: Int32, k: Int32, n: Int32,
     splits: Int32, eps: Float32,
 ):
@@ -528,10 +471,10 @@ def lnl_splitk_finish[dtype: DType](
     for z in range(sp):   # fixed order: bitwise identical run to run
         s1 += part_rows[unsafe_offset=2 * (z * mm + r)]
         s2 += part_rows[unsafe_offset=2 * (z * mm + r) + 1]
-    # rstd does not depend on the shift; the first kernel left each row's shift in mean_out.
+    # rstd does not depend on the shift; only the thread that writes the mean reads the row's sample.
     var m1, rstd = shifted_stats(s1, s2, 0.0, kk, eps)
     if c == 0:
-        mean_out[unsafe_offset=r] = mean_out[unsafe_offset=r] + m1
+        mean_out[unsafe_offset=r] = row_shift(x, r, kk) + m1
         rstd_out[unsafe_offset=r] = rstd
     if c >= nn:
         return
@@ -548,13 +491,12 @@ def lnl_splitk_finish[dtype: DType](
 
 
 def launch_mma[dtype: DType, VEC_OK: Bool](
-    ctx: DeviceContext, part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], mean: Ptr[F32],
-    x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], w: Ptr[dtype], rows: Int, k: Int, n: Int, chunk: Int,
-    splits: Int,
+    ctx: DeviceContext, part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], w: Ptr[dtype], rows: Int, k: Int, n: Int, chunk: Int, splits: Int,
 ) raises:
     """The 16-bit kernel, with one more row of blocks for the column sums."""
     comptime kernel = lnl_mma_kernel[dtype, VEC_OK]
-    ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, mean, x, gamma, beta, w, Int32(rows), Int32(k),
+    ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, x, gamma, beta, w, Int32(rows), Int32(k),
                                  Int32(n), Int32(chunk),
                                  grid_dim=(ceildiv(rows, SK_BM) + 1, ceildiv(n, SK_BN), splits),
                                  block_dim=SK_THREADS, shared_mem_bytes=MMA_SMEM_BYTES,
@@ -575,19 +517,19 @@ def fwd_gpu[dtype: DType](
     var vec_ok = k % VEC == 0 and aligned(Int(x), Int(w), Int(gamma), Int(beta))
     comptime if dtype == F32:
         comptime kernel = lnl_splitk_kernel[dtype]
-        ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, mean, x, gamma, beta, w, Int32(rows), Int32(k),
+        ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, x, gamma, beta, w, Int32(rows), Int32(k),
                                      Int32(n), Int32(chunk), Int32(1 if vec_ok else 0),
                                      grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
                                      block_dim=SK_THREADS)
     else:
         if vec_ok:
-            launch_mma[dtype, True](ctx, part_acc, part_rows, part_cols, mean, x, gamma, beta, w, rows, k, n, chunk,
+            launch_mma[dtype, True](ctx, part_acc, part_rows, part_cols, x, gamma, beta, w, rows, k, n, chunk,
                                     splits)
         else:
-            launch_mma[dtype, False](ctx, part_acc, part_rows, part_cols, mean, x, gamma, beta, w, rows, k, n, chunk,
+            launch_mma[dtype, False](ctx, part_acc, part_rows, part_cols, x, gamma, beta, w, rows, k, n, chunk,
                                      splits)
     comptime finish = lnl_splitk_finish[dtype]
-    ctx.enqueue_function[finish](y, mean, rstd, bias, part_acc, part_rows, part_cols, Int32(rows), Int32(k),
+    ctx.enqueue_function[finish](y, mean, rstd, x, bias, part_acc, part_rows, part_cols, Int32(rows), Int32(k),
                                  Int32(n), Int32(splits), eps,
                                  grid_dim=(ceildiv(rows, FIN_ROWS), ceildiv(n, FIN_COLS)),
                                  block_dim=FIN_ROWS * FIN_COLS)
