@@ -51,25 +51,50 @@ FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
 FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
 # k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
 # fp32 best near 256-1024 blocks, the file now holds the bf16 sweep; each split adds a [rows, n] fp32 partial.
-SPLIT_BLOCKS_PER_SM = 4     # float32; the fp16/bf16 kernel (4 resident blocks at most) does best near 3
-SPLIT_BLOCKS_PER_SM_16 = 3
+SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
+SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
 
 
 @cache
 def fwd_op(eps: float) -> GraphOp:
-    """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch:
-    partial products [splits, rows, n], partial row sums [splits, rows, 2], partial column sums [splits, n, 2]."""
+    """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch
+    (flat per split, see ``scratch_sizes``): partial products, partial row sums, partial column sums.
+    Inputs: x, ln_weight, ln_bias, weight, bias, then the tile counters (``tile_counters``)."""
     f32 = torch.float32
     return GraphOp(
         "layernorm_linear_fwd", LIBRARY,
-        inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",)),
+        inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",), ("counters",)),
         outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32),
-                 Out(("splits", "rows", "n"), f32), Out(("splits", "rows", 2), f32), Out(("splits", "n", 2), f32)),
+                 Out(("splits", "part_acc"), f32), Out(("splits", "part_rows"), f32), Out(("splits", "part_cols"), f32)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
-        weights=frozenset({1, 2, 3, 4}),
+        weights=frozenset({1, 2, 3, 4, 5}),
     )
+
+
+def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
+    """Per-split scratch lengths of the fused kernel: float32 keeps [rows, n] products, [rows, 2]
+    row sums and [n, 2] column sums; fp16/bf16 keep every 64 x 64 output tile's own (4096 products,
+    64 x 2 row sums, 64 x 2 column sums), the layout its last block per tile reads back."""
+    if dtype == torch.float32:
+        return {"part_acc": rows * n, "part_rows": 2 * rows, "part_cols": 2 * n}
+    tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
+    return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles,
+            "part_cols": 2 * FUSED_BN * tiles}
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """int32 zeros, at least ``tiles`` long, kept per device: the fp16/bf16 kernel counts each output
+    tile's finished k splits there and its last block sets the count back to 0. One tensor object per
+    device (grown when too short), so the bridge caches its MAX view like a weight's."""
+    have = _counters.get(device)
+    if have is None or have.numel() < tiles:
+        have = _counters[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return have
 
 
 @cache
@@ -80,14 +105,17 @@ def _sm_count(device: torch.device) -> int:
 def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
     """How many k chunks the fused GPU kernel splits into (1 on the CPU).
 
-    Enough blocks for SPLIT_BLOCKS_PER_SM (fp16/bf16: SPLIT_BLOCKS_PER_SM_16) per SM, but no chunk
-    shorter than SPLIT_MIN_K (each split adds a [rows, n] fp32 partial to write and read).
+    float32: enough blocks for SPLIT_BLOCKS_PER_SM per SM; fp16/bf16: as many as keep to
+    SPLIT_BLOCKS_PER_SM_16 per SM. No chunk shorter than SPLIT_MIN_K (each split adds a
+    [rows, n] fp32 partial to write and read).
     """
     if device.type != "cuda":
         return 1
     tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
-    per_sm = SPLIT_BLOCKS_PER_SM if dtype == torch.float32 else SPLIT_BLOCKS_PER_SM_16
-    want = -(-per_sm * _sm_count(device) // tiles)
+    if dtype == torch.float32:
+        want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
+    else:
+        want = SPLIT_BLOCKS_PER_SM_16 * _sm_count(device) // tiles
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
 
 
@@ -103,7 +131,10 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
         splits = fused_splits(rows, k, weight.shape[0], x2.device, x2.dtype)
     elif splits < 1:
         raise ValueError(f"splits: {splits} is not >= 1")
-    y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, sizes={"splits": splits})
+    n = weight.shape[0]
+    counters = tile_counters(x2.device, -(-rows // FUSED_BM) * -(-n // FUSED_BN))
+    y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, counters,
+                                           sizes={"splits": splits} | scratch_sizes(rows, n, x2.dtype))
     return y, mean, rstd
 
 
