@@ -66,8 +66,8 @@ def fwd_op(eps: float) -> GraphOp:
     return GraphOp(
         "layernorm_linear_fwd", LIBRARY,
         inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",), ("counters",)),
-        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32),
-                 Out(("splits", "part_acc"), f32), Out(("splits", "part_rows"), f32), Out(("splits", "part_cols"), f32)),
+        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32), Out(("splits", "part_acc"), f32),
+                 Out(("splits", "part_rows"), f32), Out(("splits", "part_cols"), f32)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
         weights=frozenset({1, 2, 3, 4, 5}),
     )

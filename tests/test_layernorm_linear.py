@@ -269,3 +269,21 @@ def test_gpu_fused_outlier_first_columns(dtype: torch.dtype) -> None:
     for splits in (1, 2):
         y = LL.fused_fwd(*args, 1e-5, splits)[0]
         assert (bad := compare(y, layernorm_linear_ref(*args), dtype, reduction=100)) is None, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("lead,k,n", [((64,), 64, 64), ((300,), 100, 130), ((1,), 7, 1), ((513,), 4096, 64)])
+def test_gpu_fused16_large_mean_rows(dtype: torch.dtype, lead: tuple[int, ...], k: int, n: int) -> None:
+    """Rows at mean 1e3, spread 1: in bf16 many short rows round to nearly one value (rstd up to ~300),
+    which magnifies any mismatch between the GEMM's 16-bit w * gamma and the correction's G."""
+    x, g, b, w, bias, _ = make(lead, k, n, dtype, "cuda", mean=1e3)
+    for splits in (1, 3):
+        y, mean, rstd = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)
+        where = f"{dtype}, x {tuple(x.shape)}, weight {tuple(w.shape)}, splits {splits}"
+        assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=k)) is None, \
+            f"y, {where}: {bad}"
+        mean_ref, rstd_ref = layernorm_stats_ref(x)
+        assert (bad := compare(mean, mean_ref, torch.float32, k, 1e3)) is None, f"mean, {where}: {bad}"
+        assert (bad := compare(rstd / rstd_ref, torch.ones_like(rstd_ref), torch.float32, k, 1e3)) is None, \
+            f"rstd, {where}: {bad}"

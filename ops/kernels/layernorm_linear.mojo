@@ -407,7 +407,8 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
     var s1 = SIMD[F32, 4](0.0)    # d @ ones: every column holds the row sums
     var s2a = SIMD[F32, 4](0.0)   # d @ d[0:8]^T: the diagonal holds rows 0-7's sums of squares
     var s2b = SIMD[F32, 4](0.0)   # d @ d[8:16]^T: rows 8-15
-    var gb = SIMD[F32, 4](0.0)    # w[16 wid.., :] @ [gamma, beta]: G in column 0, B in column 1
+    var gr = SIMD[F32, 4](0.0)    # bf16(w * gamma)[16 wid.., :] @ ones: G of the weights the GEMM uses
+    var gb = SIMD[F32, 4](0.0)    # w[16 wid.., :] @ [beta, 0..]: B in column 0
     var acc = SIMD[F32, SK_ACC](0.0)
     var slot = 0                         # step s's ring slot (s % MMA_STAGES without a division)
     var fill = MMA_STAGES - 1            # the slot step s + MMA_STAGES - 1 goes to
@@ -434,8 +435,7 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             var gm = g_s.unsafe_load[width=2, alignment=4](c).join(g_s.unsafe_load[width=2, alignment=4](c + 8))
             var bm = g_s.unsafe_load[width=2, alignment=4](MMA_BK + c).join(
                 g_s.unsafe_load[width=2, alignment=4](MMA_BK + c + 8))
-            # B of the G/B product: column 0 gamma, column 1 beta (lanes of groups 0 and 1), zeros elsewhere
-            var bgb = gm if g == 0 else (bm if g == 1 else SIMD[dtype, 4](0))
+            var bb = bm if g == 0 else SIMD[dtype, 4](0)   # B operand: beta in column 0, zeros elsewhere
             var t4 = SIMD[F32, 4](0.0)
             mma(t4, a, ones, s1)
             s1 = t4
@@ -443,8 +443,14 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             s2a = t4
             mma(t4, a, a.slice[2, offset=2]().join(a.slice[2, offset=6]()), s2b)
             s2b = t4
-            mma(t4, ld_matrix[simd_width=8](b_s.unsafe_offset(a_lm + kq)), bgb, gb)   # 16 w rows as A
+            var wa = ld_matrix[simd_width=8](b_s.unsafe_offset(a_lm + kq))   # 16 w rows as an A operand
+            mma(t4, wa, bb, gb)
             gb = t4
+            # G must come from the very products the GEMM rounds (w * gamma in 16 bits): with an exact G,
+            # a row whose values are nearly equal (rstd ~ 300) turned that rounding into errors of ~10.
+            var ga = SIMD[dtype, 8](gm[0], gm[1], gm[0], gm[1], gm[2], gm[3], gm[2], gm[3])
+            mma(t4, wa * ga, ones, gr)
+            gr = t4
             comptime for np in range(SK_BN // (2 * MMA_N)):
                 var bq = ld_matrix[simd_width=8](b_s.unsafe_offset(b_lm + np * 2 * MMA_N * MMA_STRIDE + kq))
                 comptime for h in range(2):
@@ -470,8 +476,8 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
                 red[unsafe_offset=FIN_S1 + wrow + g + 8 * h] = s1[2 * h]
                 red[unsafe_offset=FIN_S2 + wrow + g + 8 * h] = q2[h]
             comptime for h in range(2):   # G and B of columns wrow + g, wrow + g + 8
-                red[unsafe_offset=FIN_G + wrow + g + 8 * h] = gb[2 * h]
-                red[unsafe_offset=FIN_B + wrow + g + 8 * h] = gb[2 * h + 1]
+                red[unsafe_offset=FIN_G + wrow + g + 8 * h] = gr[2 * h]
+                red[unsafe_offset=FIN_B + wrow + g + 8 * h] = gb[2 * h]
     else:
         var tile = Int(block_idx.x) * Int(grid_dim.y) + Int(block_idx.y)
         var tiles = Int(grid_dim.x) * Int(grid_dim.y)
@@ -483,8 +489,8 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             comptime for h in range(2):
                 part_rows.unsafe_store[alignment=8](slab * 2 * SK_BM + 2 * (wrow + g + 8 * h),
                                                     SIMD[F32, 2](s1[2 * h], q2[h]))
-                part_cols[unsafe_offset=slab * 2 * SK_BN + wrow + g + 8 * h] = gb[2 * h]
-                part_cols[unsafe_offset=slab * 2 * SK_BN + SK_BN + wrow + g + 8 * h] = gb[2 * h + 1]
+                part_cols[unsafe_offset=slab * 2 * SK_BN + wrow + g + 8 * h] = gr[2 * h]
+                part_cols[unsafe_offset=slab * 2 * SK_BN + SK_BN + wrow + g + 8 * h] = gb[2 * h]
         # The last of the tile's blocks to get here sums every split (threadFenceReduction's pattern).
         threadfence()
         barrier()
