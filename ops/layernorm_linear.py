@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ops import layernorm
-from ops.bridge import LIBRARY, GraphOp, Out
+from ops.bridge import LIBRARY, DerivedCache, GraphOp, Out
 from ops.validate import check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
@@ -61,30 +61,49 @@ SPLIT_MAX = 16
 def fwd_op(eps: float) -> GraphOp:
     """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch
     (flat per split, see ``scratch_sizes``): partial products, partial row sums, partial column sums.
-    Inputs: x, ln_weight, ln_bias, weight, bias, then the tile counters (``tile_counters``)."""
+    Inputs: x, ln_weight, ln_bias, weight, bias, then the tile counters (``tile_counters``) and the
+    folded weights (``folded``)."""
     f32 = torch.float32
     return GraphOp(
         "layernorm_linear_fwd", LIBRARY,
-        inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",), ("counters",)),
+        inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",), ("counters",), (2, "n")),
         outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32), Out(("splits", "part_acc"), f32),
                  Out(("splits", "part_rows"), f32), Out(("splits", "part_cols"), f32)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
-        weights=frozenset({1, 2, 3, 4, 5}),
+        weights=frozenset({1, 2, 3, 4, 5, 6}),
     )
 
 
 def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
     """Per-split scratch lengths of the fused kernel: float32 keeps [rows, n] products, [rows, 2]
     row sums and [n, 2] column sums; fp16/bf16 keep every 64 x 64 output tile's own (4096 products,
-    64 x 2 row sums, 64 x 2 column sums), the layout its last block per tile reads back."""
+    64 x 2 row sums; no column sums: ``folded`` holds them), the layout its last block per tile reads back."""
     if dtype == torch.float32:
         return {"part_acc": rows * n, "part_rows": 2 * rows, "part_cols": 2 * n}
     tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
-    return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles,
-            "part_cols": 2 * FUSED_BN * tiles}
+    return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles, "part_cols": 1}
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
+_folds = DerivedCache(capacity=32)
+_zero_biases = DerivedCache(capacity=32)
+
+
+def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """float32 [2, N]: G = sum_k round(weight * ln_weight) and B = weight @ ln_bias + bias, computed once per
+    weight version (FlashNorm's fold; the fp16/bf16 kernel applies them to its GEMM's result).
+
+    G sums the same rounded 16-bit products the kernel's GEMM multiplies x - c by, so its correction
+    -(mean - c) * G cancels exactly what the GEMM added: with an exact G, rows whose values round
+    nearly alike (rstd ~300 at bf16, mean 1e3) were off by up to 15.
+    """
+    def fold(w: torch.Tensor, g: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            w, g, b, bias = (t.detach() for t in (w, g, b, bias))
+            big_g = (w * g).double().sum(1)
+            big_b = w.double() @ b.double() + bias.double()
+            return torch.stack((big_g, big_b)).float()
+    return _folds.get((weight, ln_weight, ln_bias, bias), fold)
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -133,7 +152,8 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
         raise ValueError(f"splits: {splits} is not >= 1")
     n = weight.shape[0]
     counters = tile_counters(x2.device, -(-rows // FUSED_BM) * -(-n // FUSED_BN))
-    y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, counters,
+    fold = folded(weight, ln_weight, ln_bias, bias)
+    y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, counters, fold,
                                            sizes={"splits": splits} | scratch_sizes(rows, n, x2.dtype))
     return y, mean, rstd
 
@@ -169,7 +189,8 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
 def _zero_bias(weight: object) -> torch.Tensor:
     """bias = 0 [N] for a Linear without bias (weight checked first, so a bad one is named)."""
     check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
-    return weight.new_zeros(weight.shape[0])
+    # one tensor per weight version, so the caches keyed on bias (folded, the bridge's views) still hit
+    return _zero_biases.get((weight,), lambda w: w.new_zeros(w.shape[0]))
 
 
 def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,

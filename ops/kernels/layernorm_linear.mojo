@@ -321,7 +321,7 @@ comptime MMA_STAGES = 3                   # k steps in flight per block (the cp.
 comptime MMA_BK = 64                      # k elements per step: 128 bytes of each 16-bit row
 comptime MMA_STRIDE = MMA_BK + 8          # shared rows: 16-byte aligned, fragment loads conflict-free
 comptime MMA_CHUNKS = MMA_BK // 8         # 16-byte copies per row per step
-comptime MMA_TILE = (SK_BM + SK_BN) * MMA_STRIDE + 2 * MMA_BK   # one step: x rows, w rows, gamma, beta
+comptime MMA_TILE = (SK_BM + SK_BN) * MMA_STRIDE + MMA_BK   # one step: x rows, w rows, gamma
 comptime MMA_COPIES = (SK_BM + SK_BN) * MMA_CHUNKS // SK_THREADS  # row copies per thread per step
 comptime MMA_SMEM_BYTES = MMA_STAGES * MMA_TILE * 2
 comptime MMA_MIN_BLOCKS = 4               # blocks per SM the register budget must allow
@@ -345,10 +345,10 @@ def chunk_copy[dtype: DType, VEC_OK: Bool](
 
 @always_inline
 def issue_step[dtype: DType, VEC_OK: Bool](
-    tile: SPtr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], w: Ptr[dtype], row0: Int, col0: Int,
+    tile: SPtr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], w: Ptr[dtype], row0: Int, col0: Int,
     mm: Int, nn: Int, kk: Int, k0: Int, k_hi: Int, tid: Int,
 ):
-    """Starts the copies of one k step into tile: 64 x rows, 64 w rows, then gamma and beta."""
+    """Starts the copies of one k step into tile: 64 x rows, 64 w rows, then gamma."""
     comptime for i in range(MMA_COPIES):
         var idx = tid + SK_THREADS * i
         var r = idx // MMA_CHUNKS
@@ -358,10 +358,9 @@ def issue_step[dtype: DType, VEC_OK: Bool](
             chunk_copy[dtype, VEC_OK](dst, x, row0 + r, mm, kk, k0 + kc, k_hi)
         else:
             chunk_copy[dtype, VEC_OK](dst, w, col0 + r - SK_BM, nn, kk, k0 + kc, k_hi)
-    if tid < 2 * MMA_CHUNKS:
-        var kc = (tid % MMA_CHUNKS) * 8
-        chunk_copy[dtype, VEC_OK](tile.unsafe_offset((SK_BM + SK_BN) * MMA_STRIDE + tid * 8),
-                                  gamma if tid < MMA_CHUNKS else beta, 0, 1, kk, k0 + kc, k_hi)
+    if tid < MMA_CHUNKS:
+        chunk_copy[dtype, VEC_OK](tile.unsafe_offset((SK_BM + SK_BN) * MMA_STRIDE + tid * 8), gamma, 0, 1, kk,
+                                  k0 + tid * 8, k_hi)
 
 
 @__llvm_metadata(
@@ -369,9 +368,9 @@ def issue_step[dtype: DType, VEC_OK: Bool](
     `nvvm.minctasm`=SIMDLength(MMA_MIN_BLOCKS),
 )
 def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
-    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], bias: Ptr[dtype], part_acc: Ptr[F32],
-    part_rows: Ptr[F32], part_cols: Ptr[F32], counters: Ptr[DType.int32], x: Ptr[dtype], gamma: Ptr[dtype],
-    beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, eps: Float32,
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32], part_acc: Ptr[F32],
+    part_rows: Ptr[F32], counters: Ptr[DType.int32], x: Ptr[dtype], gamma: Ptr[dtype], w: Ptr[dtype],
+    rows: Int32, k: Int32, n: Int32, chunk: Int32, eps: Float32,
 ):
     var mm = Int(rows)
     var kk = Int(k)
@@ -392,7 +391,7 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
 
     comptime for s in range(MMA_STAGES - 1):
         if s < steps:
-            issue_step[dtype, VEC_OK](smem.unsafe_offset(s * MMA_TILE), x, gamma, beta, w, row0, col0, mm, nn, kk,
+            issue_step[dtype, VEC_OK](smem.unsafe_offset(s * MMA_TILE), x, gamma, w, row0, col0, mm, nn, kk,
                                       k_lo + s * MMA_BK, k_hi, tid)
         async_copy_commit_group()   # empty groups keep the count uniform: step s is group s
     var r_top = row0 + wrow + g     # the thread's fragment rows: r_top, r_top + 8
@@ -407,8 +406,6 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
     var s1 = SIMD[F32, 4](0.0)    # d @ ones: every column holds the row sums
     var s2a = SIMD[F32, 4](0.0)   # d @ d[0:8]^T: the diagonal holds rows 0-7's sums of squares
     var s2b = SIMD[F32, 4](0.0)   # d @ d[8:16]^T: rows 8-15
-    var gr = SIMD[F32, 4](0.0)    # bf16(w * gamma)[16 wid.., :] @ ones: G of the weights the GEMM uses
-    var gb = SIMD[F32, 4](0.0)    # w[16 wid.., :] @ [beta, 0..]: B in column 0
     var acc = SIMD[F32, SK_ACC](0.0)
     var slot = 0                         # step s's ring slot (s % MMA_STAGES without a division)
     var fill = MMA_STAGES - 1            # the slot step s + MMA_STAGES - 1 goes to
@@ -416,7 +413,7 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
         async_copy_wait_group(Int32(MMA_STAGES - 2))   # this thread's copies of step s have landed ...
         barrier()   # ... everyone's have, and everyone is done with the slot refilled next
         if s + MMA_STAGES - 1 < steps:
-            issue_step[dtype, VEC_OK](smem.unsafe_offset(fill * MMA_TILE), x, gamma, beta, w, row0, col0, mm, nn,
+            issue_step[dtype, VEC_OK](smem.unsafe_offset(fill * MMA_TILE), x, gamma, w, row0, col0, mm, nn,
                                       kk, k_lo + (s + MMA_STAGES - 1) * MMA_BK, k_hi, tid)
         async_copy_commit_group()
         var a_s = smem.unsafe_offset(slot * MMA_TILE)
@@ -433,9 +430,6 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
                 var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(k_lo + s * MMA_BK + c)
                 a = cols.lt(SIMD[DType.int32, 8](Int32(k_hi))).select(a, SIMD[dtype, 8](0))
             var gm = g_s.unsafe_load[width=2, alignment=4](c).join(g_s.unsafe_load[width=2, alignment=4](c + 8))
-            var bm = g_s.unsafe_load[width=2, alignment=4](MMA_BK + c).join(
-                g_s.unsafe_load[width=2, alignment=4](MMA_BK + c + 8))
-            var bb = bm if g == 0 else SIMD[dtype, 4](0)   # B operand: beta in column 0, zeros elsewhere
             var t4 = SIMD[F32, 4](0.0)
             mma(t4, a, ones, s1)
             s1 = t4
@@ -443,14 +437,6 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             s2a = t4
             mma(t4, a, a.slice[2, offset=2]().join(a.slice[2, offset=6]()), s2b)
             s2b = t4
-            var wa = ld_matrix[simd_width=8](b_s.unsafe_offset(a_lm + kq))   # 16 w rows as an A operand
-            mma(t4, wa, bb, gb)
-            gb = t4
-            # G must come from the very products the GEMM rounds (w * gamma in 16 bits): with an exact G,
-            # a row whose values are nearly equal (rstd ~ 300) turned that rounding into errors of ~10.
-            var ga = SIMD[dtype, 8](gm[0], gm[1], gm[0], gm[1], gm[2], gm[3], gm[2], gm[3])
-            mma(t4, wa * ga, ones, gr)
-            gr = t4
             comptime for np in range(SK_BN // (2 * MMA_N)):
                 var bq = ld_matrix[simd_width=8](b_s.unsafe_offset(b_lm + np * 2 * MMA_N * MMA_STRIDE + kq))
                 comptime for h in range(2):
@@ -475,9 +461,6 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             comptime for h in range(2):
                 red[unsafe_offset=FIN_S1 + wrow + g + 8 * h] = s1[2 * h]
                 red[unsafe_offset=FIN_S2 + wrow + g + 8 * h] = q2[h]
-            comptime for h in range(2):   # G and B of columns wrow + g, wrow + g + 8
-                red[unsafe_offset=FIN_G + wrow + g + 8 * h] = gr[2 * h]
-                red[unsafe_offset=FIN_B + wrow + g + 8 * h] = gb[2 * h]
     else:
         var tile = Int(block_idx.x) * Int(grid_dim.y) + Int(block_idx.y)
         var tiles = Int(grid_dim.x) * Int(grid_dim.y)
@@ -489,8 +472,6 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             comptime for h in range(2):
                 part_rows.unsafe_store[alignment=8](slab * 2 * SK_BM + 2 * (wrow + g + 8 * h),
                                                     SIMD[F32, 2](s1[2 * h], q2[h]))
-                part_cols[unsafe_offset=slab * 2 * SK_BN + wrow + g + 8 * h] = gr[2 * h]
-                part_cols[unsafe_offset=slab * 2 * SK_BN + SK_BN + wrow + g + 8 * h] = gb[2 * h]
         # The last of the tile's blocks to get here sums every split (threadFenceReduction's pattern).
         threadfence()
         barrier()
@@ -505,8 +486,7 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
             return
         threadfence()
         # Every split in the fixed order 0, 1, ..: bitwise the same whichever block finishes.
-        var rs = SIMD[F32, 2](0.0)   # thread tid: (s1, s2) of row tid if tid < 64 ...
-        var cs: Float32 = 0.0        # ... and G of column tid, or B of column tid - 64
+        var rs = SIMD[F32, 2](0.0)   # thread tid < 64: (s1, s2) of row tid
         acc = SIMD[F32, SK_ACC](0.0)
         for zz in range(splits):
             var sl = zz * tiles + tile
@@ -515,11 +495,12 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
                     width=4, alignment=16]((sl * 8 + nt) * 4 * SK_THREADS + 4 * tid))
             if tid < SK_BM:
                 rs += part_rows.unsafe_load[width=2, alignment=8](sl * 2 * SK_BM + 2 * tid)
-            cs += part_cols[unsafe_offset=sl * 2 * SK_BN + tid]
         if tid < SK_BM:
             red[unsafe_offset=FIN_S1 + tid] = rs[0]
             red[unsafe_offset=FIN_S2 + tid] = rs[1]
-        red[unsafe_offset=FIN_G + tid] = cs   # FIN_B = FIN_G + 64
+    # G, then B + bias (FIN_B = FIN_G + 64): the tile's 64 columns of fold [2, n]
+    var fc = col0 + tid % SK_BN
+    red[unsafe_offset=FIN_G + tid] = fold[unsafe_offset=(tid // SK_BN) * nn + fc] if fc < nn else 0.0
     barrier()
     if tid < SK_BM:   # row statistics; mean and rstd out once per row (column-tile 0)
         var m1, rstd = shifted_stats(red[unsafe_offset=FIN_S1 + tid], red[unsafe_offset=FIN_S2 + tid], 0.0, kk, eps)
@@ -540,7 +521,7 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
                 var cl = nt * MMA_N + 2 * t + e
                 if r < mm and col0 + cl < nn:
                     var v = rstd * (acc[4 * nt + 2 * h + e] - m1 * red[unsafe_offset=FIN_G + cl]) + red[
-                        unsafe_offset=FIN_B + cl] + load_f32(bias, col0 + cl)
+                        unsafe_offset=FIN_B + cl]
                     y[unsafe_offset=r * nn + col0 + cl] = v.cast[dtype]()
 
 
@@ -599,13 +580,12 @@ def lnl_splitk_finish[dtype: DType](
 
 def launch_mma[dtype: DType, VEC_OK: Bool](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
-    beta: Ptr[dtype], w: Ptr[dtype], bias: Ptr[dtype], part_acc: Ptr[F32], part_rows: Ptr[F32],
-    part_cols: Ptr[F32], counters: Ptr[DType.int32], rows: Int, k: Int, n: Int, chunk: Int, splits: Int,
-    eps: Float32,
+    w: Ptr[dtype], fold: Ptr[F32], part_acc: Ptr[F32], part_rows: Ptr[F32], counters: Ptr[DType.int32],
+    rows: Int, k: Int, n: Int, chunk: Int, splits: Int, eps: Float32,
 ) raises:
     """The 16-bit kernel: one launch, its last block per tile finishes the tile."""
     comptime kernel = lnl_mma_kernel[dtype, VEC_OK]
-    ctx.enqueue_function[kernel](y, mean, rstd, bias, part_acc, part_rows, part_cols, counters, x, gamma, beta, w,
+    ctx.enqueue_function[kernel](y, mean, rstd, fold, part_acc, part_rows, counters, x, gamma, w,
                                  Int32(rows), Int32(k), Int32(n), Int32(chunk), eps,
                                  grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
                                  block_dim=SK_THREADS, shared_mem_bytes=MMA_SMEM_BYTES,
@@ -615,7 +595,8 @@ def launch_mma[dtype: DType, VEC_OK: Bool](
 def fwd_gpu[dtype: DType](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], bias: Ptr[dtype], part_acc: Ptr[F32], part_rows: Ptr[F32],
-    part_cols: Ptr[F32], counters: Ptr[DType.int32], rows: Int, k: Int, n: Int, splits: Int, eps: Float32,
+    part_cols: Ptr[F32], counters: Ptr[DType.int32], fold: Ptr[F32], rows: Int, k: Int, n: Int, splits: Int,
+    eps: Float32,
 ) raises:
     comptime VEC = vector_width[dtype]()
     comptime BK = SK_GROUP * VEC
@@ -637,11 +618,11 @@ def fwd_gpu[dtype: DType](
                                      block_dim=FIN_ROWS * FIN_COLS)
     else:
         if vec_ok:
-            launch_mma[dtype, True](ctx, y, mean, rstd, x, gamma, beta, w, bias, part_acc, part_rows, part_cols,
-                                    counters, rows, k, n, chunk, splits, eps)
+            launch_mma[dtype, True](ctx, y, mean, rstd, x, gamma, w, fold, part_acc, part_rows, counters, rows, k,
+                                    n, chunk, splits, eps)
         else:
-            launch_mma[dtype, False](ctx, y, mean, rstd, x, gamma, beta, w, bias, part_acc, part_rows, part_cols,
-                                     counters, rows, k, n, chunk, splits, eps)
+            launch_mma[dtype, False](ctx, y, mean, rstd, x, gamma, w, fold, part_acc, part_rows, counters, rows, k,
+                                     n, chunk, splits, eps)
 
 
 def fwd_cpu[dtype: DType](
@@ -679,6 +660,7 @@ struct LayerNormLinearFwd:
         w: InputTensor[dtype=dtype, rank=2, static_spec=_],
         bias: InputTensor[dtype=dtype, rank=1, static_spec=_],
         counters: InputTensor[dtype=DType.int32, rank=1, static_spec=_],
+        fold: InputTensor[dtype=F32, rank=2, static_spec=_],
         ctx: DeviceContext,
     ) raises:
         """Scratch for the GPU path (the CPU path ignores it), first dim the number of k splits:
@@ -695,7 +677,7 @@ struct LayerNormLinearFwd:
             fwd_gpu[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
                            gamma.unsafe_ptr(), beta.unsafe_ptr(), w.unsafe_ptr(), bias.unsafe_ptr(),
                            part_acc.unsafe_ptr(), part_rows.unsafe_ptr(), part_cols.unsafe_ptr(), cnt,
-                           rows, k, n, part_rows.dim_size(0), eps)
+                           fold.unsafe_ptr(), rows, k, n, part_rows.dim_size(0), eps)
         else:
             fwd_cpu[dtype](y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
                            gamma.unsafe_ptr(), beta.unsafe_ptr(), w.unsafe_ptr(), bias.unsafe_ptr(),
