@@ -8,10 +8,11 @@ follow ``torch.backends.cuda.matmul.allow_tf32``; the Mojo kernel never uses it)
 Forward algorithms (``algo``):
 
 * ``"fused"``: one read of x, no normalized tensor (``ops/kernels/layernorm_linear.mojo``):
-  the GEMM runs on (x - c) * gamma as it is loaded (c: the mean of the row's
+  the GEMM runs on x - c (times gamma) as it is loaded (c: a per-row shift from the row's
   first 8 elements), the rows' statistics come from the same loads, and the normalization, beta and the
-  bias are applied to the GEMM's result; k is split over several blocks and a
-  second kernel sums the splits in a fixed order. fp16/bf16 on tensor cores.
+  bias are applied to the GEMM's result; k is split over several blocks whose partial sums are added
+  in a fixed order (float32: by a second kernel; fp16/bf16: by each output tile's last block, with
+  G and B + bias folded once per weight version, ``folded``). fp16/bf16 on tensor cores.
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
@@ -89,21 +90,18 @@ _folds = DerivedCache(capacity=32)
 _zero_biases = DerivedCache(capacity=32)
 
 
-def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """float32 [2, N]: G = sum_k round(weight * ln_weight) and B = weight @ ln_bias + bias, computed once per
-    weight version (FlashNorm's fold; the fp16/bf16 kernel applies them to its GEMM's result).
+@cache
+def fold_op() -> GraphOp:
+    """The registered fold: [2, N] float32 (G, B + bias) from weight, ln_weight, ln_bias, bias."""
+    return GraphOp("layernorm_linear_fold", LIBRARY, inputs=(("n", "k"), ("k",), ("k",), ("n",)),
+                   outputs=(Out((2, "n"), torch.float32),), weights=frozenset({0, 1, 2, 3}))
 
-    G sums the same rounded 16-bit products the kernel's GEMM multiplies x - c by, so its correction
-    -(mean - c) * G cancels exactly what the GEMM added: with an exact G, rows whose values round
-    nearly alike (rstd ~300 at bf16, mean 1e3) were off by up to 15.
-    """
-    def fold(w: torch.Tensor, g: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            w, g, b, bias = (t.detach() for t in (w, g, b, bias))
-            big_g = (w * g).double().sum(1)
-            big_b = w.double() @ b.double() + bias.double()
-            return torch.stack((big_g, big_b)).float()
-    return _folds.get((weight, ln_weight, ln_bias, bias), fold)
+
+def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """float32 [2, N]: G = sum_k round(weight * ln_weight) and B = weight @ ln_bias + bias, made once per
+    weight version by one small kernel (FlashNorm's fold; the fp16/bf16 kernel applies them to its GEMM's
+    result, see ``fold_column`` in the .mojo for why G sums the rounded products)."""
+    return _folds.get((weight, ln_weight, ln_bias, bias), lambda *ts: fold_op()(*(t.detach() for t in ts))[0])
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:

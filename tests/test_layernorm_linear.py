@@ -287,3 +287,26 @@ def test_gpu_fused16_large_mean_rows(dtype: torch.dtype, lead: tuple[int, ...], 
         assert (bad := compare(mean, mean_ref, torch.float32, k, 1e3)) is None, f"mean, {where}: {bad}"
         assert (bad := compare(rstd / rstd_ref, torch.ones_like(rstd_ref), torch.float32, k, 1e3)) is None, \
             f"rstd, {where}: {bad}"
+
+
+@pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
+def test_fold(device: str, dtype: torch.dtype) -> None:
+    """fold = (G, B + bias): G sums weight * ln_weight rounded to the dtype (the products the 16-bit GEMM
+    uses), B sums weight * ln_bias in fp32; N and K off every tile."""
+    _, g, b, w, bias, _ = make((1,), 1000, 37, dtype, device)
+    got = LL.folded(w, g, b, bias)
+    w64 = w.double()
+    ref = torch.stack(((w * g).double().sum(1), w64 @ b.double() + bias.double()))
+    assert got.dtype == torch.float32 and got.shape == (2, 37)
+    assert (bad := compare(got, ref, torch.float32, 1000)) is None, bad
+
+
+@pytest.mark.gpu
+def test_gpu_fused_sees_weight_updates() -> None:
+    """The fold is made once per weight version: an in-place update of any weight must reach the output."""
+    x, g, b, w, bias, _ = make((2048,), 4096, 64, torch.bfloat16, "cuda")
+    for t in (w, g, b, bias, None):
+        if t is not None:
+            t.mul_(1.5)
+        y = LL.fused_fwd(x, g, b, w, bias, 1e-5)[0]
+        assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), torch.bfloat16, 4096)) is None, bad

@@ -9,12 +9,14 @@
 # a = (x - c) * gamma:
 #   y[r, j] = rstd * (sum_k a[r, k] w[j, k] - (mean - c) * G[j]) + B[j] + bias[j]
 #   G[j] = sum_k gamma[k] w[j, k],   B[j] = sum_k beta[k] w[j, k]
+# (fp16/bf16: G sums the products w * gamma rounded as the GEMM's operand is)
 # so the GEMM runs on x as it is loaded (shifted and scaled, not yet
 # normalized) while the same loads give the row's shifted sums, and the
 # normalization is applied to the GEMM's result. The shift keeps both the
 # statistics and the GEMM free of cancellation when the mean is 1e4 times the
 # spread (x - c is of the spread's size); it is FlashNorm's fold of gamma and
-# beta into the weight, done on the fly instead of once per weight version.
+# beta into the weight: the fp32 kernel does it on the fly, the fp16/bf16 one
+# takes G and B + bias from lnl_fold_kernel, run once per weight version.
 # fp16/bf16 round a before the mma, with an error proportional to |x - c|, so c
 # averages several elements: with c = x[r, 0], rows whose first element lay far
 # from their mean lost accuracy against torch's normalized GEMM (the H100
@@ -26,7 +28,7 @@
 # rounding); sum d and sum d^2 come from the tensor cores too (d against a
 # column of ones, d against itself), so the statistics stay fp32-exact.
 #
-# GPU mapping, two kernels:
+# GPU mapping:
 #   lnl_splitk_kernel (fp32): grid (ceil(rows / 64), ceil(n / 64), splits),
 #     128 threads. Block (i, j, z) multiplies rows 64i.. by columns 64j.. over
 #     the z-th chunk of k, staging BK = 128 bytes of each of its 64 x rows and
@@ -35,27 +37,44 @@
 #     patch. It writes its fp32 partial products, and blocks of column 0 the
 #     rows' partial shifted sums, blocks of row 0 the partial G and B, all to
 #     [splits, ...] scratch buffers.
-#   lnl_mma_kernel (fp16/bf16): the same grid plus one row of blocks, 128
-#     threads. Raw x, w, gamma and beta tiles (MMA_BK = 64 elements of each
-#     row per step) arrive by cp.async in a ring of MMA_STAGES steps; each warp
+#   lnl_splitk_finish (after the fp32 kernel): grid (ceil(rows / 4),
+#     ceil(n / 64)), 256 threads, one output each: sums the splits in a fixed
+#     order (deterministic, no atomics), then statistics, correction, bias, y.
+#     The split-0 blocks leave each row's shift in mean_out, so it never reads x.
+#   lnl_mma_kernel (fp16/bf16), the whole forward in one launch: the same grid,
+#     128 threads. Raw x, w and gamma tiles (MMA_BK = 64 elements of each row
+#     per step) arrive by cp.async in a ring of MMA_STAGES steps; each warp
 #     owns 16 rows x 64 columns (eight m16n8k16 mma tiles), takes its A and B
 #     fragments with ldmatrix, subtracts the shift from A and scales B by
 #     gamma in packed 16-bit arithmetic, and runs three more mma per k slice
-#     for the rows' shifted sums. The extra row of blocks forms G and B from
-#     the same w tiles (its x copies fall past the rows). Launch bounds cap it
-#     at 128 registers so 4 blocks fit an SM.
-#   lnl_splitk_finish: grid (ceil(rows / 4), ceil(n / 64)), 256 threads, one
-#     output each: sums the splits in a fixed order (deterministic, no atomics),
-#     then statistics, correction, bias, y in x's dtype. The split-0 blocks of
-#     the first kernel leave each row's shift in mean_out, so the finish never
-#     reads x.
+#     for the rows' shifted sums. With several splits each block stores its
+#     partials in fragment order ([splits, tiles, 4096]: whole 512-byte runs
+#     per warp), then counts itself in its tile's counter (threadfence, then
+#     an atomic); the tile's last block reads every split back in the fixed
+#     order 0, 1, .. (deterministic whichever block is last), resets the
+#     counter and finishes the tile: statistics, correction with the fold,
+#     y, and mean / rstd from column-tile 0. Launch bounds cap it at 128
+#     registers so 4 blocks fit an SM.
+#   lnl_fold_kernel: one block of 256 threads per output column: G and
+#     B + bias (fixed-order sums).
 # The Python side picks splits so that the first kernel has a few blocks per
 # SM: k is split exactly where LayerNorm fusion matters (small n, few output
 # tiles). At large n every split costs a pass over an fp32 [rows, n] scratch,
 # and the mma.sync loop (no wgmma, no TMA) is far from cuBLAS, so the op's
 # "auto" keeps cuBLAS there.
 #
-# Version 5 (this one) over version 4, fp16/bf16 only: per 16 x 16 k slice a
+# Version 6 (this one) over version 5, fp16/bf16 only: the finish kernel
+# (3.9 us) and its launch gap are gone, and so is the extra row of
+# column-sum blocks; G and B come from the fold. Ad-hoc H100 run at 5b758f7
+# (exp/lnl6_exp.py on branch s8): bf16 4096 x 4096 -> 64 at 4 splits 29.1 us
+# (the kernel 24.7), version 5 31.9 (22.8 + 3.9), torch 49.7. G also changed
+# meaning: version 5 summed exact w * gamma while its GEMM used them rounded,
+# and bf16 rows at mean 1e3 whose values round nearly alike (rstd ~300) came
+# out off by up to 15; it escaped the tests, which now hold such rows.
+# Forming G and B inside the loop instead (two more mma per k slice) cost
+# 2.6 us and spilled registers. Running torch on MAX's queue (no cross-stream
+# waits in the bridge) saved under 0.3 us: the joins are not the gap.
+# Version 5 over version 4, fp16/bf16 only: per 16 x 16 k slice a
 # warp ran 8 fp32 conversions, subtractions, sums, products with gamma and a
 # repack of its A fragment plus 20 scalar shared loads (ncu on the H100: 8.9M
 # instructions, 26.2 us for the first kernel at 4096 x 4096 -> 64, 7 splits);
@@ -100,7 +119,8 @@ from std.memory import stack_allocation, bitcast
 from std.utils.static_tuple import StaticTuple
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 
-from .layernorm import ALIGN, F32, Ptr, aligned, load_f32, normalized, row_stats_cpu, shifted_stats, vector_width
+from .layernorm import (ALIGN, F32, Ptr, aligned, group_sum, load_f32, normalized, row_stats_cpu, shifted_stats,
+                        vector_width)
 
 comptime SK_THREADS = 128
 comptime SK_BM = 64          # rows per block: 4 warps x 16 mma rows
@@ -642,6 +662,66 @@ def fwd_cpu[dtype: DType](
             for i in range(k):
                 acc += xn[i] * load_f32(w, j * k + i)
             y[unsafe_offset=r * n + j] = (acc + load_f32(bias, j)).cast[dtype]()
+
+
+comptime FOLD_THREADS = 256   # fold kernel: one block per output column j
+comptime FOLD_WARPS = FOLD_THREADS // WARP_SIZE
+
+
+def lnl_fold_kernel[dtype: DType](
+    fold: Ptr[F32], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype], k: Int32, n: Int32,
+):
+    """Block j: fold[0, j] = G[j], fold[1, j] = B[j] + bias[j] (see fold_column)."""
+    var sh = stack_allocation[2 * FOLD_WARPS, Float32, address_space=AddressSpace.SHARED]()
+    var j = Int(block_idx.x)
+    var gb = fold_column(w, gamma, beta, j, Int(k), Int(thread_idx.x), FOLD_THREADS)
+    var g = group_sum[FOLD_WARPS, 1](gb[0], sh, 0)
+    var b = group_sum[FOLD_WARPS, 1](gb[1], sh, 1)
+    if thread_idx.x == 0:
+        fold[unsafe_offset=j] = g
+        fold[unsafe_offset=Int(n) + j] = b + load_f32(bias, j)
+
+
+@always_inline
+def fold_column[dtype: DType](
+    w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], j: Int, k: Int, first: Int, step: Int,
+) -> SIMD[F32, 2]:
+    """Partial (G, B) of column j over k = first, first + step, ..: G sums w * gamma rounded to dtype,
+    the very products the 16-bit GEMM multiplies x - c by, so the correction -(mean - c) * G cancels
+    what the GEMM added exactly (with an exact G, rows whose values round nearly alike, rstd ~300 at
+    bf16 and mean 1e3, were off by up to 15); B sums w * beta in fp32."""
+    var acc = SIMD[F32, 2](0.0)
+    for i in range(first, k, step):
+        var wv = w[unsafe_offset=j * k + i]
+        acc[0] += (wv * gamma[unsafe_offset=i]).cast[F32]()
+        acc[1] += wv.cast[F32]() * load_f32(beta, i)
+    return acc
+
+
+@extensibility.register("layernorm_linear_fold")
+struct LayerNormLinearFold:
+    @staticmethod
+    def execute[target: StaticString, dtype: DType](
+        fold: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
+        w: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        bias: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """fold [2, n] float32: G and B + bias of w [n, k] (once per weight version; the fused
+        16-bit forward applies them to its GEMM's result)."""
+        var n = w.dim_size(0)
+        var k = w.dim_size(1)
+        comptime if target == "gpu":
+            comptime kernel = lnl_fold_kernel[dtype]
+            ctx.enqueue_function[kernel](fold.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
+                                         bias.unsafe_ptr(), Int32(k), Int32(n), grid_dim=n, block_dim=FOLD_THREADS)
+        else:
+            for j in range(n):
+                var gb = fold_column(w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), j, k, 0, 1)
+                fold.unsafe_ptr()[unsafe_offset=j] = gb[0]
+                fold.unsafe_ptr()[unsafe_offset=n + j] = gb[1] + load_f32(bias.unsafe_ptr(), j)
 
 
 @extensibility.register("layernorm_linear_fwd")
