@@ -291,36 +291,42 @@ def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.devic
 # Execution.
 # --------------------------------------------------------------------------
 
-class _WeightCache:
-    """MAX views of tensors that repeat across calls (weights), bounded LRU.
+def _tensor_key(t: torch.Tensor) -> tuple:
+    """What must match for a cached value derived from ``t`` to still hold: storage pointer,
+    version counter (bumped by every in-place write), shape, strides, dtype, device."""
+    return (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
 
-    A hit needs the same storage pointer, version counter (bumped by every
-    in-place write), shape, strides and dtype, and the very same tensor object
-    (checked through a weak reference), so a freed-and-reused address never
-    returns a stale view.
+
+class DerivedCache:
+    """Values computed from tensors that repeat across calls (weights), bounded LRU.
+
+    A hit needs every source's ``_tensor_key`` and the very same tensor objects
+    (checked through weak references), so a freed-and-reused address or an
+    in-place write never returns a stale value.
     """
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple, tuple[weakref.ref, Any]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[tuple[weakref.ref, ...], Any]] = OrderedDict()
 
-    def get(self, t: torch.Tensor, convert: Callable[[torch.Tensor], Any]) -> Any:
-        key = (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
+    def get(self, sources: tuple[torch.Tensor, ...], compute: Callable[..., Any]) -> Any:
+        """``compute(*sources)``, or its cached value while the sources are unchanged."""
+        key = tuple(_tensor_key(t) for t in sources)
         hit = self._entries.get(key)
-        if hit is not None and hit[0]() is t:
+        if hit is not None and all(ref() is t for ref, t in zip(hit[0], sources, strict=True)):
             self._entries.move_to_end(key)
             return hit[1]
-        buf = convert(t)
-        self._entries[key] = (weakref.ref(t), buf)
+        value = compute(*sources)
+        self._entries[key] = (tuple(weakref.ref(t) for t in sources), value)
         if len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
-        return buf
+        return value
 
     def clear(self) -> None:
         self._entries.clear()
 
 
-weight_cache = _WeightCache()
+weight_cache = DerivedCache()  # MAX views of weight tensors
 
 
 # How MAX's queue is ordered after torch's current stream:
@@ -371,7 +377,7 @@ def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Te
     bufs = [to_buffer(t, stream) for t in outs]
     # A cached weight view was ordered when it was made; the other inputs
     # carry this call's stream, so MAX still waits for torch's latest work.
-    bufs += [weight_cache.get(t, lambda w: to_buffer(w, stream)) if i in weights else to_buffer(t, stream)
+    bufs += [weight_cache.get((t,), lambda w: to_buffer(w, stream)) if i in weights else to_buffer(t, stream)
              for i, t in enumerate(tensors)]
     # Every buffer is a contiguous MAX Buffer already (inputs are validated), so skip
     # Model.execute's per-argument conversion and checks (~5-9 us on the H100).

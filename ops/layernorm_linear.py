@@ -8,10 +8,11 @@ follow ``torch.backends.cuda.matmul.allow_tf32``; the Mojo kernel never uses it)
 Forward algorithms (``algo``):
 
 * ``"fused"``: one read of x, no normalized tensor (``ops/kernels/layernorm_linear.mojo``):
-  the GEMM runs on (x - c) * gamma as it is loaded (c: the mean of the row's
+  the GEMM runs on x - c (times gamma) as it is loaded (c: a per-row shift from the row's
   first 8 elements), the rows' statistics come from the same loads, and the normalization, beta and the
-  bias are applied to the GEMM's result; k is split over several blocks and a
-  second kernel sums the splits in a fixed order. fp16/bf16 on tensor cores.
+  bias are applied to the GEMM's result; k is split over several blocks whose partial sums are added
+  in a fixed order (float32: by a second kernel; fp16/bf16: by each output tile's last block, with
+  G and B + bias folded once per weight version, ``folded``). fp16/bf16 on tensor cores.
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 from ops import layernorm
-from ops.bridge import LIBRARY, GraphOp, Out
+from ops.bridge import LIBRARY, DerivedCache, GraphOp, Out
 from ops.validate import check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
@@ -51,25 +52,66 @@ FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
 FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
 # k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
 # fp32 best near 256-1024 blocks, the file now holds the bf16 sweep; each split adds a [rows, n] fp32 partial.
-SPLIT_BLOCKS_PER_SM = 4     # float32; the fp16/bf16 kernel (4 resident blocks at most) does best near 3
-SPLIT_BLOCKS_PER_SM_16 = 3
+SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
+SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
 
 
 @cache
 def fwd_op(eps: float) -> GraphOp:
-    """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch:
-    partial products [splits, rows, n], partial row sums [splits, rows, 2], partial column sums [splits, n, 2]."""
+    """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch
+    (flat per split, see ``scratch_sizes``): partial products, partial row sums, partial column sums.
+    Inputs: x, ln_weight, ln_bias, weight, bias, then the tile counters (``tile_counters``) and the
+    folded weights (``folded``)."""
     f32 = torch.float32
     return GraphOp(
         "layernorm_linear_fwd", LIBRARY,
-        inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",)),
-        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32),
-                 Out(("splits", "rows", "n"), f32), Out(("splits", "rows", 2), f32), Out(("splits", "n", 2), f32)),
+        inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",), ("counters",), (2, "n")),
+        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32), Out(("splits", "part_acc"), f32),
+                 Out(("splits", "part_rows"), f32), Out(("splits", "part_cols"), f32)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
-        weights=frozenset({1, 2, 3, 4}),
+        weights=frozenset({1, 2, 3, 4, 5, 6}),
     )
+
+
+def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
+    """Per-split scratch lengths of the fused kernel: float32 keeps [rows, n] products, [rows, 2]
+    row sums and [n, 2] column sums; fp16/bf16 keep every 64 x 64 output tile's own (4096 products,
+    64 x 2 row sums; no column sums: ``folded`` holds them), the layout its last block per tile reads back."""
+    if dtype == torch.float32:
+        return {"part_acc": rows * n, "part_rows": 2 * rows, "part_cols": 2 * n}
+    tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
+    return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles, "part_cols": 1}
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+_folds = DerivedCache(capacity=32)
+_zero_biases = DerivedCache(capacity=32)
+
+
+@cache
+def fold_op() -> GraphOp:
+    """The registered fold: [2, N] float32 (G, B + bias) from weight, ln_weight, ln_bias, bias."""
+    return GraphOp("layernorm_linear_fold", LIBRARY, inputs=(("n", "k"), ("k",), ("k",), ("n",)),
+                   outputs=(Out((2, "n"), torch.float32),), weights=frozenset({0, 1, 2, 3}))
+
+
+def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """float32 [2, N]: G = sum_k round(weight * ln_weight) and B = weight @ ln_bias + bias, made once per
+    weight version by one small kernel (FlashNorm's fold; the fp16/bf16 kernel applies them to its GEMM's
+    result, see ``fold_column`` in the .mojo for why G sums the rounded products)."""
+    return _folds.get((weight, ln_weight, ln_bias, bias), lambda *ts: fold_op()(*(t.detach() for t in ts))[0])
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """int32 zeros, at least ``tiles`` long, kept per device: the fp16/bf16 kernel counts each output
+    tile's finished k splits there and its last block sets the count back to 0. One tensor object per
+    device (grown when too short), so the bridge caches its MAX view like a weight's."""
+    have = _counters.get(device)
+    if have is None or have.numel() < tiles:
+        have = _counters[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return have
 
 
 @cache
@@ -80,14 +122,17 @@ def _sm_count(device: torch.device) -> int:
 def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
     """How many k chunks the fused GPU kernel splits into (1 on the CPU).
 
-    Enough blocks for SPLIT_BLOCKS_PER_SM (fp16/bf16: SPLIT_BLOCKS_PER_SM_16) per SM, but no chunk
-    shorter than SPLIT_MIN_K (each split adds a [rows, n] fp32 partial to write and read).
+    float32: enough blocks for SPLIT_BLOCKS_PER_SM per SM; fp16/bf16: as many as keep to
+    SPLIT_BLOCKS_PER_SM_16 per SM. No chunk shorter than SPLIT_MIN_K (each split adds a
+    [rows, n] fp32 partial to write and read).
     """
     if device.type != "cuda":
         return 1
     tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
-    per_sm = SPLIT_BLOCKS_PER_SM if dtype == torch.float32 else SPLIT_BLOCKS_PER_SM_16
-    want = -(-per_sm * _sm_count(device) // tiles)
+    if dtype == torch.float32:
+        want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
+    else:
+        want = SPLIT_BLOCKS_PER_SM_16 * _sm_count(device) // tiles
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
 
 
@@ -103,7 +148,11 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
         splits = fused_splits(rows, k, weight.shape[0], x2.device, x2.dtype)
     elif splits < 1:
         raise ValueError(f"splits: {splits} is not >= 1")
-    y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, sizes={"splits": splits})
+    n = weight.shape[0]
+    counters = tile_counters(x2.device, -(-rows // FUSED_BM) * -(-n // FUSED_BN))
+    fold = folded(weight, ln_weight, ln_bias, bias)
+    y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, counters, fold,
+                                           sizes={"splits": splits} | scratch_sizes(rows, n, x2.dtype))
     return y, mean, rstd
 
 
@@ -138,7 +187,8 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
 def _zero_bias(weight: object) -> torch.Tensor:
     """bias = 0 [N] for a Linear without bias (weight checked first, so a bad one is named)."""
     check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
-    return weight.new_zeros(weight.shape[0])
+    # one tensor per weight version, so the caches keyed on bias (folded, the bridge's views) still hit
+    return _zero_biases.get((weight,), lambda w: w.new_zeros(w.shape[0]))
 
 
 def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,

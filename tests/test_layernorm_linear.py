@@ -231,6 +231,11 @@ def test_fused_splits_rules() -> None:
         assert LL.fused_splits(65536, 4096, 4096, dev) == 1
         assert LL.fused_splits(16, 100, 64, dev) == 1
         assert 1 < LL.fused_splits(4096, 4096, 64, dev) <= min(LL.SPLIT_MAX, 4096 // LL.SPLIT_MIN_K)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        for rows in (2048, 4096, 16384):  # fp16/bf16: at most SPLIT_BLOCKS_PER_SM_16 blocks per SM
+            tiles = rows // LL.FUSED_BM
+            sp = LL.fused_splits(rows, 4096, 64, dev, torch.bfloat16)
+            assert sp == max(1, min(LL.SPLIT_BLOCKS_PER_SM_16 * sms // tiles, LL.SPLIT_MAX)), (rows, sp)
 
 
 def test_auto_rule() -> None:
@@ -264,3 +269,44 @@ def test_gpu_fused_outlier_first_columns(dtype: torch.dtype) -> None:
     for splits in (1, 2):
         y = LL.fused_fwd(*args, 1e-5, splits)[0]
         assert (bad := compare(y, layernorm_linear_ref(*args), dtype, reduction=100)) is None, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("lead,k,n", [((64,), 64, 64), ((300,), 100, 130), ((1,), 7, 1), ((513,), 4096, 64)])
+def test_gpu_fused16_large_mean_rows(dtype: torch.dtype, lead: tuple[int, ...], k: int, n: int) -> None:
+    """Rows at mean 1e3, spread 1: in bf16 many short rows round to nearly one value (rstd up to ~300),
+    which magnifies any mismatch between the GEMM's 16-bit w * gamma and the correction's G."""
+    x, g, b, w, bias, _ = make(lead, k, n, dtype, "cuda", mean=1e3)
+    for splits in (1, 3):
+        y, mean, rstd = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)
+        where = f"{dtype}, x {tuple(x.shape)}, weight {tuple(w.shape)}, splits {splits}"
+        assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=k)) is None, \
+            f"y, {where}: {bad}"
+        mean_ref, rstd_ref = layernorm_stats_ref(x)
+        assert (bad := compare(mean, mean_ref, torch.float32, k, 1e3)) is None, f"mean, {where}: {bad}"
+        assert (bad := compare(rstd / rstd_ref, torch.ones_like(rstd_ref), torch.float32, k, 1e3)) is None, \
+            f"rstd, {where}: {bad}"
+
+
+@pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
+def test_fold(device: str, dtype: torch.dtype) -> None:
+    """fold = (G, B + bias): G sums weight * ln_weight rounded to the dtype (the products the 16-bit GEMM
+    uses), B sums weight * ln_bias in fp32; N and K off every tile."""
+    _, g, b, w, bias, _ = make((1,), 1000, 37, dtype, device)
+    got = LL.folded(w, g, b, bias)
+    w64 = w.double()
+    ref = torch.stack(((w * g).double().sum(1), w64 @ b.double() + bias.double()))
+    assert got.dtype == torch.float32 and got.shape == (2, 37)
+    assert (bad := compare(got, ref, torch.float32, 1000)) is None, bad
+
+
+@pytest.mark.gpu
+def test_gpu_fused_sees_weight_updates() -> None:
+    """The fold is made once per weight version: an in-place update of any weight must reach the output."""
+    x, g, b, w, bias, _ = make((2048,), 4096, 64, torch.bfloat16, "cuda")
+    for t in (w, g, b, bias, None):
+        if t is not None:
+            t.mul_(1.5)
+        y = LL.fused_fwd(x, g, b, w, bias, 1e-5)[0]
+        assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), torch.bfloat16, 4096)) is None, bad

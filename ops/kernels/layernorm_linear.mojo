@@ -9,18 +9,26 @@
 # a = (x - c) * gamma:
 #   y[r, j] = rstd * (sum_k a[r, k] w[j, k] - (mean - c) * G[j]) + B[j] + bias[j]
 #   G[j] = sum_k gamma[k] w[j, k],   B[j] = sum_k beta[k] w[j, k]
+# (fp16/bf16: G sums the products w * gamma rounded as the GEMM's operand is)
 # so the GEMM runs on x as it is loaded (shifted and scaled, not yet
 # normalized) while the same loads give the row's shifted sums, and the
 # normalization is applied to the GEMM's result. The shift keeps both the
 # statistics and the GEMM free of cancellation when the mean is 1e4 times the
 # spread (x - c is of the spread's size); it is FlashNorm's fold of gamma and
-# beta into the weight, done on the fly instead of once per weight version.
+# beta into the weight: the fp32 kernel does it on the fly, the fp16/bf16 one
+# takes G and B + bias from lnl_fold_kernel, run once per weight version.
 # fp16/bf16 round a before the mma, with an error proportional to |x - c|, so c
 # averages several elements: with c = x[r, 0], rows whose first element lay far
 # from their mean lost accuracy against torch's normalized GEMM (the H100
 # sanitizer workload caught it at 4100 x 100 -> 768, bf16, gamma ~ N(0, 1)).
+# The fp16/bf16 kernel moves gamma to the other operand: its mma multiplies
+# d = x - c (one packed 16-bit subtract, exact: c is 0 unless the mean is far
+# above the spread, and then snapped to a grid that keeps x - c exact, see
+# snap_shift) by w * gamma (one packed multiply per weight fragment, one
+# rounding); sum d and sum d^2 come from the tensor cores too (d against a
+# column of ones, d against itself), so the statistics stay fp32-exact.
 #
-# GPU mapping, two kernels:
+# GPU mapping:
 #   lnl_splitk_kernel (fp32): grid (ceil(rows / 64), ceil(n / 64), splits),
 #     128 threads. Block (i, j, z) multiplies rows 64i.. by columns 64j.. over
 #     the z-th chunk of k, staging BK = 128 bytes of each of its 64 x rows and
@@ -29,24 +37,58 @@
 #     patch. It writes its fp32 partial products, and blocks of column 0 the
 #     rows' partial shifted sums, blocks of row 0 the partial G and B, all to
 #     [splits, ...] scratch buffers.
-#   lnl_mma_kernel (fp16/bf16): the same grid plus one row of blocks, 128
-#     threads. Raw x, w, gamma and beta tiles (MMA_BK = 64 elements of each
-#     row per step) arrive by cp.async in a ring of MMA_STAGES steps; each warp
-#     owns 16 rows x 64 columns (eight m16n8k16 mma tiles) and applies the
-#     shift and gamma to its A fragments in registers, summing the rows'
-#     shifted sums from the same fragments. The extra row of blocks forms G
-#     and B from the same w tiles (its x copies fall past the rows). Launch
-#     bounds cap it at 128 registers so 4 blocks fit an SM.
-#   lnl_splitk_finish: grid (ceil(rows / 4), ceil(n / 64)), 256 threads, one
-#     output each: sums the splits in a fixed order (deterministic, no atomics),
-#     then statistics, correction, bias, y in x's dtype.
+#   lnl_splitk_finish (after the fp32 kernel): grid (ceil(rows / 4),
+#     ceil(n / 64)), 256 threads, one output each: sums the splits in a fixed
+#     order (deterministic, no atomics), then statistics, correction, bias, y.
+#     The split-0 blocks leave each row's shift in mean_out, so it never reads x.
+#   lnl_mma_kernel (fp16/bf16), the whole forward in one launch: the same grid,
+#     128 threads. Raw x, w and gamma tiles (MMA_BK = 64 elements of each row
+#     per step) arrive by cp.async in a ring of MMA_STAGES steps; each warp
+#     owns 16 rows x 64 columns (eight m16n8k16 mma tiles), takes its A and B
+#     fragments with ldmatrix, subtracts the shift from A and scales B by
+#     gamma in packed 16-bit arithmetic, and runs three more mma per k slice
+#     for the rows' shifted sums. With several splits each block stores its
+#     partials in fragment order ([splits, tiles, 4096]: whole 512-byte runs
+#     per warp), then counts itself in its tile's counter (threadfence, then
+#     an atomic); the tile's last block reads every split back in the fixed
+#     order 0, 1, .. (deterministic whichever block is last), resets the
+#     counter and finishes the tile: statistics, correction with the fold,
+#     y, and mean / rstd from column-tile 0. Launch bounds cap it at 128
+#     registers so 4 blocks fit an SM.
+#   lnl_fold_kernel: one block of 256 threads per output column: G and
+#     B + bias (fixed-order sums).
 # The Python side picks splits so that the first kernel has a few blocks per
 # SM: k is split exactly where LayerNorm fusion matters (small n, few output
 # tiles). At large n every split costs a pass over an fp32 [rows, n] scratch,
 # and the mma.sync loop (no wgmma, no TMA) is far from cuBLAS, so the op's
 # "auto" keeps cuBLAS there.
 #
-# Version 4 (this one) over version 3: the fp16/bf16 path no longer stages
+# Version 6 (this one) over version 5, fp16/bf16 only: the finish kernel
+# (3.9 us) and its launch gap are gone, and so is the extra row of
+# column-sum blocks; G and B come from the fold. Ad-hoc H100 run at 5b758f7
+# (exp/lnl6_exp.py on branch s8): bf16 4096 x 4096 -> 64 at 4 splits 29.1 us
+# (the kernel 24.7), version 5 31.9 (22.8 + 3.9), torch 49.7. G also changed
+# meaning: version 5 summed exact w * gamma while its GEMM used them rounded,
+# and bf16 rows at mean 1e3 whose values round nearly alike (rstd ~300) came
+# out off by up to 15; it escaped the tests, which now hold such rows.
+# Forming G and B inside the loop instead (two more mma per k slice) cost
+# 2.6 us and spilled registers. Running torch on MAX's queue (no cross-stream
+# waits in the bridge) saved under 0.3 us: the joins are not the gap.
+# Version 5 over version 4, fp16/bf16 only: per 16 x 16 k slice a
+# warp ran 8 fp32 conversions, subtractions, sums, products with gamma and a
+# repack of its A fragment plus 20 scalar shared loads (ncu on the H100: 8.9M
+# instructions, 26.2 us for the first kernel at 4096 x 4096 -> 64, 7 splits);
+# ldmatrix, the packed shift and gamma and the tensor-core statistics bring it
+# to 6.2M instructions and 24.5 us, and the finish no longer waits on x for the
+# shift. With fewer instructions the loop stays latency-bound (ncu: 0.7
+# eligible warps per scheduler; stalls on shared-memory results, cp.async
+# waits and dependencies about equally), so the split pick now aims at two
+# blocks per SM (longer blocks, fewer partials). Tried on the H100 and not
+# kept (same or slower): 8 warps of 16 x 32 (more warps, more instructions),
+# 128 x 64 blocks, 128-wide k steps, an L2 prefetch of each row's chunk
+# (cp.async.bulk.prefetch) or of 256 bytes per copy, a finish that loads all
+# splits at once.
+# Version 4 over version 3: the fp16/bf16 path no longer stages
 # through registers (a block loaded, waited at a barrier, then multiplied, and
 # gamma was fetched each step: bf16 4096 x 4096 -> 64 took 47.6 us at its best
 # split, behind our LayerNorm + cuBLAS at 41.9). The cp.async ring, the
@@ -66,8 +108,10 @@
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
 from max.gpu.host import DeviceContext, FuncAttribute
-from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE
-from max.gpu.compute.mma import mma
+from max.gpu import thread_idx, block_idx, grid_dim, barrier, WARP_SIZE
+from max.gpu.intrinsics import threadfence
+from std.atomic import Atomic, Ordering
+from max.gpu.compute.mma import mma, ld_matrix
 from max.gpu.primitives import warp
 from max.gpu.memory import AddressSpace, async_copy, async_copy_commit_group, async_copy_wait_group, external_memory
 from std.math import ceildiv
@@ -75,7 +119,8 @@ from std.memory import stack_allocation, bitcast
 from std.utils.static_tuple import StaticTuple
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 
-from .layernorm import ALIGN, F32, Ptr, aligned, load_f32, normalized, row_stats_cpu, shifted_stats, vector_width
+from .layernorm import (ALIGN, F32, Ptr, aligned, group_sum, load_f32, normalized, row_stats_cpu, shifted_stats,
+                        vector_width)
 
 comptime SK_THREADS = 128
 comptime SK_BM = 64          # rows per block: 4 warps x 16 mma rows
@@ -94,6 +139,14 @@ comptime SIMT_PAD = 1         # fp32 shared rows of 32 + 1: the SIMT loop's colu
 comptime SHIFT_SAMPLE = 8    # elements averaged into a row's shift
 comptime FIN_COLS = 64       # finish kernel: 4 rows x 64 columns per block
 comptime FIN_ROWS = 4
+# The 16-bit kernel's own finish, fp32 slots in its (then idle) shared memory: per row of the
+# tile its sums (then m1 and rstd) and shift, per column G and B, and the "last block" flag.
+comptime FIN_S1 = 0
+comptime FIN_S2 = FIN_S1 + SK_BM
+comptime FIN_G = FIN_S2 + SK_BM
+comptime FIN_B = FIN_G + SK_BN
+comptime FIN_SHIFT = FIN_B + SK_BN
+comptime FIN_FLAG = FIN_SHIFT + SK_BM
 
 
 @always_inline
@@ -114,15 +167,45 @@ def stage_load[dtype: DType, VEC: Int](
 
 @always_inline
 def row_shift[dtype: DType](x: Ptr[dtype], r: Int, k: Int) -> Float32:
-    """Mean of row r's first min(k, SHIFT_SAMPLE) elements: both kernels compute it the same way."""
+    """Mean of row r's first min(k, SHIFT_SAMPLE) elements (16-bit rows: see snap_shift):
+    both kernels compute it the same way."""
     var s: Float32 = 0.0
+    var lo = Float32.MAX
+    var hi = -Float32.MAX
+    var n = min(k, SHIFT_SAMPLE)
     if k >= SHIFT_SAMPLE:   # unrolled: the loads fly together (this starts every block)
         comptime for e in range(SHIFT_SAMPLE):
-            s += load_f32(x, r * k + e)
-        return s / Float32(SHIFT_SAMPLE)
-    for e in range(k):
-        s += load_f32(x, r * k + e)
-    return s / Float32(k)
+            var v = load_f32(x, r * k + e)
+            s += v
+            lo = min(lo, v)
+            hi = max(hi, v)
+    else:
+        for e in range(k):
+            var v = load_f32(x, r * k + e)
+            s += v
+            lo = min(lo, v)
+            hi = max(hi, v)
+    comptime if dtype == F32:
+        return s / Float32(n)
+    return snap_shift(s / Float32(n), lo, hi)
+
+
+@always_inline
+def snap_shift(c: Float32, lo: Float32, hi: Float32) -> Float32:
+    """The 16-bit kernel's shift: 0 unless the sample [lo, hi] sits within 25% of one value (a mean
+    far above the spread), then c rounded to a multiple of 2^(e - 5), e the exponent of the larger end.
+
+    That kernel forms x - c in 16-bit arithmetic, and its statistics must be fp32-exact. With c = 0,
+    x - c is x; a far-off mean makes every x lie within 50% of c, whose spacing then divides the grid
+    and |x - c| <= |x|, so x - c is exact too. An unrounded shift near the spread made every x of a
+    binade round alike and the sums drift (mean errors of 1e-3 at bf16 in the H100 tests)."""
+    var small = min(abs(lo), abs(hi))
+    var big = max(abs(lo), abs(hi))
+    if lo * hi <= 0.0 or big >= 1.25 * small:
+        return 0.0
+    var e = Int((bitcast[DType.uint32](big) >> 23) & 0xFF)   # biased exponent
+    var q = bitcast[F32](UInt32(max(e - 5, 1)) << 23)
+    return round(c / q) * q
 
 
 @always_inline
@@ -165,7 +248,7 @@ def simt_step[dtype: DType, STRIDE: Int](
 
 
 def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel)
-    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
+    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], mean_out: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, vec_ok: Int32,
 ):
     comptime VEC = vector_width[dtype]()
@@ -235,7 +318,7 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
             simt_step[dtype, STRIDE](acc, a_s, b_s, tid // SK_GROUP, tid % SK_GROUP, q)
         barrier()
 
-    write_partials[dtype](part_acc, acc, row0, col0, z, mm, nn, tid)
+    write_partials(part_acc, acc, row0, col0, z, mm, nn, tid)
     comptime for p in range(SK_PASSES):
         var t1 = lanes_sum[SK_GROUP](s1[p])
         var t2 = lanes_sum[SK_GROUP](s2[p])
@@ -246,6 +329,8 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
             if block_idx.y == 0 and row0 + r < mm:
                 part_rows[unsafe_offset=2 * (z * mm + row0 + r)] = t1
                 part_rows[unsafe_offset=2 * (z * mm + row0 + r) + 1] = t2
+                if z == 0:   # the finish adds the mean's shifted part
+                    mean_out[unsafe_offset=row0 + r] = shift[p]
             if col_sums and col0 + r < nn:
                 part_cols[unsafe_offset=2 * (z * nn + col0 + r)] = tg
                 part_cols[unsafe_offset=2 * (z * nn + col0 + r) + 1] = tb
@@ -256,7 +341,7 @@ comptime MMA_STAGES = 3                   # k steps in flight per block (the cp.
 comptime MMA_BK = 64                      # k elements per step: 128 bytes of each 16-bit row
 comptime MMA_STRIDE = MMA_BK + 8          # shared rows: 16-byte aligned, fragment loads conflict-free
 comptime MMA_CHUNKS = MMA_BK // 8         # 16-byte copies per row per step
-comptime MMA_TILE = (SK_BM + SK_BN) * MMA_STRIDE + 2 * MMA_BK   # one step: x rows, w rows, gamma, beta
+comptime MMA_TILE = (SK_BM + SK_BN) * MMA_STRIDE + MMA_BK   # one step: x rows, w rows, gamma
 comptime MMA_COPIES = (SK_BM + SK_BN) * MMA_CHUNKS // SK_THREADS  # row copies per thread per step
 comptime MMA_SMEM_BYTES = MMA_STAGES * MMA_TILE * 2
 comptime MMA_MIN_BLOCKS = 4               # blocks per SM the register budget must allow
@@ -280,10 +365,10 @@ def chunk_copy[dtype: DType, VEC_OK: Bool](
 
 @always_inline
 def issue_step[dtype: DType, VEC_OK: Bool](
-    tile: SPtr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], w: Ptr[dtype], row0: Int, col0: Int,
+    tile: SPtr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], w: Ptr[dtype], row0: Int, col0: Int,
     mm: Int, nn: Int, kk: Int, k0: Int, k_hi: Int, tid: Int,
 ):
-    """Starts the copies of one k step into tile: 64 x rows, 64 w rows, then gamma and beta."""
+    """Starts the copies of one k step into tile: 64 x rows, 64 w rows, then gamma."""
     comptime for i in range(MMA_COPIES):
         var idx = tid + SK_THREADS * i
         var r = idx // MMA_CHUNKS
@@ -293,32 +378,9 @@ def issue_step[dtype: DType, VEC_OK: Bool](
             chunk_copy[dtype, VEC_OK](dst, x, row0 + r, mm, kk, k0 + kc, k_hi)
         else:
             chunk_copy[dtype, VEC_OK](dst, w, col0 + r - SK_BM, nn, kk, k0 + kc, k_hi)
-    if tid < 2 * MMA_CHUNKS:
-        var kc = (tid % MMA_CHUNKS) * 8
-        chunk_copy[dtype, VEC_OK](tile.unsafe_offset((SK_BM + SK_BN) * MMA_STRIDE + tid * 8),
-                                  gamma if tid < MMA_CHUNKS else beta, 0, 1, kk, k0 + kc, k_hi)
-
-
-@always_inline
-def pair_vec[dtype: DType](p: SPtr[dtype], i: Int, j: Int) -> SIMD[F32, 8]:
-    """An mma A fragment's column pattern: elements (i, i + 1) twice, then (j, j + 1) twice, as fp32."""
-    var a = p.unsafe_load[width=2, alignment=4](i).cast[F32]()
-    var b = p.unsafe_load[width=2, alignment=4](j).cast[F32]()
-    return a.join(a).join(b.join(b))
-
-
-@always_inline
-def colsum_step[dtype: DType](
-    mut cg: Float32, mut cb: Float32, b_s: SPtr[dtype], g_s: SPtr[dtype], tid: Int,
-):
-    """One step of G and B in a column-sum block: thread tid takes column tid % 64 and half the step's k."""
-    comptime HALF = MMA_BK // 2
-    var h = (tid // SK_BN) * HALF
-    var wr = b_s.unsafe_offset((tid % SK_BN) * MMA_STRIDE + h)
-    comptime for q in range(0, HALF, 8):
-        var wv = wr.unsafe_load[width=8, alignment=ALIGN](q).cast[F32]()
-        cg += (wv * g_s.unsafe_load[width=8, alignment=ALIGN](h + q).cast[F32]()).reduce_add()
-        cb += (wv * g_s.unsafe_load[width=8, alignment=ALIGN](MMA_BK + h + q).cast[F32]()).reduce_add()
+    if tid < MMA_CHUNKS:
+        chunk_copy[dtype, VEC_OK](tile.unsafe_offset((SK_BM + SK_BN) * MMA_STRIDE + tid * 8), gamma, 0, 1, kk,
+                                  k0 + tid * 8, k_hi)
 
 
 @__llvm_metadata(
@@ -326,8 +388,9 @@ def colsum_step[dtype: DType](
     `nvvm.minctasm`=SIMDLength(MMA_MIN_BLOCKS),
 )
 def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
-    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
-    beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32,
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32], part_acc: Ptr[F32],
+    part_rows: Ptr[F32], counters: Ptr[DType.int32], x: Ptr[dtype], gamma: Ptr[dtype], w: Ptr[dtype],
+    rows: Int32, k: Int32, n: Int32, chunk: Int32, eps: Float32,
 ):
     var mm = Int(rows)
     var kk = Int(k)
@@ -337,11 +400,10 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
     var z = Int(block_idx.z)
     var k_lo = z * Int(chunk)
     var k_hi = min(kk, k_lo + Int(chunk))
-    # The extra row of blocks forms G and B from the same w tiles (its x copies fall past the rows).
-    var col_block = Int(block_idx.x) * SK_BM >= mm
     var smem = external_memory[Scalar[dtype], address_space=AddressSpace.SHARED, alignment=ALIGN]()
     var lane = tid % WARP_SIZE
-    var wrow = (tid // WARP_SIZE) * MMA_M
+    var wid = tid // WARP_SIZE
+    var wrow = wid * MMA_M
     var g = lane // 4
     var t = lane % 4
     var row0 = Int(block_idx.x) * SK_BM
@@ -349,25 +411,29 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
 
     comptime for s in range(MMA_STAGES - 1):
         if s < steps:
-            issue_step[dtype, VEC_OK](smem.unsafe_offset(s * MMA_TILE), x, gamma, beta, w, row0, col0, mm, nn, kk,
+            issue_step[dtype, VEC_OK](smem.unsafe_offset(s * MMA_TILE), x, gamma, w, row0, col0, mm, nn, kk,
                                       k_lo + s * MMA_BK, k_hi, tid)
         async_copy_commit_group()   # empty groups keep the count uniform: step s is group s
     var r_top = row0 + wrow + g     # the thread's fragment rows: r_top, r_top + 8
+    # ldmatrix x4 row addresses: lanes 8q.. 8q + 7 give matrix q's rows. A: q = 0..3 are rows 0-7 / 8-15
+    # by k 0-7 / 8-15 (the fragment's register order); B: two n tiles, each k 0-7 then k 8-15.
+    var a_lm = (wrow + lane % 8 + 8 * ((lane // 8) % 2)) * MMA_STRIDE + 8 * (lane // 16)
+    var b_lm = (lane % 8 + 8 * (lane // 16)) * MMA_STRIDE + 8 * ((lane // 8) % 2)
     var sh0 = row_shift(x, min(r_top, mm - 1), kk)
     var sh1 = row_shift(x, min(r_top + 8, mm - 1), kk)
-    var shv = SIMD[F32, 8](sh0, sh0, sh1, sh1, sh0, sh0, sh1, sh1)
-    var s1 = SIMD[F32, 8](0.0)
-    var s2 = SIMD[F32, 8](0.0)
+    var shv = SIMD[F32, 8](sh0, sh0, sh1, sh1, sh0, sh0, sh1, sh1).cast[dtype]()
+    var ones = SIMD[dtype, 4](1)
+    var s1 = SIMD[F32, 4](0.0)    # d @ ones: every column holds the row sums
+    var s2a = SIMD[F32, 4](0.0)   # d @ d[0:8]^T: the diagonal holds rows 0-7's sums of squares
+    var s2b = SIMD[F32, 4](0.0)   # d @ d[8:16]^T: rows 8-15
     var acc = SIMD[F32, SK_ACC](0.0)
-    var cg: Float32 = 0.0
-    var cb: Float32 = 0.0
     var slot = 0                         # step s's ring slot (s % MMA_STAGES without a division)
     var fill = MMA_STAGES - 1            # the slot step s + MMA_STAGES - 1 goes to
     for s in range(steps):
         async_copy_wait_group(Int32(MMA_STAGES - 2))   # this thread's copies of step s have landed ...
         barrier()   # ... everyone's have, and everyone is done with the slot refilled next
         if s + MMA_STAGES - 1 < steps:
-            issue_step[dtype, VEC_OK](smem.unsafe_offset(fill * MMA_TILE), x, gamma, beta, w, row0, col0, mm, nn,
+            issue_step[dtype, VEC_OK](smem.unsafe_offset(fill * MMA_TILE), x, gamma, w, row0, col0, mm, nn,
                                       kk, k_lo + (s + MMA_STAGES - 1) * MMA_BK, k_hi, tid)
         async_copy_commit_group()
         var a_s = smem.unsafe_offset(slot * MMA_TILE)
@@ -375,85 +441,127 @@ def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
         var g_s = b_s.unsafe_offset(SK_BN * MMA_STRIDE)
         slot = 0 if slot == MMA_STAGES - 1 else slot + 1
         fill = 0 if fill == MMA_STAGES - 1 else fill + 1
-        if col_block:
-            colsum_step[dtype](cg, cb, b_s, g_s, tid)
-            continue
         var tail = k_lo + (s + 1) * MMA_BK > k_hi   # the chunk's last step may hold zero-filled columns
         comptime for kq in range(0, MMA_BK, MMA_K):
             var c = kq + 2 * t
-            var ar = (wrow + g) * MMA_STRIDE + c
-            var af = a_s.unsafe_load[width=2, alignment=4](ar).join(
-                a_s.unsafe_load[width=2, alignment=4](ar + 8 * MMA_STRIDE)).join(
-                a_s.unsafe_load[width=2, alignment=4](ar + 8).join(
-                    a_s.unsafe_load[width=2, alignment=4](ar + 8 * MMA_STRIDE + 8)))
-            var d = af.cast[F32]() - shv
+            var af = ld_matrix[simd_width=8](a_s.unsafe_offset(a_lm + kq))
+            var a = af - shv
             if tail:   # zero-filled columns must not reach the sums
                 var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(k_lo + s * MMA_BK + c)
-                d = cols.lt(SIMD[DType.int32, 8](Int32(k_hi))).select(d, SIMD[F32, 8](0.0))
-            s1 += d
-            s2 += d * d
-            var a = (d * pair_vec[dtype](g_s, c, c + 8)).cast[dtype]()
-            comptime for nt in range(SK_BN // MMA_N):
-                var br = (nt * MMA_N + g) * MMA_STRIDE + c
-                var bf = b_s.unsafe_load[width=2, alignment=4](br).join(
-                    b_s.unsafe_load[width=2, alignment=4](br + 8))
-                var dd = SIMD[F32, 4](0.0)
-                mma(dd, a, bf, acc.slice[4, offset=nt * 4]())
-                acc = acc.insert[offset=nt * 4](dd)
+                a = cols.lt(SIMD[DType.int32, 8](Int32(k_hi))).select(a, SIMD[dtype, 8](0))
+            var gm = g_s.unsafe_load[width=2, alignment=4](c).join(g_s.unsafe_load[width=2, alignment=4](c + 8))
+            var t4 = SIMD[F32, 4](0.0)
+            mma(t4, a, ones, s1)
+            s1 = t4
+            mma(t4, a, a.slice[2, offset=0]().join(a.slice[2, offset=4]()), s2a)
+            s2a = t4
+            mma(t4, a, a.slice[2, offset=2]().join(a.slice[2, offset=6]()), s2b)
+            s2b = t4
+            comptime for np in range(SK_BN // (2 * MMA_N)):
+                var bq = ld_matrix[simd_width=8](b_s.unsafe_offset(b_lm + np * 2 * MMA_N * MMA_STRIDE + kq))
+                comptime for h in range(2):
+                    comptime nt = 2 * np + h
+                    var dd = SIMD[F32, 4](0.0)
+                    mma(dd, a, bq.slice[4, offset=4 * h]() * gm, acc.slice[4, offset=nt * 4]())
+                    acc = acc.insert[offset=nt * 4](dd)
 
-    if col_block:   # the two k halves of each column meet in the (now idle) pipeline memory
-        barrier()
-        var red = smem.unsafe_bitcast[Float32]()
-        if tid >= SK_BN:
-            red[unsafe_offset=tid - SK_BN] = cg
-            red[unsafe_offset=tid] = cb
-        barrier()
-        if tid < SK_BN and col0 + tid < nn:
-            part_cols[unsafe_offset=2 * (z * nn + col0 + tid)] = cg + red[unsafe_offset=tid]
-            part_cols[unsafe_offset=2 * (z * nn + col0 + tid) + 1] = cb + red[unsafe_offset=tid + SK_BN]
-        return
-    write_partials[dtype](part_acc, acc, row0, col0, z, mm, nn, tid)
-    if block_idx.y == 0:   # row g: elements 0, 1, 4, 5 of the fragment; row g + 8: 2, 3, 6, 7
-        var t1 = SIMD[F32, 2](lanes_sum[4](s1[0] + s1[1] + s1[4] + s1[5]),
-                              lanes_sum[4](s1[2] + s1[3] + s1[6] + s1[7]))
-        var t2 = SIMD[F32, 2](lanes_sum[4](s2[0] + s2[1] + s2[4] + s2[5]),
-                              lanes_sum[4](s2[2] + s2[3] + s2[6] + s2[7]))
+    # Diagonal (g, g) sits in lane 4g + g / 2, element g % 2 (rows 8-15: elements 2, 3).
+    var src = UInt32(4 * g + g // 2)
+    var odd = g % 2 == 1
+    var q2 = SIMD[F32, 2](warp.shuffle_idx(s2a[1] if odd else s2a[0], src),
+                          warp.shuffle_idx(s2b[3] if odd else s2b[2], src))
+    barrier()   # the ring's memory is free: it now holds the tile's reductions (FIN_* offsets)
+    var red = smem.unsafe_bitcast[Float32]()
+    if t == 0:
+        red[unsafe_offset=FIN_SHIFT + wrow + g] = sh0
+        red[unsafe_offset=FIN_SHIFT + wrow + g + 8] = sh1
+    var splits = Int(grid_dim.z)
+    if splits == 1:   # the block holds the whole sums: straight to the finish
         if t == 0:
             comptime for h in range(2):
-                var r = r_top + 8 * h
-                if r < mm:
-                    part_rows[unsafe_offset=2 * (z * mm + r)] = t1[h]
-                    part_rows[unsafe_offset=2 * (z * mm + r) + 1] = t2[h]
+                red[unsafe_offset=FIN_S1 + wrow + g + 8 * h] = s1[2 * h]
+                red[unsafe_offset=FIN_S2 + wrow + g + 8 * h] = q2[h]
+    else:
+        var tile = Int(block_idx.x) * Int(grid_dim.y) + Int(block_idx.y)
+        var tiles = Int(grid_dim.x) * Int(grid_dim.y)
+        var slab = z * tiles + tile   # this block's slot in the [splits, tiles, ...] scratch
+        comptime for nt in range(SK_BN // MMA_N):   # fragment order: a warp's store is one 512-byte run
+            part_acc.unsafe_store[alignment=16]((slab * 8 + nt) * 4 * SK_THREADS + 4 * tid,
+                                                acc.slice[4, offset=4 * nt]())
+        if t == 0:
+            comptime for h in range(2):
+                part_rows.unsafe_store[alignment=8](slab * 2 * SK_BM + 2 * (wrow + g + 8 * h),
+                                                    SIMD[F32, 2](s1[2 * h], q2[h]))
+        # The last of the tile's blocks to get here sums every split (threadFenceReduction's pattern).
+        threadfence()
+        barrier()
+        if tid == 0:
+            var last = Atomic[Int32, scope="device"].fetch_add[ordering=Ordering.RELAXED](
+                counters.unsafe_offset(tile), Int32(1)) == Int32(splits - 1)
+            if last:
+                counters[unsafe_offset=tile] = 0   # ready for the next call
+            red[unsafe_offset=FIN_FLAG] = 1.0 if last else 0.0
+        barrier()
+        if red[unsafe_offset=FIN_FLAG] == 0.0:
+            return
+        threadfence()
+        # Every split in the fixed order 0, 1, ..: bitwise the same whichever block finishes.
+        var rs = SIMD[F32, 2](0.0)   # thread tid < 64: (s1, s2) of row tid
+        acc = SIMD[F32, SK_ACC](0.0)
+        for zz in range(splits):
+            var sl = zz * tiles + tile
+            comptime for nt in range(SK_BN // MMA_N):
+                acc = acc.insert[offset=4 * nt](acc.slice[4, offset=4 * nt]() + part_acc.unsafe_load[
+                    width=4, alignment=16]((sl * 8 + nt) * 4 * SK_THREADS + 4 * tid))
+            if tid < SK_BM:
+                rs += part_rows.unsafe_load[width=2, alignment=8](sl * 2 * SK_BM + 2 * tid)
+        if tid < SK_BM:
+            red[unsafe_offset=FIN_S1 + tid] = rs[0]
+            red[unsafe_offset=FIN_S2 + tid] = rs[1]
+    # G, then B + bias (FIN_B = FIN_G + 64): the tile's 64 columns of fold [2, n]
+    var fc = col0 + tid % SK_BN
+    red[unsafe_offset=FIN_G + tid] = fold[unsafe_offset=(tid // SK_BN) * nn + fc] if fc < nn else 0.0
+    barrier()
+    if tid < SK_BM:   # row statistics; mean and rstd out once per row (column-tile 0)
+        var m1, rstd = shifted_stats(red[unsafe_offset=FIN_S1 + tid], red[unsafe_offset=FIN_S2 + tid], 0.0, kk, eps)
+        red[unsafe_offset=FIN_S1 + tid] = m1
+        red[unsafe_offset=FIN_S2 + tid] = rstd
+        if block_idx.y == 0 and row0 + tid < mm:
+            # mean - shift is m1 = s1 / k itself, never (shift + m1) - shift: no rounding through the large mean.
+            mean_out[unsafe_offset=row0 + tid] = red[unsafe_offset=FIN_SHIFT + tid] + m1
+            rstd_out[unsafe_offset=row0 + tid] = rstd
+    barrier()
+    comptime for h in range(2):
+        var lr = wrow + g + 8 * h
+        var r = row0 + lr
+        var m1 = red[unsafe_offset=FIN_S1 + lr]
+        var rstd = red[unsafe_offset=FIN_S2 + lr]
+        comptime for nt in range(SK_BN // MMA_N):
+            comptime for e in range(2):
+                var cl = nt * MMA_N + 2 * t + e
+                if r < mm and col0 + cl < nn:
+                    var v = rstd * (acc[4 * nt + 2 * h + e] - m1 * red[unsafe_offset=FIN_G + cl]) + red[
+                        unsafe_offset=FIN_B + cl]
+                    y[unsafe_offset=r * nn + col0 + cl] = v.cast[dtype]()
 
 
 @always_inline
-def write_partials[dtype: DType](
-    part_acc: Ptr[F32], acc: SIMD[F32, SK_ACC], row0: Int, col0: Int, z: Int, mm: Int, nn: Int, tid: Int,
-):
-    """The block's fp32 products to part_acc[z, row0.., col0..] (mma fragment or SIMT patch layout)."""
+def write_partials(part_acc: Ptr[F32], acc: SIMD[F32, SK_ACC], row0: Int, col0: Int, z: Int, mm: Int, nn: Int,
+                   tid: Int):
+    """The fp32 block's products (thread patch: rows ty + 16 i, columns tx + 8 j) to part_acc[z, row0.., col0..]."""
     var base = z * mm * nn
-    comptime if dtype == F32:
-        var ty = tid // SK_GROUP
-        var tx = tid % SK_GROUP
-        comptime for i in range(SIMT_ROWS):
-            var r = row0 + ty + SIMT_TY * i
-            comptime for j in range(SIMT_COLS):
-                var c = col0 + tx + SK_GROUP * j
-                if r < mm and c < nn:
-                    part_acc[unsafe_offset=base + r * nn + c] = acc[i * SIMT_COLS + j]
-    else:
-        var lane = tid % WARP_SIZE
-        var r_top = row0 + (tid // WARP_SIZE) * MMA_M + lane // 4
-        comptime for nt in range(SK_BN // MMA_N):
-            comptime for h in range(4):   # c0, c1: row g; c2, c3: row g + 8; columns 2t, 2t + 1
-                var r = r_top + 8 * (h // 2)
-                var c = col0 + nt * MMA_N + 2 * (lane % 4) + h % 2
-                if r < mm and c < nn:
-                    part_acc[unsafe_offset=base + r * nn + c] = acc[nt * 4 + h]
+    var ty = tid // SK_GROUP
+    var tx = tid % SK_GROUP
+    comptime for i in range(SIMT_ROWS):
+        var r = row0 + ty + SIMT_TY * i
+        comptime for j in range(SIMT_COLS):
+            var c = col0 + tx + SK_GROUP * j
+            if r < mm and c < nn:
+                part_acc[unsafe_offset=base + r * nn + c] = acc[i * SIMT_COLS + j]
 
 
 def lnl_splitk_finish[dtype: DType](
-    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype], bias: Ptr[dtype],
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], bias: Ptr[dtype],
     part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], rows: Int32, k: Int32, n: Int32,
     splits: Int32, eps: Float32,
 ):
@@ -471,10 +579,10 @@ def lnl_splitk_finish[dtype: DType](
     for z in range(sp):   # fixed order: bitwise identical run to run
         s1 += part_rows[unsafe_offset=2 * (z * mm + r)]
         s2 += part_rows[unsafe_offset=2 * (z * mm + r) + 1]
-    # rstd does not depend on the shift; only the thread that writes the mean reads the row's sample.
+    # rstd does not depend on the shift; the first kernel left each row's shift in mean_out.
     var m1, rstd = shifted_stats(s1, s2, 0.0, kk, eps)
     if c == 0:
-        mean_out[unsafe_offset=r] = row_shift(x, r, kk) + m1
+        mean_out[unsafe_offset=r] = mean_out[unsafe_offset=r] + m1
         rstd_out[unsafe_offset=r] = rstd
     if c >= nn:
         return
@@ -491,14 +599,15 @@ def lnl_splitk_finish[dtype: DType](
 
 
 def launch_mma[dtype: DType, VEC_OK: Bool](
-    ctx: DeviceContext, part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], x: Ptr[dtype],
-    gamma: Ptr[dtype], beta: Ptr[dtype], w: Ptr[dtype], rows: Int, k: Int, n: Int, chunk: Int, splits: Int,
+    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
+    w: Ptr[dtype], fold: Ptr[F32], part_acc: Ptr[F32], part_rows: Ptr[F32], counters: Ptr[DType.int32],
+    rows: Int, k: Int, n: Int, chunk: Int, splits: Int, eps: Float32,
 ) raises:
-    """The 16-bit kernel, with one more row of blocks for the column sums."""
+    """The 16-bit kernel: one launch, its last block per tile finishes the tile."""
     comptime kernel = lnl_mma_kernel[dtype, VEC_OK]
-    ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, x, gamma, beta, w, Int32(rows), Int32(k),
-                                 Int32(n), Int32(chunk),
-                                 grid_dim=(ceildiv(rows, SK_BM) + 1, ceildiv(n, SK_BN), splits),
+    ctx.enqueue_function[kernel](y, mean, rstd, fold, part_acc, part_rows, counters, x, gamma, w,
+                                 Int32(rows), Int32(k), Int32(n), Int32(chunk), eps,
+                                 grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
                                  block_dim=SK_THREADS, shared_mem_bytes=MMA_SMEM_BYTES,
                                  func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(MMA_SMEM_BYTES)))
 
@@ -506,7 +615,8 @@ def launch_mma[dtype: DType, VEC_OK: Bool](
 def fwd_gpu[dtype: DType](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], w: Ptr[dtype], bias: Ptr[dtype], part_acc: Ptr[F32], part_rows: Ptr[F32],
-    part_cols: Ptr[F32], rows: Int, k: Int, n: Int, splits: Int, eps: Float32,
+    part_cols: Ptr[F32], counters: Ptr[DType.int32], fold: Ptr[F32], rows: Int, k: Int, n: Int, splits: Int,
+    eps: Float32,
 ) raises:
     comptime VEC = vector_width[dtype]()
     comptime BK = SK_GROUP * VEC
@@ -517,22 +627,22 @@ def fwd_gpu[dtype: DType](
     var vec_ok = k % VEC == 0 and aligned(Int(x), Int(w), Int(gamma), Int(beta))
     comptime if dtype == F32:
         comptime kernel = lnl_splitk_kernel[dtype]
-        ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, x, gamma, beta, w, Int32(rows), Int32(k),
+        ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, mean, x, gamma, beta, w, Int32(rows), Int32(k),
                                      Int32(n), Int32(chunk), Int32(1 if vec_ok else 0),
                                      grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
                                      block_dim=SK_THREADS)
+        comptime finish = lnl_splitk_finish[dtype]
+        ctx.enqueue_function[finish](y, mean, rstd, bias, part_acc, part_rows, part_cols, Int32(rows), Int32(k),
+                                     Int32(n), Int32(splits), eps,
+                                     grid_dim=(ceildiv(rows, FIN_ROWS), ceildiv(n, FIN_COLS)),
+                                     block_dim=FIN_ROWS * FIN_COLS)
     else:
         if vec_ok:
-            launch_mma[dtype, True](ctx, part_acc, part_rows, part_cols, x, gamma, beta, w, rows, k, n, chunk,
-                                    splits)
+            launch_mma[dtype, True](ctx, y, mean, rstd, x, gamma, w, fold, part_acc, part_rows, counters, rows, k,
+                                    n, chunk, splits, eps)
         else:
-            launch_mma[dtype, False](ctx, part_acc, part_rows, part_cols, x, gamma, beta, w, rows, k, n, chunk,
-                                     splits)
-    comptime finish = lnl_splitk_finish[dtype]
-    ctx.enqueue_function[finish](y, mean, rstd, x, bias, part_acc, part_rows, part_cols, Int32(rows), Int32(k),
-                                 Int32(n), Int32(splits), eps,
-                                 grid_dim=(ceildiv(rows, FIN_ROWS), ceildiv(n, FIN_COLS)),
-                                 block_dim=FIN_ROWS * FIN_COLS)
+            launch_mma[dtype, False](ctx, y, mean, rstd, x, gamma, w, fold, part_acc, part_rows, counters, rows, k,
+                                     n, chunk, splits, eps)
 
 
 def fwd_cpu[dtype: DType](
@@ -554,6 +664,66 @@ def fwd_cpu[dtype: DType](
             y[unsafe_offset=r * n + j] = (acc + load_f32(bias, j)).cast[dtype]()
 
 
+comptime FOLD_THREADS = 256   # fold kernel: one block per output column j
+comptime FOLD_WARPS = FOLD_THREADS // WARP_SIZE
+
+
+def lnl_fold_kernel[dtype: DType](
+    fold: Ptr[F32], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype], k: Int32, n: Int32,
+):
+    """Block j: fold[0, j] = G[j], fold[1, j] = B[j] + bias[j] (see fold_column)."""
+    var sh = stack_allocation[2 * FOLD_WARPS, Float32, address_space=AddressSpace.SHARED]()
+    var j = Int(block_idx.x)
+    var gb = fold_column(w, gamma, beta, j, Int(k), Int(thread_idx.x), FOLD_THREADS)
+    var g = group_sum[FOLD_WARPS, 1](gb[0], sh, 0)
+    var b = group_sum[FOLD_WARPS, 1](gb[1], sh, 1)
+    if thread_idx.x == 0:
+        fold[unsafe_offset=j] = g
+        fold[unsafe_offset=Int(n) + j] = b + load_f32(bias, j)
+
+
+@always_inline
+def fold_column[dtype: DType](
+    w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], j: Int, k: Int, first: Int, step: Int,
+) -> SIMD[F32, 2]:
+    """Partial (G, B) of column j over k = first, first + step, ..: G sums w * gamma rounded to dtype,
+    the very products the 16-bit GEMM multiplies x - c by, so the correction -(mean - c) * G cancels
+    what the GEMM added exactly (with an exact G, rows whose values round nearly alike, rstd ~300 at
+    bf16 and mean 1e3, were off by up to 15); B sums w * beta in fp32."""
+    var acc = SIMD[F32, 2](0.0)
+    for i in range(first, k, step):
+        var wv = w[unsafe_offset=j * k + i]
+        acc[0] += (wv * gamma[unsafe_offset=i]).cast[F32]()
+        acc[1] += wv.cast[F32]() * load_f32(beta, i)
+    return acc
+
+
+@extensibility.register("layernorm_linear_fold")
+struct LayerNormLinearFold:
+    @staticmethod
+    def execute[target: StaticString, dtype: DType](
+        fold: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
+        w: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        bias: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """fold [2, n] float32: G and B + bias of w [n, k] (once per weight version; the fused
+        16-bit forward applies them to its GEMM's result)."""
+        var n = w.dim_size(0)
+        var k = w.dim_size(1)
+        comptime if target == "gpu":
+            comptime kernel = lnl_fold_kernel[dtype]
+            ctx.enqueue_function[kernel](fold.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
+                                         bias.unsafe_ptr(), Int32(k), Int32(n), grid_dim=n, block_dim=FOLD_THREADS)
+        else:
+            for j in range(n):
+                var gb = fold_column(w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), j, k, 0, 1)
+                fold.unsafe_ptr()[unsafe_offset=j] = gb[0]
+                fold.unsafe_ptr()[unsafe_offset=n + j] = gb[1] + load_f32(bias.unsafe_ptr(), j)
+
+
 @extensibility.register("layernorm_linear_fwd")
 struct LayerNormLinearFwd:
     @staticmethod
@@ -561,27 +731,33 @@ struct LayerNormLinearFwd:
         y: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         mean: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
-        part_acc: _MutableInputTensor[dtype=F32, rank=3, static_spec=_],
-        part_rows: _MutableInputTensor[dtype=F32, rank=3, static_spec=_],
-        part_cols: _MutableInputTensor[dtype=F32, rank=3, static_spec=_],
+        part_acc: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
+        part_rows: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
+        part_cols: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
         x: InputTensor[dtype=dtype, rank=2, static_spec=_],
         gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
         beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
         w: InputTensor[dtype=dtype, rank=2, static_spec=_],
         bias: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        counters: InputTensor[dtype=DType.int32, rank=1, static_spec=_],
+        fold: InputTensor[dtype=F32, rank=2, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """Scratch for the GPU path (the CPU path ignores it): part_acc [splits, rows, n],
-        part_rows [splits, rows, 2], part_cols [splits, n, 2]; their first dim is the number of k splits."""
+        """Scratch for the GPU path (the CPU path ignores it), first dim the number of k splits:
+        part_acc, part_rows, part_cols (fp32: [splits, rows * n], [splits, rows * 2], [splits, n * 2];
+        fp16/bf16: [splits, tiles * 4096], [splits, tiles * 128] each, tiles = 64 x 64 output tiles).
+        counters: int32 [>= tiles], zero before the call and left zero after it; the 16-bit kernel
+        counts each tile's finished splits in it (its one write to an input; the caller keeps it)."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
         var rows = x.dim_size(0)
         var k = x.dim_size(1)
         var n = w.dim_size(0)
         comptime if target == "gpu":
+            var cnt = Ptr[DType.int32](unsafe_from_address=Int(counters.unsafe_ptr()))
             fwd_gpu[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
                            gamma.unsafe_ptr(), beta.unsafe_ptr(), w.unsafe_ptr(), bias.unsafe_ptr(),
-                           part_acc.unsafe_ptr(), part_rows.unsafe_ptr(), part_cols.unsafe_ptr(),
-                           rows, k, n, part_rows.dim_size(0), eps)
+                           part_acc.unsafe_ptr(), part_rows.unsafe_ptr(), part_cols.unsafe_ptr(), cnt,
+                           fold.unsafe_ptr(), rows, k, n, part_rows.dim_size(0), eps)
         else:
             fwd_cpu[dtype](y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
                            gamma.unsafe_ptr(), beta.unsafe_ptr(), w.unsafe_ptr(), bias.unsafe_ptr(),
