@@ -75,13 +75,18 @@ def fwd_op(eps: float) -> GraphOp:
     )
 
 
+def output_tiles(rows: int, n: int) -> int:
+    """How many FUSED_BM x FUSED_BN output tiles the fused kernel's grid covers."""
+    return -(-rows // FUSED_BM) * -(-n // FUSED_BN)
+
+
 def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
     """Per-split scratch lengths of the fused kernel: float32 keeps [rows, n] products, [rows, 2]
     row sums and [n, 2] column sums; fp16/bf16 keep every 64 x 64 output tile's own (4096 products,
     64 x 2 row sums; no column sums: ``folded`` holds them), the layout its last block per tile reads back."""
     if dtype == torch.float32:
         return {"part_acc": rows * n, "part_rows": 2 * rows, "part_cols": 2 * n}
-    tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
+    tiles = output_tiles(rows, n)
     return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles, "part_cols": 1}
 
 
@@ -128,7 +133,7 @@ def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.d
     """
     if device.type != "cuda":
         return 1
-    tiles = -(-rows // FUSED_BM) * -(-n // FUSED_BN)
+    tiles = output_tiles(rows, n)
     if dtype == torch.float32:
         want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
     else:
@@ -149,7 +154,7 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
     elif splits < 1:
         raise ValueError(f"splits: {splits} is not >= 1")
     n = weight.shape[0]
-    counters = tile_counters(x2.device, -(-rows // FUSED_BM) * -(-n // FUSED_BN))
+    counters = tile_counters(x2.device, output_tiles(rows, n))
     fold = folded(weight, ln_weight, ln_bias, bias)
     y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, counters, fold,
                                            sizes={"splits": splits} | scratch_sizes(rows, n, x2.dtype))

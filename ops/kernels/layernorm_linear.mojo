@@ -66,7 +66,7 @@
 # Version 6 (this one) over version 5, fp16/bf16 only: the finish kernel
 # (3.9 us) and its launch gap are gone, and so is the extra row of
 # column-sum blocks; G and B come from the fold. Ad-hoc H100 run at 5b758f7
-# (exp/lnl6_exp.py on branch s8): bf16 4096 x 4096 -> 64 at 4 splits 29.1 us
+# (exp/lnl6_exp.py on branch s8-exp): bf16 4096 x 4096 -> 64 at 4 splits 29.1 us
 # (the kernel 24.7), version 5 31.9 (22.8 + 3.9), torch 49.7. G also changed
 # meaning: version 5 summed exact w * gamma while its GEMM used them rounded,
 # and bf16 rows at mean 1e3 whose values round nearly alike (rstd ~300) came
