@@ -698,7 +698,7 @@ struct LayerNormLinearFold:
         ctx: DeviceContext,
     ) raises:
         """fold [2, n] float32: G and B + bias of w [n, k] (once per weight version; the fused
-        16-bit forward applies them to its GEMM's result)."""
+        GPU forward applies them to its GEMM's result)."""
         var n = w.dim_size(0)
         var k = w.dim_size(1)
         comptime if target == "gpu":
