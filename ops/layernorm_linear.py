@@ -11,8 +11,8 @@ Forward algorithms (``algo``):
   the GEMM runs on x - c (times gamma) as it is loaded (c: a per-row shift from the row's
   first 8 elements), the rows' statistics come from the same loads, and the normalization, beta and the
   bias are applied to the GEMM's result; k is split over several blocks whose partial sums are added
-  in a fixed order (float32: by a second kernel; fp16/bf16: by each output tile's last block, with
-  G and B + bias folded once per weight version, ``folded``). fp16/bf16 on tensor cores.
+  in a fixed order (float32: by a second kernel; fp16/bf16: by each output tile's last block), and
+  G and B + bias come folded once per weight version (``folded``). fp16/bf16 on tensor cores.
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
@@ -61,7 +61,7 @@ SPLIT_MAX = 16
 @cache
 def fwd_op(eps: float) -> GraphOp:
     """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch
-    (flat per split, see ``scratch_sizes``): partial products, partial row sums, partial column sums.
+    (flat per split, see ``scratch_sizes``): partial products and partial row sums.
     Inputs: x, ln_weight, ln_bias, weight, bias, then the tile counters (``tile_counters``) and the
     folded weights (``folded``)."""
     f32 = torch.float32
@@ -69,7 +69,7 @@ def fwd_op(eps: float) -> GraphOp:
         "layernorm_linear_fwd", LIBRARY,
         inputs=(("rows", "k"), ("k",), ("k",), ("n", "k"), ("n",), ("counters",), (2, "n")),
         outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32), Out(("splits", "part_acc"), f32),
-                 Out(("splits", "part_rows"), f32), Out(("splits", "part_cols"), f32)),
+                 Out(("splits", "part_rows"), f32)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
         weights=frozenset({1, 2, 3, 4, 5, 6}),
     )
@@ -81,13 +81,13 @@ def output_tiles(rows: int, n: int) -> int:
 
 
 def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
-    """Per-split scratch lengths of the fused kernel: float32 keeps [rows, n] products, [rows, 2]
-    row sums and [n, 2] column sums; fp16/bf16 keep every 64 x 64 output tile's own (4096 products,
-    64 x 2 row sums; no column sums: ``folded`` holds them), the layout its last block per tile reads back."""
+    """Per-split scratch lengths of the fused kernel: float32 keeps [rows, n] products and [rows, 2]
+    row sums; fp16/bf16 keep every 64 x 64 output tile's own (4096 products, 64 x 2 row sums), the
+    layout its last block per tile reads back. Column sums need none: ``folded`` holds them."""
     if dtype == torch.float32:
-        return {"part_acc": rows * n, "part_rows": 2 * rows, "part_cols": 2 * n}
+        return {"part_acc": rows * n, "part_rows": 2 * rows}
     tiles = output_tiles(rows, n)
-    return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles, "part_cols": 1}
+    return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles}
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -104,8 +104,9 @@ def fold_op() -> GraphOp:
 
 def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """float32 [2, N]: G = sum_k round(weight * ln_weight) and B = weight @ ln_bias + bias, made once per
-    weight version by one small kernel (FlashNorm's fold; the fp16/bf16 kernel applies them to its GEMM's
-    result, see ``fold_column`` in the .mojo for why G sums the rounded products)."""
+    weight version by one small kernel (FlashNorm's fold; the GPU kernels apply them to their GEMM's
+    result, see ``fold_column`` in the .mojo for why G sums the rounded products). The CPU kernel
+    normalizes x itself and ignores them."""
     return _folds.get((weight, ln_weight, ln_bias, bias), lambda *ts: fold_op()(*(t.detach() for t in ts))[0])
 
 
@@ -155,7 +156,8 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
         raise ValueError(f"splits: {splits} is not >= 1")
     n = weight.shape[0]
     counters = tile_counters(x2.device, output_tiles(rows, n))
-    fold = folded(weight, ln_weight, ln_bias, bias)
+    # the CPU kernel normalizes x itself: it takes a placeholder, not the fold
+    fold = folded(weight, ln_weight, ln_bias, bias) if x2.is_cuda else x2.new_empty(2, n, dtype=torch.float32)
     y, mean, rstd, *_ = fwd_op(float(eps))(x2, ln_weight, ln_bias, weight, bias, counters, fold,
                                            sizes={"splits": splits} | scratch_sizes(rows, n, x2.dtype))
     return y, mean, rstd

@@ -50,14 +50,29 @@ NEEDS = {
     ("fused", "cpu"): ["row_stats_cpu"],
 }
 
+# What to look at when a kernel fails --check, per target: on the CPU the LayerNorm and both
+# fused kernels take their row statistics from the learner's row_stats_cpu.
+ROW_STATS_HINT = ("[row_stats_cpu] in layernorm.mojo: the mean over the row, then the mean of (x - mean)^2; "
+                  "rstd = rsqrt(var + EPS)")
 HINTS = {
-    "p22_layernorm": "check both passes cover every element (i = tid; i < h; i += LN_BLOCK) and rstd uses EPS",
+    "p22_layernorm": {"gpu": "[layernorm_kernel]: both passes must cover every element "
+                             "(i = tid; i < h; i += LN_BLOCK) and rstd uses EPS",
+                      "cpu": ROW_STATS_HINT},
     "p22_transpose": "given kernel: a failure here means the tile indices were edited",
     "p22_matmul": "given kernel: a failure here means the tile loads or bounds checks were edited",
     "p22_bias_add": "given kernel: bias is indexed by the column, i % n",
-    "p22_fused": "row statistics in the prologue (mean_s/rstd_s) and normalize-on-load must match p22_layernorm",
-    "p22_fused_naive": "given kernel: first fused version, one thread per row",
+    "p22_fused": {"gpu": "[fused_stats] and [fused_normalize_on_load]: the prologue's mean_s/rstd_s and the "
+                         "normalize-on-load must match p22_layernorm",
+                  "cpu": "its CPU path normalizes with your " + ROW_STATS_HINT},
+    "p22_fused_naive": {"gpu": "given kernel: first fused version, one thread per row",
+                        "cpu": "given kernel, but its CPU path normalizes with your " + ROW_STATS_HINT},
 }
+
+
+def hint(name: str, target: str) -> str:
+    """The --check hint for kernel ``name`` on ``target`` ("cpu" or "gpu")."""
+    h = HINTS[name]
+    return h if isinstance(h, str) else h[target]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -234,7 +249,7 @@ def check(args: argparse.Namespace) -> int:
                 failures[name] = f"shape {shape}: {bad}"
     for name in HINTS:
         if name in failures:
-            print(f"  FAIL {name:16s} {failures[name]}\n       hint: {HINTS[name]}")
+            print(f"  FAIL {name:16s} {failures[name]}\n       hint: {hint(name, 'gpu' if dev == 'cuda' else 'cpu')}")
         else:
             print(f"  pass {name:16s} all {len(CHECK_SHAPES)} shapes")
     return 1 if failures else 0

@@ -302,11 +302,12 @@ def test_fold(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_fused_sees_weight_updates() -> None:
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+def test_gpu_fused_sees_weight_updates(dtype: torch.dtype) -> None:
     """The fold is made once per weight version: an in-place update of any weight must reach the output."""
-    x, g, b, w, bias, _ = make((2048,), 4096, 64, torch.bfloat16, "cuda")
+    x, g, b, w, bias, _ = make((2048,), 4096, 64, dtype, "cuda")
     for t in (w, g, b, bias, None):
         if t is not None:
             t.mul_(1.5)
         y = LL.fused_fwd(x, g, b, w, bias, 1e-5)[0]
-        assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), torch.bfloat16, 4096)) is None, bad
+        assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, 4096)) is None, bad

@@ -185,6 +185,8 @@ def test_check_on_stubs_names_the_learner_kernels(capsys: pytest.CaptureFixture[
     for learner in ("p22_layernorm", "p22_fused ", "p22_fused_naive"):
         assert f"FAIL {learner.strip()}" in out
     assert "first at index" in out and "hint:" in out
+    # on the CPU every LayerNorm-dependent failure points at the one region they share
+    assert out.count("[row_stats_cpu]") == 3
 
 
 def test_problems_stubs_compile_and_differ_from_solutions() -> None:

@@ -15,8 +15,8 @@
 # normalization is applied to the GEMM's result. The shift keeps both the
 # statistics and the GEMM free of cancellation when the mean is 1e4 times the
 # spread (x - c is of the spread's size); it is FlashNorm's fold of gamma and
-# beta into the weight: the fp32 kernel does it on the fly, the fp16/bf16 one
-# takes G and B + bias from lnl_fold_kernel, run once per weight version.
+# beta into the weight: both GPU kernels take G and B + bias from
+# lnl_fold_kernel, run once per weight version.
 # fp16/bf16 round a before the mma, with an error proportional to |x - c|, so c
 # averages several elements: with c = x[r, 0], rows whose first element lay far
 # from their mean lost accuracy against torch's normalized GEMM (the H100
@@ -35,11 +35,11 @@
 #     64 w rows per step in shared memory (8 threads per row, 16-byte loads,
 #     prefetched into registers one step ahead); each thread owns a 4 x 8
 #     patch. It writes its fp32 partial products, and blocks of column 0 the
-#     rows' partial shifted sums, blocks of row 0 the partial G and B, all to
-#     [splits, ...] scratch buffers.
+#     rows' partial shifted sums, to [splits, ...] scratch buffers.
 #   lnl_splitk_finish (after the fp32 kernel): grid (ceil(rows / 4),
 #     ceil(n / 64)), 256 threads, one output each: sums the splits in a fixed
-#     order (deterministic, no atomics), then statistics, correction, bias, y.
+#     order (deterministic, no atomics), then statistics, the correction with
+#     the fold, y.
 #     The split-0 blocks leave each row's shift in mean_out, so it never reads x.
 #   lnl_mma_kernel (fp16/bf16), the whole forward in one launch: the same grid,
 #     128 threads. Raw x, w and gamma tiles (MMA_BK = 64 elements of each row
@@ -63,7 +63,13 @@
 # and the mma.sync loop (no wgmma, no TMA) is far from cuBLAS, so the op's
 # "auto" keeps cuBLAS there.
 #
-# Version 6 (this one) over version 5, fp16/bf16 only: the finish kernel
+# Version 7 (this one) over version 6, fp32 only: G and B + bias come from the
+# fold as well. The first kernel's row-0 blocks no longer sum w * gamma and
+# w * beta every step (extra loads and FMAs that made them its slowest
+# blocks), beta is not read at all, and the column-sum scratch is gone:
+# fp32 4096 x 4096 -> 64 took 96.5 us on the H100, 101.8 before
+# (results/bench_layernorm_linear.md at cf3d799 and ef43064).
+# Version 6 over version 5, fp16/bf16 only: the finish kernel
 # (3.9 us) and its launch gap are gone, and so is the extra row of
 # column-sum blocks; G and B come from the fold. Ad-hoc H100 run at 5b758f7
 # (exp/lnl6_exp.py on branch s8-exp): bf16 4096 x 4096 -> 64 at 4 splits 29.1 us
@@ -102,7 +108,10 @@
 # for every thread; G and B in a separate column-sum loop: latency-bound.
 # Version 2 (prologue fusion, SIMT only) could not split k and lost at small n.
 # MAX's tuned sm90 matmul takes an epilogue lambda, but it dispatches on n and
-# k known at compile time (one compile per weight shape), so it is not used.
+# k known at compile time (one compile per weight shape), so it is not used;
+# timed anyway with n = 3072, k = 768 fixed (bf16, 4096 rows, H100,
+# exp/s9_exp.py on branch s9-exp): 37.5 us against cuBLAS's 34.0, and 79 us
+# with an epilogue lambda applying the fold's correction.
 # CPU: one row at a time, exact two-pass statistics, then the dot products.
 
 import extensibility
@@ -248,8 +257,8 @@ def simt_step[dtype: DType, STRIDE: Int](
 
 
 def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel)
-    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], mean_out: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
-    beta: Ptr[dtype], w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, vec_ok: Int32,
+    part_acc: Ptr[F32], part_rows: Ptr[F32], mean_out: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
+    w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, vec_ok: Int32,
 ):
     comptime VEC = vector_width[dtype]()
     comptime BK = SK_GROUP * VEC
@@ -269,15 +278,12 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
     var k_lo = z * Int(chunk)
     var k_hi = min(kk, k_lo + Int(chunk))
     var vok = vec_ok != 0
-    var col_sums = block_idx.x == 0   # only row-block 0 needs G and B (every block could)
 
     var shift = SIMD[F32, SK_PASSES](0.0)
     comptime for p in range(SK_PASSES):
         shift[p] = row_shift(x, min(row0 + lr + SK_ROWS_PER_PASS * p, mm - 1), kk)
     var s1 = SIMD[F32, SK_PASSES](0.0)
     var s2 = SIMD[F32, SK_PASSES](0.0)
-    var cg = SIMD[F32, SK_PASSES](0.0)
-    var cb = SIMD[F32, SK_PASSES](0.0)
     var acc = SIMD[F32, SK_ACC](0.0)
     var xr = SIMD[dtype, W](0)
     var wr = SIMD[dtype, W](0)
@@ -289,9 +295,6 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
     for k0 in range(k_lo, k_hi, BK):
         var kg = k0 + lc
         var gv = stage_load[dtype, VEC](gamma, 0, 1, 0, kg, k_hi, vok).cast[F32]()
-        var bv = SIMD[F32, VEC](0.0)
-        if col_sums:
-            bv = stage_load[dtype, VEC](beta, 0, 1, 0, kg, k_hi, vok).cast[F32]()
         comptime for p in range(SK_PASSES):
             var r = lr + SK_ROWS_PER_PASS * p
             var d = xr.slice[VEC, offset=p * VEC]().cast[F32]() - shift[p]
@@ -302,12 +305,7 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
             s1[p] += d.reduce_add()
             s2[p] += (d * d).reduce_add()
             stage_store[dtype, VEC, STRIDE](a_s, r, lc, (d * gv).cast[dtype]())
-            var wv = wr.slice[VEC, offset=p * VEC]()
-            stage_store[dtype, VEC, STRIDE](b_s, r, lc, wv)
-            if col_sums:
-                var wf = wv.cast[F32]()
-                cg[p] += (wf * gv).reduce_add()
-                cb[p] += (wf * bv).reduce_add()
+            stage_store[dtype, VEC, STRIDE](b_s, r, lc, wr.slice[VEC, offset=p * VEC]())
         barrier()
         if k0 + BK < k_hi:   # next step's loads fly while this one computes
             comptime for p in range(SK_PASSES):
@@ -322,8 +320,6 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
     comptime for p in range(SK_PASSES):
         var t1 = lanes_sum[SK_GROUP](s1[p])
         var t2 = lanes_sum[SK_GROUP](s2[p])
-        var tg = lanes_sum[SK_GROUP](cg[p])
-        var tb = lanes_sum[SK_GROUP](cb[p])
         var r = lr + SK_ROWS_PER_PASS * p
         if tid % SK_GROUP == 0:
             if block_idx.y == 0 and row0 + r < mm:
@@ -331,9 +327,6 @@ def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel
                 part_rows[unsafe_offset=2 * (z * mm + row0 + r) + 1] = t2
                 if z == 0:   # the finish adds the mean's shifted part
                     mean_out[unsafe_offset=row0 + r] = shift[p]
-            if col_sums and col0 + r < nn:
-                part_cols[unsafe_offset=2 * (z * nn + col0 + r)] = tg
-                part_cols[unsafe_offset=2 * (z * nn + col0 + r) + 1] = tb
 
 
 comptime SPtr[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED]
@@ -561,8 +554,8 @@ def write_partials(part_acc: Ptr[F32], acc: SIMD[F32, SK_ACC], row0: Int, col0: 
 
 
 def lnl_splitk_finish[dtype: DType](
-    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], bias: Ptr[dtype],
-    part_acc: Ptr[F32], part_rows: Ptr[F32], part_cols: Ptr[F32], rows: Int32, k: Int32, n: Int32,
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32],
+    part_acc: Ptr[F32], part_rows: Ptr[F32], rows: Int32, k: Int32, n: Int32,
     splits: Int32, eps: Float32,
 ):
     var mm = Int(rows)
@@ -587,14 +580,10 @@ def lnl_splitk_finish[dtype: DType](
     if c >= nn:
         return
     var acc: Float32 = 0.0
-    var cg: Float32 = 0.0
-    var cb: Float32 = 0.0
     for z in range(sp):
         acc += part_acc[unsafe_offset=(z * mm + r) * nn + c]
-        cg += part_cols[unsafe_offset=2 * (z * nn + c)]
-        cb += part_cols[unsafe_offset=2 * (z * nn + c) + 1]
     # mean - shift is m1 = s1 / k itself, never (shift + m1) - shift: no rounding through the large mean.
-    var z_out = rstd * (acc - m1 * cg) + cb + load_f32(bias, c)
+    var z_out = rstd * (acc - m1 * fold[unsafe_offset=c]) + fold[unsafe_offset=nn + c]
     y[unsafe_offset=r * nn + c] = z_out.cast[dtype]()
 
 
@@ -614,9 +603,8 @@ def launch_mma[dtype: DType, VEC_OK: Bool](
 
 def fwd_gpu[dtype: DType](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
-    beta: Ptr[dtype], w: Ptr[dtype], bias: Ptr[dtype], part_acc: Ptr[F32], part_rows: Ptr[F32],
-    part_cols: Ptr[F32], counters: Ptr[DType.int32], fold: Ptr[F32], rows: Int, k: Int, n: Int, splits: Int,
-    eps: Float32,
+    w: Ptr[dtype], part_acc: Ptr[F32], part_rows: Ptr[F32], counters: Ptr[DType.int32], fold: Ptr[F32],
+    rows: Int, k: Int, n: Int, splits: Int, eps: Float32,
 ) raises:
     comptime VEC = vector_width[dtype]()
     comptime BK = SK_GROUP * VEC
@@ -624,15 +612,15 @@ def fwd_gpu[dtype: DType](
     # vector loads stay aligned; a split past the end of k writes zeros.
     comptime STEP = max(BK, MMA_BK)   # powers of two: whole steps of either kernel
     var chunk = ceildiv(ceildiv(k, splits), STEP) * STEP
-    var vec_ok = k % VEC == 0 and aligned(Int(x), Int(w), Int(gamma), Int(beta))
+    var vec_ok = k % VEC == 0 and aligned(Int(x), Int(w), Int(gamma))
     comptime if dtype == F32:
         comptime kernel = lnl_splitk_kernel[dtype]
-        ctx.enqueue_function[kernel](part_acc, part_rows, part_cols, mean, x, gamma, beta, w, Int32(rows), Int32(k),
+        ctx.enqueue_function[kernel](part_acc, part_rows, mean, x, gamma, w, Int32(rows), Int32(k),
                                      Int32(n), Int32(chunk), Int32(1 if vec_ok else 0),
                                      grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
                                      block_dim=SK_THREADS)
         comptime finish = lnl_splitk_finish[dtype]
-        ctx.enqueue_function[finish](y, mean, rstd, bias, part_acc, part_rows, part_cols, Int32(rows), Int32(k),
+        ctx.enqueue_function[finish](y, mean, rstd, fold, part_acc, part_rows, Int32(rows), Int32(k),
                                      Int32(n), Int32(splits), eps,
                                      grid_dim=(ceildiv(rows, FIN_ROWS), ceildiv(n, FIN_COLS)),
                                      block_dim=FIN_ROWS * FIN_COLS)
@@ -710,7 +698,7 @@ struct LayerNormLinearFold:
         ctx: DeviceContext,
     ) raises:
         """fold [2, n] float32: G and B + bias of w [n, k] (once per weight version; the fused
-        16-bit forward applies them to its GEMM's result)."""
+        GPU forward applies them to its GEMM's result)."""
         var n = w.dim_size(0)
         var k = w.dim_size(1)
         comptime if target == "gpu":
@@ -733,7 +721,6 @@ struct LayerNormLinearFwd:
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         part_acc: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
         part_rows: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
-        part_cols: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
         x: InputTensor[dtype=dtype, rank=2, static_spec=_],
         gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
         beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
@@ -744,8 +731,9 @@ struct LayerNormLinearFwd:
         ctx: DeviceContext,
     ) raises:
         """Scratch for the GPU path (the CPU path ignores it), first dim the number of k splits:
-        part_acc, part_rows, part_cols (fp32: [splits, rows * n], [splits, rows * 2], [splits, n * 2];
-        fp16/bf16: [splits, tiles * 4096], [splits, tiles * 128] each, tiles = 64 x 64 output tiles).
+        part_acc, part_rows (fp32: [splits, rows * n], [splits, rows * 2]; fp16/bf16:
+        [splits, tiles * 4096], [splits, tiles * 128], tiles = 64 x 64 output tiles).
+        fold: [2, n] float32, G and B + bias from layernorm_linear_fold (the GPU kernels' correction).
         counters: int32 [>= tiles], zero before the call and left zero after it; the 16-bit kernel
         counts each tile's finished splits in it (its one write to an input; the caller keeps it)."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
@@ -755,8 +743,7 @@ struct LayerNormLinearFwd:
         comptime if target == "gpu":
             var cnt = Ptr[DType.int32](unsafe_from_address=Int(counters.unsafe_ptr()))
             fwd_gpu[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
-                           gamma.unsafe_ptr(), beta.unsafe_ptr(), w.unsafe_ptr(), bias.unsafe_ptr(),
-                           part_acc.unsafe_ptr(), part_rows.unsafe_ptr(), part_cols.unsafe_ptr(), cnt,
+                           gamma.unsafe_ptr(), w.unsafe_ptr(), part_acc.unsafe_ptr(), part_rows.unsafe_ptr(), cnt,
                            fold.unsafe_ptr(), rows, k, n, part_rows.dim_size(0), eps)
         else:
             fwd_cpu[dtype](y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
