@@ -25,7 +25,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -83,23 +83,35 @@ class GraphOp:
         buffer's length); they stay symbolic in the graph, so no recompile.
         """
         outs = self.allocate(tensors, sizes)
-        key = (_generation, tuple(t.dtype for t in tensors), tensors[0].device)
+        key = (_generation, tensors[0].get_device(), *[t.dtype for t in tensors])
         model = self._memo.get(key)
         if model is None:
-            model = self._memo[key] = load_model(self, key[1], key[2])
+            model = self._memo[key] = load_model(self, tuple(t.dtype for t in tensors), tensors[0].device)
         execute(model, outs, tensors, self.weights)
         return outs
 
+    @cached_property
+    def _out_plan(self) -> tuple[tuple[tuple, int | torch.dtype], ...]:
+        """Per output: its dims as (input index, axis) where an input carries the name, else the
+        int or the name of an extra size; and its dtype source. Made once, so a call only indexes."""
+        where: dict[str, tuple[int, int]] = {}
+        for i, dims in enumerate(self.inputs):
+            for axis, d in enumerate(dims):
+                if isinstance(d, str):
+                    where.setdefault(d, (i, axis))
+        return tuple((tuple(where.get(d, d) if isinstance(d, str) else d for d in out.dims), out.dtype)
+                     for out in self.outputs)
+
     def allocate(self, tensors: Sequence[torch.Tensor], extra: dict[str, int] | None = None) -> list[torch.Tensor]:
         """Output tensors for these inputs: empty, or NaN-poisoned in poison mode."""
-        sizes = dict(extra or {})
-        for dims, t in zip(self.inputs, tensors, strict=True):
-            sizes.update((d, n) for d, n in zip(dims, t.shape, strict=True) if isinstance(d, str))
+        if len(tensors) != len(self.inputs):
+            raise ValueError(f"tensors: {self.name} takes {len(self.inputs)} inputs, got {len(tensors)}")
+        device = tensors[0].device
         outs = []
-        for out in self.outputs:
-            shape = [sizes[d] if isinstance(d, str) else d for d in out.dims]
-            dtype = tensors[out.dtype].dtype if isinstance(out.dtype, int) else out.dtype
-            t = torch.empty(shape, dtype=dtype, device=tensors[0].device)
+        for dims, dtype in self._out_plan:
+            shape = [d if isinstance(d, int) else
+                     tensors[d[0]].shape[d[1]] if isinstance(d, tuple) else (extra or {})[d] for d in dims]
+            t = torch.empty(shape, dtype=tensors[dtype].dtype if isinstance(dtype, int) else dtype, device=device)
             if poison_outputs:
                 t.fill_(float("nan"))
             outs.append(t)
@@ -293,8 +305,9 @@ def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.devic
 
 def _tensor_key(t: torch.Tensor) -> tuple:
     """What must match for a cached value derived from ``t`` to still hold: storage pointer,
-    version counter (bumped by every in-place write), shape, strides, dtype, device."""
-    return (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
+    version counter (bumped by every in-place write), shape, strides, dtype, device index
+    (-1 on the CPU; cheaper than building a torch.device)."""
+    return (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.get_device())
 
 
 class DerivedCache:
@@ -308,15 +321,33 @@ class DerivedCache:
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[tuple, tuple[tuple[weakref.ref, ...], Any]] = OrderedDict()
+        # get1's entries, by the tensor's id (a cheap int lookup; the full key is compared after)
+        self._single: dict[int, tuple[weakref.ref, tuple, Any]] = {}
 
     def get(self, sources: tuple[torch.Tensor, ...], compute: Callable[..., Any]) -> Any:
         """``compute(*sources)``, or its cached value while the sources are unchanged."""
-        key = tuple(_tensor_key(t) for t in sources)
+        key = tuple([_tensor_key(t) for t in sources])
         hit = self._entries.get(key)
-        if hit is not None and all(ref() is t for ref, t in zip(hit[0], sources, strict=True)):
+        if hit is not None and all([ref() is t for ref, t in zip(hit[0], sources, strict=True)]):
             self._entries.move_to_end(key)
             return hit[1]
-        value = compute(*sources)
+        return self._store(key, sources, compute(*sources))
+
+    def get1(self, t: torch.Tensor, compute: Callable[..., Any], *args: Any) -> Any:
+        """``compute(t, *args)``, or its cached value while ``t`` is the same unchanged tensor: the
+        per-call hot path for one source (oldest entry evicted first)."""
+        key = _tensor_key(t)
+        hit = self._single.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == key:
+            return hit[2]
+        value = compute(t, *args)
+        self._single.pop(id(t), None)
+        self._single[id(t)] = (weakref.ref(t), key, value)
+        if len(self._single) > self.capacity:
+            del self._single[next(iter(self._single))]
+        return value
+
+    def _store(self, key: tuple, sources: tuple[torch.Tensor, ...], value: Any) -> Any:
         self._entries[key] = (tuple(weakref.ref(t) for t in sources), value)
         if len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
@@ -324,6 +355,7 @@ class DerivedCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._single.clear()
 
 
 weight_cache = DerivedCache()  # MAX views of weight tensors
@@ -377,7 +409,7 @@ def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Te
     bufs = [to_buffer(t, stream) for t in outs]
     # A cached weight view was ordered when it was made; the other inputs
     # carry this call's stream, so MAX still waits for torch's latest work.
-    bufs += [weight_cache.get((t,), lambda w: to_buffer(w, stream)) if i in weights else to_buffer(t, stream)
+    bufs += [weight_cache.get1(t, to_buffer, stream) if i in weights else to_buffer(t, stream)
              for i, t in enumerate(tensors)]
     # Every buffer is a contiguous MAX Buffer already (inputs are validated), so skip
     # Model.execute's per-argument conversion and checks (~5-9 us on the H100).

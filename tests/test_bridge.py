@@ -49,6 +49,29 @@ def test_weight_cache_sees_in_place_writes() -> None:
     assert torch.equal(bias_add(k, c, other), c + other)
 
 
+def test_derived_cache_single_source() -> None:
+    """get1 hits only for the same, unchanged tensor object; in-place writes, in-place reshapes and a
+    new tensor at a reused address all recompute; the oldest entry goes past capacity."""
+    cache, calls = bridge.DerivedCache(capacity=2), []
+
+    def compute(t: torch.Tensor, tag: str) -> tuple:
+        calls.append(tag)
+        return (tag, t.sum().item())
+
+    w = torch.ones(4)
+    assert cache.get1(w, compute, "a") == ("a", 4.0)
+    assert cache.get1(w, compute, "b") == ("a", 4.0) and calls == ["a"]
+    w.add_(1.0)
+    assert cache.get1(w, compute, "c") == ("c", 8.0)
+    w.unsqueeze_(0)  # same storage and version, new shape
+    assert cache.get1(w, compute, "d") == ("d", 8.0)
+    alias = w.view(4)  # same storage, another tensor object
+    assert cache.get1(alias, compute, "e") == ("e", 8.0)
+    cache.get1(torch.zeros(1), compute, "f")  # third entry: w's is the oldest and goes
+    assert cache.get1(w, compute, "g") == ("g", 8.0)
+    assert calls == ["a", "c", "d", "e", "f", "g"]
+
+
 def test_package_digest_follows_content(tmp_path: Path) -> None:
     pkg = tmp_path / "op"
     shutil.copytree(SOLUTIONS, pkg)
