@@ -247,9 +247,10 @@ def check(args: argparse.Namespace) -> int:
                 compare(got, ref, torch.float32, reduction=red, cond=cond)
             if bad is not None:
                 failures[name] = f"shape {shape}: {bad}"
+    target = bridge.device_kind(torch.device(dev))
     for name in HINTS:
         if name in failures:
-            print(f"  FAIL {name:16s} {failures[name]}\n       hint: {hint(name, 'gpu' if dev == 'cuda' else 'cpu')}")
+            print(f"  FAIL {name:16s} {failures[name]}\n       hint: {hint(name, target)}")
         else:
             print(f"  pass {name:16s} all {len(CHECK_SHAPES)} shapes")
     return 1 if failures else 0
