@@ -18,12 +18,14 @@
 #   5 fast: 4, plus several rows per block (a warp per row) when the row is
 #     short, so small-h launches still fill the GPU with independent loads;
 #     and, on sm_90 and newer, a cluster of 2-8 blocks per row when the row
-#     is long (over 1024 vectors): each block keeps its slice of the row in
-#     registers, reduces it exactly, and the blocks merge their (count, mean,
-#     M2) through distributed shared memory (ln_fwd_cluster). Before it, rows
-#     over 4096 vectors took two passes over global memory, and a block
-#     holding 32 values per thread lost occupancy (bench_layernorm's long rows:
-#     `vector` is still one block per row).
+#     is too long for one block (over 4096 vectors; 16-bit rows over 1024):
+#     each block keeps its slice of the row in registers, reduces it exactly,
+#     and the blocks merge their (count, mean, M2) through distributed shared
+#     memory (ln_fwd_cluster). Before it, rows over 4096 vectors took two
+#     passes over global memory (bench_layernorm's long rows; `vector` is
+#     still one block per row). Where one block can hold the row it mostly
+#     wins (an H100 sweep at bf16 4096x8192: the best cluster config 62 us,
+#     one block 50).
 # Variants 1-3 and every fallback (h not a multiple of the vector width,
 # unaligned pointers, rows too long for registers) use shifted sums: with K a
 # sample of the row, mean = K + E[x-K] and var = E[(x-K)^2] - E[x-K]^2, one
@@ -461,10 +463,8 @@ def aligned(*addresses: Int) -> Bool:
 #   14: CH=2, WPR=32, RPB=1 (1024 threads, rows up to 2048 vectors)
 # and with a cluster of CL blocks per row (ln_fwd_cluster, sm_90 and newer; CH, WPR per block):
 #   15: CL=2, CH=2, WPR=16 (rows up to 2048 vectors)
-#   16: CL=2, CH=4, WPR=16 (rows up to 4096 vectors)
-#   17: CL=4, CH=2, WPR=16 (rows up to 4096 vectors)
-#   18: CL=4, CH=4, WPR=16 (rows up to 8192 vectors)
-#   19: CL=8, CH=4, WPR=16 (rows up to 16384 vectors)
+#   16: CL=4, CH=4, WPR=16 (rows up to 8192 vectors)
+#   17: CL=8, CH=4, WPR=16 (rows up to 16384 vectors)
 # `fast` and `vector` pick one from the row length (and, for fast, the row
 # count); variant V_FORCE + i forces config i (benchmark sweeps only).
 comptime V_FORCE = 100
@@ -480,21 +480,16 @@ def vector_config(nv: Int, vec: Int, clusters: Bool) -> Int:
         return 5
     if nv <= 1024:
         return 9
-    if clusters:
-        # Past 16 values per thread a block per row loses occupancy: spread the row over a cluster.
-        if nv <= 2048:
-            return 7 if vec == 4 else 15
-        if nv <= 4096:
-            return 16 if vec == 4 else 17
-        if nv <= 8192:
-            return 18
-        if nv <= 16384:
-            return 19
-        return -1
+    # A 16-bit row of 1025-2048 vectors would take 32 values per thread in one block: a cluster
+    # of two blocks of 16 keeps the occupancy. Past 4096 vectors one block cannot hold the row.
     if nv <= 2048:
-        return 7
+        return 15 if clusters and vec != 4 else 7
     if nv <= 4096:
         return 8
+    if clusters and nv <= 8192:
+        return 16
+    if clusters and nv <= 16384:
+        return 17
     return -1
 
 
@@ -512,7 +507,7 @@ def fast_config(nv: Int, rows: Int, vec: Int, clusters: Bool) -> Int:
 
 comptime FWD_CAPACITY = (
     32, 64, 128, 256, 256, 512, 1024, 2048, 4096, 1024, 512, 512, 2048, 1024, 2048,
-    2048, 4096, 4096, 8192, 16384,
+    2048, 8192, 16384,
 )
 comptime FIRST_CLUSTER_CONFIG = 15
 
@@ -571,12 +566,8 @@ def launch_fwd_cluster_config[dtype: DType, act: Int, VEC: Int](
     if config == 15:
         launch_fwd_cluster[dtype, act, VEC, 2, 16, 2](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
     elif config == 16:
-        launch_fwd_cluster[dtype, act, VEC, 4, 16, 2](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 17:
-        launch_fwd_cluster[dtype, act, VEC, 2, 16, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 18:
         launch_fwd_cluster[dtype, act, VEC, 4, 16, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 19:
+    elif config == 17:
         launch_fwd_cluster[dtype, act, VEC, 4, 16, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
 
 
