@@ -320,42 +320,40 @@ class DerivedCache:
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple, tuple[tuple[weakref.ref, ...], Any]] = OrderedDict()
-        # get1's entries, by the tensor's id (a cheap int lookup; the full key is compared after)
-        self._single: dict[int, tuple[weakref.ref, tuple, Any]] = {}
+        # slot (the source's id, or the tuple of the sources' ids) -> (weak refs, their keys, value):
+        # a cheap lookup, then the full keys and the objects' identity decide whether it is a hit
+        self._entries: OrderedDict[int | tuple[int, ...], tuple[tuple[weakref.ref, ...], tuple, Any]] = OrderedDict()
 
     def get(self, sources: tuple[torch.Tensor, ...], compute: Callable[..., Any]) -> Any:
         """``compute(*sources)``, or its cached value while the sources are unchanged."""
-        key = tuple([_tensor_key(t) for t in sources])
-        hit = self._entries.get(key)
-        if hit is not None and all([ref() is t for ref, t in zip(hit[0], sources, strict=True)]):
-            self._entries.move_to_end(key)
-            return hit[1]
-        return self._store(key, sources, compute(*sources))
+        slot = tuple([id(t) for t in sources])
+        keys = tuple([_tensor_key(t) for t in sources])
+        hit = self._entries.get(slot)
+        if hit is not None and hit[1] == keys and all([ref() is t for ref, t in zip(hit[0], sources, strict=True)]):
+            self._entries.move_to_end(slot)
+            return hit[2]
+        return self._store(slot, sources, keys, compute(*sources))
 
     def get1(self, t: torch.Tensor, compute: Callable[..., Any], *args: Any) -> Any:
-        """``compute(t, *args)``, or its cached value while ``t`` is the same unchanged tensor: the
-        per-call hot path for one source (oldest entry evicted first)."""
+        """``compute(t, *args)``, or its cached value while ``t`` is the same unchanged tensor: ``get``
+        for one source without the tuples, the per-call hot path."""
         key = _tensor_key(t)
-        hit = self._single.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == key:
+        hit = self._entries.get(id(t))
+        if hit is not None and hit[1] == key and hit[0][0]() is t:
+            self._entries.move_to_end(id(t))
             return hit[2]
-        value = compute(t, *args)
-        self._single.pop(id(t), None)
-        self._single[id(t)] = (weakref.ref(t), key, value)
-        if len(self._single) > self.capacity:
-            del self._single[next(iter(self._single))]
-        return value
+        return self._store(id(t), (t,), key, compute(t, *args))
 
-    def _store(self, key: tuple, sources: tuple[torch.Tensor, ...], value: Any) -> Any:
-        self._entries[key] = (tuple(weakref.ref(t) for t in sources), value)
+    def _store(self, slot: int | tuple[int, ...], sources: tuple[torch.Tensor, ...], keys: tuple, value: Any) -> Any:
+        """Keep ``value`` for ``slot`` (replacing what the slot held: stale entries never pile up)."""
+        self._entries[slot] = (tuple(weakref.ref(t) for t in sources), keys, value)
+        self._entries.move_to_end(slot)
         if len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
         return value
 
     def clear(self) -> None:
         self._entries.clear()
-        self._single.clear()
 
 
 weight_cache = DerivedCache()  # MAX views of weight tensors

@@ -195,7 +195,7 @@ def _zero_bias(weight: object) -> torch.Tensor:
     """bias = 0 [N] for a Linear without bias (weight checked first, so a bad one is named)."""
     check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
     # one tensor per weight version, so the caches keyed on bias (folded, the bridge's views) still hit
-    return _zero_biases.get((weight,), lambda w: w.new_zeros(w.shape[0]))
+    return _zero_biases.get1(weight, lambda w: w.new_zeros(w.shape[0]))
 
 
 def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,

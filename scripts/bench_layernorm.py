@@ -35,6 +35,7 @@ GRID_M = (1, 32, 512, 4096, 16384, 65536)
 GRID_H = (256, 768, 1024, 4096, 8192)
 TARGETS = ((16384, 4096), (4096, 8192))  # the >= 2.75 TB/s points
 PROGRESSION = ((4096, 768), (16384, 4096), (4096, 8192))
+LONG_ROWS = ((4096, 16384), (512, 32768), (32, 65536))  # fast: a cluster of blocks per row; vector: one block
 BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
 GELU_SHAPES = ((4096, 768), (16384, 4096))
 ROTATE_BYTES = 256 << 20  # input sets per shape cover at least this much (H100 L2: 50 MB)
@@ -209,6 +210,7 @@ def main() -> int:
         rows += bench_forward(dtype, grid, fast, copy, with_compile=not args.no_compile)
         rows += bench_forward(dtype, list(PROGRESSION), list(L.VARIANTS)[:3], copy, with_compile=False,
                               with_copy=False)  # the grid above timed the copy at these shapes
+        rows += bench_forward(dtype, list(LONG_ROWS), ["vector", "fast"], copy, with_compile=False)
         rows += bench_backward(dtype, list(BWD_SHAPES), copy)
         rows += bench_forward(dtype, list(GELU_SHAPES), ["fast"], copy, "gelu", with_compile=not args.no_compile)
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")

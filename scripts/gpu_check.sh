@@ -6,6 +6,7 @@
 #   tests       the whole test suite, GPU tests included -> gpu_tests.txt
 #   gpu-tests   only the tests that run on the GPU (-k "cuda or gpu") -> gpu_tests.txt
 #   p22-tests   only the p22 tests that run on the GPU -> gpu_tests_p22.txt
+#   layernorm-tests  only the layernorm tests that run on the GPU -> gpu_tests_layernorm.txt
 #   layernorm-linear-tests  only the layernorm_linear tests that run on the GPU -> gpu_tests_layernorm_linear.txt
 #   p22         the p22 solution, default and realistic sizes, per-kernel times, tiles-per-block sweeps -> p22_*.txt
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
@@ -37,6 +38,8 @@ for step in "${steps[@]}"; do
     tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests ;;
     gpu-tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests -k "cuda or gpu" ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;
+    layernorm-tests)
+      run gpu_tests_layernorm python -m pytest -q -rfs --tb=short -p no:cacheprovider tests/test_layernorm.py -k "cuda or gpu" ;;
     layernorm-linear-tests)
       run gpu_tests_layernorm_linear python -m pytest -q -rfs --tb=short -p no:cacheprovider \
         tests/test_layernorm_linear.py -k "cuda or gpu" ;;

@@ -6,9 +6,9 @@ Runs LayerNorm forward (every variant), backward and the GELU forms, the
 fused LayerNorm+Linear kernel (both strip heights, partial tiles), and the
 p22 solution kernels (several strips and column tiles), on shapes that hit
 each code path: short rows (a warp per row), long rows (a block per row),
-the loop fallback (odd h, rows too long for registers) and a partial last
-block. Exits non-zero on a wrong
-result, so the sanitizer run also checks values.
+longer rows (fast: a cluster of 2-8 blocks per row, with partly filled last
+blocks), the loop fallback (odd h) and a partial last block. Exits non-zero
+on a wrong result, so the sanitizer run also checks values.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ops import p22  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_linear_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
-SHAPES = [(7, 37), (2050, 64), (64, 1024), (5, 4097), (3, 8192), (2, 20000)]
+SHAPES = [(7, 37), (2050, 64), (64, 1024), (5, 4097), (3, 8192), (3, 16384), (2, 20000), (2, 65536)]
 
 
 def main() -> int:

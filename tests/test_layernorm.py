@@ -11,7 +11,7 @@ from ops.reference import layernorm_act_ref, layernorm_grads_ref, layernorm_stat
 from ops.tolerance import compare
 
 SHAPES = [(1, 1), (1, 7), (3, 37), (2, 5, 64), (4, 1000), (2, 1023), (3, 4097)]
-GPU_SHAPES = [(1, 256), (32, 768), (5, 1024), (3, 8192), (2, 65536), (2, 65544), (1 << 17, 8)]
+GPU_SHAPES = [(1, 256), (32, 768), (5, 1024), (3, 8192), (3, 16384), (2, 32768), (2, 65536), (2, 65544), (1 << 17, 8)]
 
 
 def make(shape: tuple[int, ...], dtype: torch.dtype, device: str, mean: float = 0.0,
@@ -210,11 +210,38 @@ def test_mixed_devices_rejected() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    """Long rows (register path up to 65536, loop fallback above), many short rows."""
+    """Long rows (one block per row up to 4096 vectors; fast: a cluster of blocks per row
+    up to 16384; the loop fallback above), many short rows."""
     x, w, b, dy = make(shape, dtype, "cuda")
     check_forward(x, w, b, "fast")
     check_forward(x, w, b, "vector")
     check_backward(x, w, b, dy)
+
+
+# Cluster configs of the forward (layernorm.mojo): config -> vectors per row it holds.
+CLUSTER_CONFIGS = {15: 2048, 16: 8192, 17: 16384}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", L.DTYPES, ids=str)
+@pytest.mark.parametrize("config", list(CLUSTER_CONFIGS))
+def test_gpu_cluster_configs(dtype: torch.dtype, config: int) -> None:
+    """A row split over a cluster of blocks: full rows, rows that leave most blocks of the
+    cluster empty, a partly filled last block, large-mean rows, GELU, NaN in one block's slice."""
+    vec = 16 // dtype.itemsize
+    cap = CLUSTER_CONFIGS[config] * vec
+    variant = f"config:{config}"
+    for shape in [(3, cap), (2, 37 * vec), (5, cap // 2 + 3 * vec)]:
+        x, w, b, _ = make(shape, dtype, "cuda")
+        check_forward(x, w, b, variant)
+    x, w, b, _ = make((4, cap - vec), torch.float32, "cuda", mean=1e4)
+    check_forward(x, w, b, variant, cond=1e4)
+    x, w, b, _ = make((2, cap), dtype, "cuda")
+    check_forward(x, w, b, variant, "gelu")
+    x[1, cap - 5] = float("nan")
+    y, mean, rstd = L.layernorm_fwd(x, w, b, variant=variant)
+    assert y[1].isnan().all() and mean[1].isnan() and rstd[1].isnan()
+    assert compare(y[0], layernorm_act_ref(x[:1], w, b)[0], dtype) is None
 
 
 @pytest.mark.gpu

@@ -16,7 +16,16 @@
 #   4 vector: one block per row, 16-byte loads, the row held in registers:
 #     x is read once, the statistics take two exact passes over registers.
 #   5 fast: 4, plus several rows per block (a warp per row) when the row is
-#     short, so small-h launches still fill the GPU with independent loads.
+#     short, so small-h launches still fill the GPU with independent loads;
+#     and, on sm_90 and newer, a cluster of 2-8 blocks per row when the row
+#     is too long for one block (over 4096 vectors; 16-bit rows over 1024):
+#     each block keeps its slice of the row in registers, reduces it exactly,
+#     and the blocks merge their (count, mean, M2) through distributed shared
+#     memory (ln_fwd_cluster). Before it, rows over 4096 vectors took two
+#     passes over global memory (bench_layernorm's long rows; `vector` is
+#     still one block per row). Where one block can hold the row it mostly
+#     wins (an H100 sweep at bf16 4096x8192: the best cluster config 62 us,
+#     one block 50).
 # Variants 1-3 and every fallback (h not a multiple of the vector width,
 # unaligned pointers, rows too long for registers) use shifted sums: with K a
 # sample of the row, mean = K + E[x-K] and var = E[(x-K)^2] - E[x-K]^2, one
@@ -31,13 +40,14 @@
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceContext, Dim
 from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE
 from max.gpu.primitives import warp
+from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_arrive_relaxed, cluster_sync, cluster_wait
 from max.gpu.memory import AddressSpace
 from std.math import ceildiv, rsqrt, erf, exp
 from std.memory import stack_allocation, bitcast
-from std.sys import size_of
+from std.sys import llvm_intrinsic, size_of
 
 comptime F32 = DType.float32
 comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
@@ -312,6 +322,88 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         rstd_out[unsafe_offset=row] = rstd
 
 
+@always_inline
+def slice_count(nv: Int, first: Int, slice_vectors: Int) -> Int:
+    """Vectors of a row of nv vectors that fall in the slice [first, first + slice_vectors)."""
+    return min(max(nv - first, 0), slice_vectors)
+
+
+@always_inline
+def peer_load(p: Shared, rank: Int, i: Int) -> Float32:
+    """p[i] in the shared memory of cluster block `rank` (distributed shared memory)."""
+    var g = p.unsafe_address_space_cast[AddressSpace.GENERIC]()
+    var peer = llvm_intrinsic["llvm.nvvm.mapa", type_of(g)](g, Int32(rank))
+    return peer[unsafe_offset=i]
+
+
+def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
+):
+    """A cluster of CL blocks per row (sm_90): block rank r holds the row's slice of vectors
+    r * SLICE + c * GT + gt (c < CH) in registers.
+
+    Each block reduces its slice exactly (its mean, then its squared deviations from it),
+    and every block merges the CL (count, mean, M2) pairs read from its peers' shared
+    memory in the same order, so all of them get the same statistics. Needs h % VEC == 0,
+    h <= CL * SLICE * VEC and 16-byte aligned pointers; the grid is rows * CL blocks.
+    """
+    comptime GT = WPR * WARP_SIZE
+    comptime W = CH * VEC
+    comptime SLICE = CH * GT
+    var sh = stack_allocation[2 * WPR, F32, address_space=AddressSpace.SHARED]()
+    var part = stack_allocation[2, F32, address_space=AddressSpace.SHARED]()
+    var rank = Int(block_rank_in_cluster())
+    var gt = Int(thread_idx.x)
+    var row = Int(block_idx.x) // CL
+    var n = Int(h)
+    var nv = n // VEC
+    var first = rank * SLICE
+    var base = row * n
+    var v = SIMD[F32, W](0.0)
+    comptime for c in range(CH):
+        var j = first + c * GT + gt
+        if j < nv:
+            v = v.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+    var count = slice_count(nv, first, SLICE) * VEC
+    var local_mean = group_sum[WPR, 1](v.reduce_add(), sh, 0) / Float32(max(count, 1))
+    var ss: Float32 = 0.0
+    comptime for c in range(CH):
+        if first + c * GT + gt < nv:
+            var d = v.slice[VEC, offset=c * VEC]() - local_mean
+            ss += (d * d).reduce_add()
+    var m2 = group_sum[WPR, 1](ss, sh, 1)
+    if gt == 0:
+        part[unsafe_offset=0] = local_mean
+        part[unsafe_offset=1] = m2
+    # Release this block's pair, acquire the peers'.
+    cluster_sync()
+    var means = SIMD[F32, CL](0.0)
+    var mean: Float32 = 0.0
+    comptime for q in range(CL):
+        means[q] = peer_load(part, q, 0)
+        mean += Float32(slice_count(nv, q * SLICE, SLICE) * VEC) * means[q]
+    mean /= Float32(n)
+    var m2_total: Float32 = 0.0
+    comptime for q in range(CL):
+        var d = means[q] - mean
+        m2_total += peer_load(part, q, 1) + Float32(slice_count(nv, q * SLICE, SLICE) * VEC) * d * d
+    # Done with the peers' shared memory: they may exit once every block has said so.
+    cluster_arrive_relaxed()
+    var rstd = rsqrt(m2_total / Float32(n) + eps)
+    comptime for c in range(CH):
+        var j = first + c * GT + gt
+        if j < nv:
+            var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var z = (v.slice[VEC, offset=c * VEC]() - mean) * rstd * g + b
+            y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
+    if rank == 0 and gt == 0:
+        mean_out[unsafe_offset=row] = mean
+        rstd_out[unsafe_offset=row] = rstd
+    cluster_wait()
+
+
 # ---------------------------------------------------------------- forward launchers
 
 def launch_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
@@ -321,6 +413,15 @@ def launch_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: In
     comptime kernel = ln_fwd_regs[dtype, act, VEC, CH, WPR, RPB]
     ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
                                  grid_dim=ceildiv(rows, RPB), block_dim=WPR * RPB * WARP_SIZE)
+
+
+def launch_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int](
+    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
+) raises:
+    comptime kernel = ln_fwd_cluster[dtype, act, VEC, CH, WPR, CL]
+    ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
+                                 grid_dim=rows * CL, block_dim=WPR * WARP_SIZE, cluster_dim=Dim(CL))
 
 
 def launch_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
@@ -360,28 +461,39 @@ def aligned(*addresses: Int) -> Bool:
 #   12: CH=8, WPR=8, RPB=1 (256 threads, rows up to 2048 vectors)
 #   13: CH=1, WPR=32, RPB=1 (1024 threads, rows up to 1024 vectors)
 #   14: CH=2, WPR=32, RPB=1 (1024 threads, rows up to 2048 vectors)
+# and with a cluster of CL blocks per row (ln_fwd_cluster, sm_90 and newer; CH, WPR per block):
+#   15: CL=2, CH=2, WPR=16 (rows up to 2048 vectors)
+#   16: CL=4, CH=4, WPR=16 (rows up to 8192 vectors)
+#   17: CL=8, CH=4, WPR=16 (rows up to 16384 vectors)
 # `fast` and `vector` pick one from the row length (and, for fast, the row
 # count); variant V_FORCE + i forces config i (benchmark sweeps only).
 comptime V_FORCE = 100
 comptime MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle: H100 sweep
 
 
-def vector_config(nv: Int) -> Int:
-    """A block per row; per row length, the fastest config of an H100 sweep (fp32 and bf16)."""
+def vector_config(nv: Int, vec: Int, clusters: Bool) -> Int:
+    """A block (or, with `clusters`, for long rows a cluster of blocks) per row; per row length,
+    the fastest config of H100 sweeps (fp32 and bf16; results/bench_layernorm.md)."""
     if nv <= 256:
         return 4
     if nv <= 512:
         return 5
     if nv <= 1024:
         return 9
+    # A 16-bit row of 1025-2048 vectors would take 32 values per thread in one block: a cluster
+    # of two blocks of 16 keeps the occupancy. Past 4096 vectors one block cannot hold the row.
     if nv <= 2048:
-        return 7
+        return 15 if clusters and vec != 4 else 7
     if nv <= 4096:
         return 8
+    if clusters and nv <= 8192:
+        return 16
+    if clusters and nv <= 16384:
+        return 17
     return -1
 
 
-def fast_config(nv: Int, rows: Int) -> Int:
+def fast_config(nv: Int, rows: Int, vec: Int, clusters: Bool) -> Int:
     """Short rows and many of them: a warp per row, several rows per block; else as vector."""
     if rows >= MULTI_ROW_MIN_ROWS:
         if nv <= 32:
@@ -390,10 +502,14 @@ def fast_config(nv: Int, rows: Int) -> Int:
             return 1
         if nv <= 128:
             return 2
-    return vector_config(nv)
+    return vector_config(nv, vec, clusters)
 
 
-comptime FWD_CAPACITY = (32, 64, 128, 256, 256, 512, 1024, 2048, 4096, 1024, 512, 512, 2048, 1024, 2048)
+comptime FWD_CAPACITY = (
+    32, 64, 128, 256, 256, 512, 1024, 2048, 4096, 1024, 512, 512, 2048, 1024, 2048,
+    2048, 8192, 16384,
+)
+comptime FIRST_CLUSTER_CONFIG = 15
 
 
 def config_capacity(config: Int) -> Int:
@@ -438,6 +554,21 @@ def launch_fwd_config[dtype: DType, act: Int, VEC: Int](
         launch_fwd_regs[dtype, act, VEC, 1, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
     elif config == 14:
         launch_fwd_regs[dtype, act, VEC, 2, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config >= FIRST_CLUSTER_CONFIG:
+        comptime if ctx.default_device_info.compute >= 9.0:
+            launch_fwd_cluster_config[dtype, act, VEC](config, ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+
+
+def launch_fwd_cluster_config[dtype: DType, act: Int, VEC: Int](
+    config: Int, ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
+) raises:
+    if config == 15:
+        launch_fwd_cluster[dtype, act, VEC, 2, 16, 2](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 16:
+        launch_fwd_cluster[dtype, act, VEC, 4, 16, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif config == 17:
+        launch_fwd_cluster[dtype, act, VEC, 4, 16, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
 
 
 def fwd_gpu[dtype: DType, act: Int](
@@ -460,9 +591,11 @@ def fwd_gpu[dtype: DType, act: Int](
     comptime VEC = vector_width[dtype]()
     var nv = h // VEC
     var vec_ok = h % VEC == 0 and aligned(Int(y), Int(x), Int(gamma), Int(beta))
-    var config = fast_config(nv, rows) if variant == V_FAST else vector_config(nv)
-    if variant >= V_FORCE and config_capacity(variant - V_FORCE) >= nv:
-        config = variant - V_FORCE
+    comptime clusters = ctx.default_device_info.compute >= 9.0
+    var config = fast_config(nv, rows, VEC, clusters) if variant == V_FAST else vector_config(nv, VEC, False)
+    var forced = variant - V_FORCE
+    if forced >= 0 and config_capacity(forced) >= nv and (clusters or forced < FIRST_CLUSTER_CONFIG):
+        config = forced
     if vec_ok and config >= 0:
         launch_fwd_config[dtype, act, VEC](config, ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
         return
