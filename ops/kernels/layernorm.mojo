@@ -29,10 +29,9 @@
 #
 # What this version changes over the previous one: the register paths (forward,
 # cluster forward, backward) share their slice helpers (load_slice, slice_m2,
-# store_normalized_slice, store_slice); the cluster blocks merge their
-# statistics in one pass (Chan's pairwise update), and the cluster kernel is
-# compiled for two resident blocks per SM (a 64-register bound) instead of
-# leaving that to the register allocator (bf16 with clusters of 8 took 71).
+# store_normalized_slice, store_slice), and the cluster kernel is compiled
+# for two resident blocks per SM (a 64-register bound) instead of leaving that
+# to the register allocator (bf16 with clusters of 8 took 71).
 #
 # Variants 1-3 and every fallback (h not a multiple of the vector width,
 # unaligned pointers, rows too long for registers) use shifted sums: with K a
@@ -429,18 +428,18 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
         part[unsafe_offset=1] = m2
     # Release this block's pair, acquire the peers'.
     cluster_sync()
-    # Chan's pairwise merge of (count, mean, M2), block 0 first: one pass over the peers.
-    var total: Float32 = 0.0
-    var mean: Float32 = 0.0
+    # Merge: the count-weighted mean of the block means, then each block's M2 plus its
+    # count times its mean's squared distance from that (one divide, no serial chain).
+    var means = SIMD[F32, CL](0.0)
+    var counts = SIMD[F32, CL](0.0)
+    comptime for q in range(CL):
+        means[q] = peer_load(part, q, 0)
+        counts[q] = Float32(slice_count(nv, q * SLICE, SLICE) * VEC)
+    var mean = (counts * means).reduce_add() / Float32(n)
     var m2_total: Float32 = 0.0
     comptime for q in range(CL):
-        var cq = Float32(slice_count(nv, q * SLICE, SLICE) * VEC)
-        var d = peer_load(part, q, 0) - mean
-        var merged = total + cq
-        var w = cq / max(merged, 1.0)  # 0 for an empty slice: it changes nothing
-        mean += d * w
-        m2_total += peer_load(part, q, 1) + d * d * total * w
-        total = merged
+        var d = means[q] - mean
+        m2_total += peer_load(part, q, 1) + counts[q] * d * d
     # Done with the peers' shared memory: they may exit once every block has said so.
     cluster_arrive_relaxed()
     var rstd = rsqrt(m2_total / Float32(n) + eps)
