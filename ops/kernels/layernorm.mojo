@@ -29,9 +29,9 @@
 #
 # What this version changes over the previous one: the register paths (forward,
 # cluster forward, backward) share their slice helpers (load_slice, slice_m2,
-# store_normalized_slice, store_slice), and the cluster kernel is compiled
-# for two resident blocks per SM (a 64-register bound) instead of leaving that
-# to the register allocator (bf16 with clusters of 8 took 71).
+# store_normalized_slice, store_slice) where the generated code stays the
+# same (ptxas registers and instruction mix of every kernel in local sm_90
+# builds match the previous version's).
 #
 # Variants 1-3 and every fallback (h not a multiple of the vector width,
 # unaligned pointers, rows too long for registers) use shifted sums: with K a
@@ -55,8 +55,6 @@ from max.gpu.memory import AddressSpace
 from std.math import ceildiv, rsqrt, erf, exp
 from std.memory import stack_allocation, bitcast
 from std.sys import llvm_intrinsic, size_of
-from std.utils.static_tuple import StaticTuple
-from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 
 comptime F32 = DType.float32
 comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
@@ -81,7 +79,6 @@ comptime SMEM_BLOCK = 256
 comptime REDUCE_COLS = 32   # columns per block of the dgamma/dbeta reduction
 comptime REDUCE_SLICES = 8  # threads splitting one column's parts
 comptime ALIGN = 16         # bytes per vector load
-comptime CLUSTER_MIN_BLOCKS = 2  # resident blocks per SM the cluster kernel is compiled for
 
 
 # ---------------------------------------------------------------- math
@@ -390,12 +387,6 @@ def peer_load(p: Shared, rank: Int, i: Int) -> Float32:
     return peer[unsafe_offset=i]
 
 
-# Two blocks of WPR warps per SM need at most 64 registers a thread at WPR = 16: the
-# bound keeps that occupancy from depending on how ptxas allocates the merge.
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WPR * WARP_SIZE)),
-    `nvvm.minctasm`=SIMDLength(CLUSTER_MIN_BLOCKS),
-)
 def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int](
     y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
@@ -429,21 +420,31 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     # Release this block's pair, acquire the peers'.
     cluster_sync()
     # Merge: the count-weighted mean of the block means, then each block's M2 plus its
-    # count times its mean's squared distance from that (one divide, no serial chain).
+    # count times its mean's squared distance from that. (A one-pass Chan merge, with a
+    # divide per block, ran 2-5% slower at 32 rows x 65536 on the H100.)
     var means = SIMD[F32, CL](0.0)
-    var counts = SIMD[F32, CL](0.0)
+    var mean: Float32 = 0.0
     comptime for q in range(CL):
         means[q] = peer_load(part, q, 0)
-        counts[q] = Float32(slice_count(nv, q * SLICE, SLICE) * VEC)
-    var mean = (counts * means).reduce_add() / Float32(n)
+        mean += Float32(slice_count(nv, q * SLICE, SLICE) * VEC) * means[q]
+    mean /= Float32(n)
     var m2_total: Float32 = 0.0
     comptime for q in range(CL):
         var d = means[q] - mean
-        m2_total += peer_load(part, q, 1) + counts[q] * d * d
+        m2_total += peer_load(part, q, 1) + Float32(slice_count(nv, q * SLICE, SLICE) * VEC) * d * d
     # Done with the peers' shared memory: they may exit once every block has said so.
     cluster_arrive_relaxed()
     var rstd = rsqrt(m2_total / Float32(n) + eps)
-    store_normalized_slice[dtype, act, VEC, CH, GT](y, gamma, beta, v, mean, rstd, base, first, gt, nv)
+    # store_normalized_slice's loop, written out: called here, ptxas gave this kernel up to
+    # 8 more registers (local sm_90 builds), and that version ran 2-4% slower at 32 x 65536
+    # on the H100 (exp/s11_merge.py on branch s11-exp).
+    comptime for c in range(CH):
+        var j = first + c * GT + gt
+        if j < nv:
+            var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var z = (v.slice[VEC, offset=c * VEC]() - mean) * rstd * g + b
+            y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
     if rank == 0 and gt == 0:
         mean_out[unsafe_offset=row] = mean
         rstd_out[unsafe_offset=row] = rstd
