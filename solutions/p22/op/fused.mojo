@@ -39,17 +39,19 @@
 # H100 sweeps of every count at three sizes (results/p22_realistic.txt,
 # results/p22_col_tiles.txt) show how close the pick comes to the best.
 # What this version changes over the previous one: the 16-byte loads of
-# step 2. The previous version staged x as p22_matmul does (four rows, one k
-# column per thread: four rows' statistics in registers, four scalar loads)
-# and w with four scalar loads; on the H100 at 8 x 512 x 768 -> 3072 the
-# fused kernel took 577 us against the plain matmul's 531, and 554 against
-# 535 with this staging (an ad-hoc experiment; results/p22_realistic.txt is
-# the committed run). It also needs 127 registers instead of 247 (ptxas), so
-# two blocks fit an SM, which the cost model now counts: assuming one block
-# per SM, it spread 128 blocks of 6 tiles that the scheduler packed two to an
-# SM on half the GPU (704 us on the H100). Before that: 128 x 128 tiles with loads one step ahead
-# (tiles.mojo), and the cost model below in place of "as many tiles as still
-# fill the GPU", which left a half-empty last wave of blocks.
+# step 2, and the occupancy in the cost model. The previous version staged x
+# as p22_matmul does (four rows, one k column per thread: four rows'
+# statistics in registers, four scalar loads) and w with four scalar loads,
+# in 247 registers. This one needs 127 (ptxas), so two blocks fit an SM; the
+# cost model assumed one, and its pick (128 blocks of 6 tiles, which the
+# scheduler packed two to an SM on half the GPU) took 704 us. Counting
+# per_sm, it picks 3 tiles. H100 at 8 x 512 x 768 -> 3072, side by side in
+# one experiment: fused 564 us against unfused 615 (0.92x), the previous
+# kernel 596 (0.97x). results/p22_realistic.txt: fused 560 us against 611,
+# the fused kernel 549 against the plain matmul's 532. Before that: 128 x 128
+# tiles with loads one step ahead (tiles.mojo), and the cost model in place of
+# "as many tiles as still fill the GPU", which left a half-empty last wave of
+# blocks.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
