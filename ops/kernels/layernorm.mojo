@@ -30,8 +30,9 @@
 # What this version changes over the previous one: the register paths (forward,
 # cluster forward, backward) share their slice helpers (load_slice, slice_m2,
 # store_normalized_slice, store_slice) where the generated code stays the
-# same (ptxas registers and instruction mix of every kernel in local sm_90
-# builds match the previous version's).
+# same: in local sm_90 builds every kernel keeps its ptxas register count and
+# its instruction mix, except that the backward now writes its two partial
+# sums in two loops instead of one (once per row group, after all its rows).
 #
 # Variants 1-3 and every fallback (h not a multiple of the vector width,
 # unaligned pointers, rows too long for registers) use shifted sums: with K a
