@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-START = re.compile(r"^\s*# FILL ME IN \[(?P<label>[\w.-]+)\] \(roughly \d+ lines\)")
+START = re.compile(r"^\s*# FILL ME IN \[(?P<label>[\w.-]+)\] \(roughly \d+ lines?\)")
 END = re.compile(r"^\s*# END FILL ME IN\s*$")
 STUB_MARK = "# stub"
 

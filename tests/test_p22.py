@@ -102,6 +102,18 @@ def test_gpu_fused_col_tiles(monkeypatch: pytest.MonkeyPatch, col_tiles: str) ->
     assert compare(fused(SOL, *inputs), layernorm_linear_ref(*inputs), torch.float32, reduction=200) is None
 
 
+@pytest.mark.gpu
+def test_gpu_fused_unaligned_views() -> None:
+    """x and weight starting 4 bytes into their storage with k % 4 == 0: the fused kernel
+    cannot take 16-byte loads there and must fall back to scalar ones."""
+    x, g, b, w, c = make_inputs(2, 5, 64, 48, device="cuda")
+    xs = torch.empty(x.numel() + 1, device="cuda")[1:].view_as(x).copy_(x)
+    ws = torch.empty(w.numel() + 1, device="cuda")[1:].view_as(w).copy_(w)
+    assert xs.data_ptr() % 16 and ws.data_ptr() % 16
+    got = fused(SOL, xs, g, b, ws, c)
+    assert compare(got, layernorm_linear_ref(x, g, b, w, c), torch.float32, reduction=64) is None
+
+
 @pytest.mark.parametrize("name,short", [
     ("op_matmul_matmul_kernel_DTyp6A6A6A6AcB6A", "matmul_kernel"),
     ("op_bias_add_bias_add_kernel6A6A6A6AcB6A6", "bias_add_kernel"),

@@ -26,6 +26,14 @@
 #     still one block per row). Where one block can hold the row it mostly
 #     wins (an H100 sweep at bf16 4096x8192: the best cluster config 62 us,
 #     one block 50).
+#
+# What this version changes over the previous one: the register paths (forward,
+# cluster forward, backward) share their slice helpers (load_slice, slice_m2,
+# store_normalized_slice, store_slice) where the generated code stays the
+# same: in local sm_90 builds every kernel keeps its ptxas register count and
+# its instruction mix, except that the backward now writes its two partial
+# sums in two loops instead of one (once per row group, after all its rows).
+#
 # Variants 1-3 and every fallback (h not a multiple of the vector width,
 # unaligned pointers, rows too long for registers) use shifted sums: with K a
 # sample of the row, mean = K + E[x-K] and var = E[(x-K)^2] - E[x-K]^2, one
@@ -177,6 +185,65 @@ def group_sum[WPR: Int, RPB: Int](v: Float32, sh: Shared, slot: Int) -> Float32:
         return total
 
 
+# ---------------------------------------------------------------- register slices
+# The register paths hold, per thread, the CH vectors first + c * GT + gt (c < CH)
+# of a row: first = 0 with a block (or a warp group) per row, a block's slice
+# offset in a cluster.
+
+comptime Regs[VEC: Int, CH: Int] = SIMD[F32, CH * VEC]
+
+
+@always_inline
+def load_slice[dtype: DType, VEC: Int, CH: Int, GT: Int](
+    p: Ptr[dtype], base: Int, first: Int, gt: Int, nv: Int, valid: Bool,
+) -> Regs[VEC, CH]:
+    """This thread's vectors of the row at p + base in fp32; 0 past nv vectors or when not valid."""
+    var v = Regs[VEC, CH](0.0)
+    comptime for c in range(CH):
+        var j = first + c * GT + gt
+        if valid and j < nv:
+            v = v.insert[offset=c * VEC](p.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+    return v
+
+
+@always_inline
+def store_slice[dtype: DType, VEC: Int, CH: Int, GT: Int](
+    p: Ptr[dtype], v: Regs[VEC, CH], base: Int, first: Int, gt: Int, nv: Int,
+):
+    """Store this thread's vectors of v into the row at p + base (those below nv)."""
+    comptime for c in range(CH):
+        var j = first + c * GT + gt
+        if j < nv:
+            p.unsafe_store[alignment=ALIGN](base + j * VEC, v.slice[VEC, offset=c * VEC]().cast[dtype]())
+
+
+@always_inline
+def slice_m2[VEC: Int, CH: Int, GT: Int](v: Regs[VEC, CH], mean: Float32, first: Int, gt: Int, nv: Int) -> Float32:
+    """Sum of (x - mean)^2 over this thread's vectors of the row (those below nv)."""
+    var ss: Float32 = 0.0
+    comptime for c in range(CH):
+        if first + c * GT + gt < nv:
+            var d = v.slice[VEC, offset=c * VEC]() - mean
+            ss += (d * d).reduce_add()
+    return ss
+
+
+@always_inline
+def store_normalized_slice[dtype: DType, act: Int, VEC: Int, CH: Int, GT: Int](
+    y: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], v: Regs[VEC, CH],
+    mean: Float32, rstd: Float32, base: Int, first: Int, gt: Int, nv: Int,
+):
+    """y = act((x - mean) * rstd * gamma + beta) for this thread's vectors; gamma and beta
+    are loaded one vector at a time, next to their use, to keep registers for the row."""
+    comptime for c in range(CH):
+        var j = first + c * GT + gt
+        if j < nv:
+            var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+            var z = (v.slice[VEC, offset=c * VEC]() - mean) * rstd * g + b
+            y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
+
+
 # ---------------------------------------------------------------- forward, variants 1-3
 
 def ln_fwd_row_thread[dtype: DType, act: Int](
@@ -286,7 +353,6 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     Needs h % VEC == 0, h <= CH * VEC * GT and 16-byte aligned pointers.
     """
     comptime GT = WPR * WARP_SIZE
-    comptime W = CH * VEC
     var sh = stack_allocation[2 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
     var gt = tid % GT
@@ -296,27 +362,13 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     var nv = n // VEC
     var base = row * n
     # All loads are issued before any arithmetic depends on them.
-    var v = SIMD[F32, W](0.0)
-    comptime for c in range(CH):
-        var j = c * GT + gt
-        if valid and j < nv:
-            v = v.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+    var v = load_slice[dtype, VEC, CH, GT](x, base, 0, gt, nv, valid)
     var mean = group_sum[WPR, RPB](v.reduce_add(), sh, 0) / Float32(n)
-    var ss: Float32 = 0.0
-    comptime for c in range(CH):
-        if c * GT + gt < nv:
-            var d = v.slice[VEC, offset=c * VEC]() - mean
-            ss += (d * d).reduce_add()
+    var ss = slice_m2[VEC, CH, GT](v, mean, 0, gt, nv)
     var rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
     if not valid:
         return
-    comptime for c in range(CH):
-        var j = c * GT + gt
-        if j < nv:
-            var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
-            var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
-            var z = (v.slice[VEC, offset=c * VEC]() - mean) * rstd * g + b
-            y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
+    store_normalized_slice[dtype, act, VEC, CH, GT](y, gamma, beta, v, mean, rstd, base, 0, gt, nv)
     if gt == 0:
         mean_out[unsafe_offset=row] = mean
         rstd_out[unsafe_offset=row] = rstd
@@ -349,7 +401,6 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     h <= CL * SLICE * VEC and 16-byte aligned pointers; the grid is rows * CL blocks.
     """
     comptime GT = WPR * WARP_SIZE
-    comptime W = CH * VEC
     comptime SLICE = CH * GT
     var sh = stack_allocation[2 * WPR, F32, address_space=AddressSpace.SHARED]()
     var part = stack_allocation[2, F32, address_space=AddressSpace.SHARED]()
@@ -360,24 +411,18 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     var nv = n // VEC
     var first = rank * SLICE
     var base = row * n
-    var v = SIMD[F32, W](0.0)
-    comptime for c in range(CH):
-        var j = first + c * GT + gt
-        if j < nv:
-            v = v.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+    var v = load_slice[dtype, VEC, CH, GT](x, base, first, gt, nv, True)
     var count = slice_count(nv, first, SLICE) * VEC
     var local_mean = group_sum[WPR, 1](v.reduce_add(), sh, 0) / Float32(max(count, 1))
-    var ss: Float32 = 0.0
-    comptime for c in range(CH):
-        if first + c * GT + gt < nv:
-            var d = v.slice[VEC, offset=c * VEC]() - local_mean
-            ss += (d * d).reduce_add()
-    var m2 = group_sum[WPR, 1](ss, sh, 1)
+    var m2 = group_sum[WPR, 1](slice_m2[VEC, CH, GT](v, local_mean, first, gt, nv), sh, 1)
     if gt == 0:
         part[unsafe_offset=0] = local_mean
         part[unsafe_offset=1] = m2
     # Release this block's pair, acquire the peers'.
     cluster_sync()
+    # Merge: the count-weighted mean of the block means, then each block's M2 plus its
+    # count times its mean's squared distance from that. (A one-pass Chan merge, with a
+    # divide per block, ran 2-5% slower at 32 rows x 65536 on the H100.)
     var means = SIMD[F32, CL](0.0)
     var mean: Float32 = 0.0
     comptime for q in range(CL):
@@ -391,6 +436,9 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     # Done with the peers' shared memory: they may exit once every block has said so.
     cluster_arrive_relaxed()
     var rstd = rsqrt(m2_total / Float32(n) + eps)
+    # store_normalized_slice's loop, written out: called here, ptxas gave this kernel up to
+    # 8 more registers (local sm_90 builds), and that version ran 2-4% slower at 32 x 65536
+    # on the H100 (exp/s11_merge.py on branch s11-exp).
     comptime for c in range(CH):
         var j = first + c * GT + gt
         if j < nv:
@@ -622,8 +670,8 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     var n = Int(h)
     var nv = n // VEC
     var p = Int(parts)
-    var g = SIMD[F32, W](0.0)
-    var bt = SIMD[F32, W](0.0)
+    var g = Regs[VEC, CH](0.0)
+    var bt = Regs[VEC, CH](0.0)
     comptime for c in range(CH):
         var j = c * GT + gt
         if j < nv:
@@ -637,13 +685,14 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         var row = group + it * p
         var valid = group < p and row < Int(rows)
         var base = row * n
-        var xv = SIMD[F32, W](0.0)
-        var dyv = SIMD[F32, W](0.0)  # zero where invalid: contributes nothing below
+        var xv = Regs[VEC, CH](0.0)
+        var dyv = Regs[VEC, CH](0.0)  # zero where invalid: contributes nothing below
         var m: Float32 = 0.0
         var r: Float32 = 0.0
         if valid:
             m = mean[unsafe_offset=row]
             r = rstd[unsafe_offset=row]
+            # x and dy in one loop (not two load_slice calls): ptxas then needs fewer registers.
             comptime for c in range(CH):
                 var j = c * GT + gt
                 if j < nv:
@@ -659,17 +708,10 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         acc_g += dyv * xhat
         acc_b += dyv
         if valid:
-            var dxv = r * (gdy - a - xhat * b)
-            comptime for c in range(CH):
-                var j = c * GT + gt
-                if j < nv:
-                    dx.unsafe_store[alignment=ALIGN](base + j * VEC, dxv.slice[VEC, offset=c * VEC]().cast[dtype]())
+            store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), base, 0, gt, nv)
     if group < p:
-        comptime for c in range(CH):
-            var j = c * GT + gt
-            if j < nv:
-                part_g.unsafe_store[alignment=ALIGN](group * n + j * VEC, acc_g.slice[VEC, offset=c * VEC]())
-                part_b.unsafe_store[alignment=ALIGN](group * n + j * VEC, acc_b.slice[VEC, offset=c * VEC]())
+        store_slice[F32, VEC, CH, GT](part_g, acc_g, group * n, 0, gt, nv)
+        store_slice[F32, VEC, CH, GT](part_b, acc_b, group * n, 0, gt, nv)
 
 
 def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](

@@ -19,23 +19,39 @@
 #      for every tile made the fused kernel 1.5x slower than the unfused path
 #      on the H100 at 4096 x 768 -> 3072);
 #   2. normalize-on-load: each x element is normalized, scaled by gamma and
-#      shifted by beta as it is staged into the shared-memory tile (a
-#      thread's rows are fixed over k, so their mean and rstd sit in
-#      registers; its loads share one k column, so one gamma and beta each);
+#      shifted by beta as it is staged into the shared-memory tile. A thread
+#      stages one tile row and four consecutive k columns of every k step,
+#      of x and of w alike, so its row's mean and rstd sit in registers and
+#      its x, gamma, beta and w values each come in one 16-byte load (where
+#      k % 4 == 0 and the pointers are 16-byte aligned; else four scalar
+#      loads);
 #   3. the bias added in the epilogue.
 # Compared with the unfused path it saves the normalized tensor's write and
 # read, the transposed weight, the bias pass, and three launches.
 #
 # col_tiles (picked at launch) trades the two costs a block pays: its
 # strip's statistics, once, and its tiles, one after the other. An SM's time
-# is about (blocks it runs) x (col_tiles + STATS_COST) tile-times, so the
-# launcher picks the col_tiles that minimises ceil(blocks / SMs) x that.
+# is about (blocks it runs) x (col_tiles + STATS_COST) tile-times. The
+# driver's occupancy calculator says how many blocks an SM holds at once
+# (per_sm); the scheduler may fill SMs that many at a time, so the busiest SM
+# runs per_sm x ceil(blocks / (SMs x per_sm)) blocks, and the launcher picks
+# the col_tiles that minimises that times the cost of a block.
 # H100 sweeps of every count at three sizes (results/p22_realistic.txt,
 # results/p22_col_tiles.txt) show how close the pick comes to the best.
-# What this version changes over the previous one: 128 x 128 tiles with
-# loads one step ahead (tiles.mojo), the statistics in registers, and that
-# cost model in place of "as many tiles as still fill the GPU", which left a
-# half-empty last wave of blocks.
+# What this version changes over the previous one: the 16-byte loads of
+# step 2, and the occupancy in the cost model. The previous version staged x
+# as p22_matmul does (four rows, one k column per thread: four rows'
+# statistics in registers, four scalar loads) and w with four scalar loads,
+# in 247 registers. This one needs 127 (ptxas), so two blocks fit an SM; the
+# cost model assumed one, and its pick (128 blocks of 6 tiles, which the
+# scheduler packed two to an SM on half the GPU) took 704 us. Counting
+# per_sm, it picks 3 tiles. H100 at 8 x 512 x 768 -> 3072, side by side in
+# one experiment: fused 564 us against unfused 615 (0.92x), the previous
+# kernel 596 (0.97x). results/p22_realistic.txt: fused 560 us against 611,
+# the fused kernel 549 against the plain matmul's 532. Before that: 128 x 128
+# tiles with loads one step ahead (tiles.mojo), and the cost model in place of
+# "as many tiles as still fill the GPU", which left a half-empty last wave of
+# blocks.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
@@ -49,10 +65,7 @@ from std.os import getenv
 
 from .common import EPS, Ptr
 from .layernorm import row_stats_cpu
-from .tiles import (
-    A_LOADS, A_STRIDE, B_LOADS, B_STRIDE, BK, BM, BN, THREADS, TN, Acc, ARegs, BRegs,
-    a_k, a_row, accumulate_tile, load_a, store_a, store_tile,
-)
+from .tiles import A_STRIDE, B_STRIDE, BK, BM, BN, THREADS, TN, Acc, accumulate_tile, store_tile
 
 comptime NAIVE_BLOCK = 128
 comptime MAX_COL_TILES = 8
@@ -61,6 +74,9 @@ comptime MAX_COL_TILES = 8
 comptime COST_SCALE = 8
 comptime N_WARPS = THREADS // WARP_SIZE
 comptime ROWS_PER_WARP = BM // N_WARPS
+# Staging: THREADS_PER_ROW threads cover a tile row's BK columns, 4 each.
+comptime THREADS_PER_ROW = BK // 4
+comptime F4 = SIMD[DType.float32, 4]
 
 
 def fused_naive_kernel[dtype: DType](
@@ -98,27 +114,30 @@ def stats_row(row0: Int, warp_id: Int, rr: Int, mm: Int) -> Int:
 
 
 @always_inline
-def load_x[dtype: DType](
-    mut regs: ARegs, mut g: Float32, mut b: Float32, x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
-    row0: Int, k0: Int, m: Int, k: Int, tid: Int,
-):
-    """This thread's raw x values of the k step at k0, and gamma/beta of its k column
-    (every load of a thread shares one column). 0 past the matrix edges."""
-    load_a(regs, x, row0, k0, m, k, tid)
-    var kc = k0 + a_k(tid)
-    g = gamma[unsafe_offset=kc].cast[DType.float32]() if kc < k else 0.0
-    b = beta[unsafe_offset=kc].cast[DType.float32]() if kc < k else 0.0
+def load4[dtype: DType](p: Ptr[dtype], inside: Bool, base: Int, kc: Int, k: Int, vec: Bool) -> F4:
+    """p[base + kc .. base + kc + 3] in fp32, 0 past k or when not `inside` the matrix.
+    `vec`: k % 4 == 0 and p 16-byte aligned, so one 16-byte load reads all four."""
+    var v = F4(0.0)
+    if inside:
+        if vec:
+            if kc < k:
+                v = p.unsafe_load[width=4, alignment=16](base + kc).cast[DType.float32]()
+        else:
+            comptime for i in range(4):
+                if kc + i < k:
+                    v[i] = p[unsafe_offset=base + kc + i].cast[DType.float32]()
+    return v
 
 
 @always_inline
-def load_w[dtype: DType](mut regs: BRegs, w: Ptr[dtype], col0: Int, k0: Int, k: Int, n: Int, tid: Int):
-    """This thread's values of w [n, k] for the k step at k0: k runs fastest across threads,
-    so w is read coalesced as it is stored (no transpose)."""
-    comptime for l in range(B_LOADS):
-        var idx = tid + l * THREADS
-        var kr = k0 + idx % BK
-        var col = col0 + idx // BK
-        regs[l] = w[unsafe_offset=col * k + kr].cast[DType.float32]() if kr < k and col < n else 0.0
+def normalize(x: F4, mean: Float32, rstd: Float32, gamma: F4, beta: F4) -> F4:
+    """Four x values of one row as they are staged: LayerNorm's output, before the matmul."""
+    var v = F4(0.0)
+    # FILL ME IN [fused_normalize_on_load] (roughly 1 line)
+    # Hint: v = (x - mean) * rstd * gamma + beta, elementwise (a Float32 broadcasts over F4).
+    pass  # stub
+    # END FILL ME IN
+    return v
 
 
 def fused_kernel[dtype: DType](
@@ -154,56 +173,49 @@ def fused_kernel[dtype: DType](
     # Every warp reads rows other warps wrote: wait until all are there.
     barrier()
 
-    # Each thread's tile rows are fixed over k: keep their statistics in registers.
-    var row_mean = ARegs(0)
-    var row_rstd = ARegs(0)
-    comptime for l in range(A_LOADS):
-        row_mean[l] = mean_s[unsafe_offset=a_row(tid, l)]
-        row_rstd[l] = rstd_s[unsafe_offset=a_row(tid, l)]
+    # Thread tid stages tile row `mine` and k columns kq .. kq + 3 of every k step.
+    var mine = tid // THREADS_PER_ROW
+    var kq = (tid % THREADS_PER_ROW) * 4
+    var r = row0 + mine
+    var row_mean = mean_s[unsafe_offset=mine]
+    var row_rstd = rstd_s[unsafe_offset=mine]
+    var vec = kk_n % 4 == 0 and (Int(x) | Int(gamma) | Int(beta) | Int(w)) % 16 == 0
 
     var ct = Int(col_tiles)
     for t in range(ct):
         var col0 = (Int(block_idx.x) * ct + t) * BN
         if col0 >= nn:
             break
+        var c = col0 + mine  # the weight row (output column) this thread stages
         var acc = Acc(0)
-        # Raw x, gamma and beta of the next k step, loaded one step ahead;
-        # they are normalized when staged.
-        var x_regs = ARegs(0)
-        var g_reg: Float32 = 0.0
-        var b_reg: Float32 = 0.0
-        var w_regs = BRegs(0)
-        load_x(x_regs, g_reg, b_reg, x, gamma, beta, row0, 0, mm, kk_n, tid)
-        load_w(w_regs, w, col0, 0, kk_n, nn, tid)
+        # Raw x, gamma, beta and w of the next k step, loaded one step ahead;
+        # x is normalized when staged.
+        var x4 = load4(x, r < mm, r * kk_n, kq, kk_n, vec)
+        var g4 = load4(gamma, True, 0, kq, kk_n, vec)
+        var b4 = load4(beta, True, 0, kq, kk_n, vec)
+        var w4 = load4(w, c < nn, c * kk_n, kq, kk_n, vec)
         for k0 in range(0, kk_n, BK):
-            var a_regs = ARegs(0)
-            var kc = k0 + a_k(tid)
-            comptime for l in range(A_LOADS):
-                var v: Float32 = 0.0
-                if row0 + a_row(tid, l) < mm and kc < kk_n:
-                    # FILL ME IN [fused_normalize_on_load] (roughly 2 lines)
-                    # Hint: v = (x - mean) * rstd * gamma + beta, with this load's x_regs[l],
-                    # row_mean[l], row_rstd[l] and the k column's g_reg, b_reg.
-                    pass  # stub
-                    # END FILL ME IN
-                a_regs[l] = v
-            store_a(a_s, a_regs, tid)
-            comptime for l in range(B_LOADS):
-                var idx = tid + l * THREADS
-                b_s[unsafe_offset=(idx % BK) * B_STRIDE + idx // BK] = w_regs[l]
+            var a4 = normalize(x4, row_mean, row_rstd, g4, b4)
+            comptime for i in range(4):
+                a_s[unsafe_offset=(kq + i) * A_STRIDE + mine] = a4[i]
+                b_s[unsafe_offset=(kq + i) * B_STRIDE + mine] = w4[i]
             barrier()
+            var kn = k0 + BK + kq
             if k0 + BK < kk_n:
-                load_x(x_regs, g_reg, b_reg, x, gamma, beta, row0, k0 + BK, mm, kk_n, tid)
-                load_w(w_regs, w, col0, k0 + BK, kk_n, nn, tid)
+                x4 = load4(x, r < mm, r * kk_n, kn, kk_n, vec)
+                g4 = load4(gamma, True, 0, kn, kk_n, vec)
+                b4 = load4(beta, True, 0, kn, kk_n, vec)
+                w4 = load4(w, c < nn, c * kk_n, kn, kk_n, vec)
             accumulate_tile(acc, a_s, b_s, ty, tx)
             barrier()
         store_tile[dtype, True](y, bias, acc, row0, col0, ty, tx, mm, nn)
 
 
-def col_tiles(rows: Int, n: Int, sm_count: Int) -> Int:
-    """Output tiles per block: the count (up to MAX_COL_TILES) minimising
-    ceil(blocks / SMs) x (tiles per block + STATS_COST), the time of the
-    busiest SM. P22_FUSED_COL_TILES overrides it for sweeps."""
+def col_tiles(rows: Int, n: Int, sm_count: Int, per_sm: Int) -> Int:
+    """Output tiles per block: the count (up to MAX_COL_TILES) minimising the time of the
+    busiest SM, per_sm x ceil(blocks / (SMs x per_sm)) x (tiles per block + STATS_COST),
+    for a kernel of which per_sm blocks fit an SM at once. P22_FUSED_COL_TILES overrides
+    it for sweeps."""
     var forced = getenv("P22_FUSED_COL_TILES", "")
     if forced:
         try:
@@ -212,11 +224,12 @@ def col_tiles(rows: Int, n: Int, sm_count: Int) -> Int:
             pass
     var strips = ceildiv(rows, BM)
     var tiles = ceildiv(n, BN)
+    var slots = sm_count * max(per_sm, 1)
     var best = 1
     var best_cost = -1
     for ct in range(1, min(MAX_COL_TILES, tiles) + 1):
         var blocks = strips * ceildiv(tiles, ct)
-        var cost = ceildiv(blocks, sm_count) * (COST_SCALE * ct + 1)
+        var cost = ceildiv(blocks, slots) * max(per_sm, 1) * (COST_SCALE * ct + 1)
         if best_cost < 0 or cost < best_cost:
             best = ct
             best_cost = cost
@@ -285,9 +298,11 @@ struct P22Fused:
         var n = w.dim_size(0)
         comptime if target == "gpu":
             comptime kernel = fused_kernel[dtype]
-            var ct = col_tiles(rows, n, ctx.default_device_info.sm_count)
-            ctx.enqueue_function[kernel](
-                y.unsafe_ptr(), x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
+            var func = ctx.compile_function[kernel]()
+            var per_sm = func.occupancy_max_active_blocks_per_multiprocessor(THREADS, 0)
+            var ct = col_tiles(rows, n, ctx.default_device_info.sm_count, per_sm)
+            ctx.enqueue_function(
+                func, y.unsafe_ptr(), x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
                 w.unsafe_ptr(), bias.unsafe_ptr(), Int32(rows), Int32(k), Int32(n), Int32(ct),
                 grid_dim=(ceildiv(n, BN * ct), ceildiv(rows, BM)), block_dim=(TN, THREADS // TN),
             )
