@@ -32,7 +32,9 @@
 # each vector to fp32 where it is used (sum, sum of squares, output), so a 16-bit
 # row takes half the registers. H100 A/B, kernel time by CUPTI (exp/s12_ln.py on
 # branch s12-exp): bf16 16384x768 18.0 us, was 20.7; bf16 65536x1024 92.5, was
-# 93.1; bf16 4096x8192 and 16384x4096 unchanged; fp32 code is unchanged. Tried
+# 93.1; bf16 4096x8192 and 16384x4096 unchanged; fp32 code is unchanged. The
+# benchmark at 310ab15 (results/bench_layernorm.md) against 71af6e3's: bf16
+# 16384x768 20.9 us (23.5), 65536x768 73.0 (77.8), 512x32768 35.7 (41.9). Tried
 # and dropped in the same A/B: one reduction of shifted sums instead of the two
 # exact passes (the bf16 4096x8192 kernel went from 40 to 48 registers, 2 blocks
 # of 512 threads per SM instead of 3, 53.0 us instead of 47.7; limited to a warp
