@@ -27,12 +27,22 @@
 #     wins (an H100 sweep at bf16 4096x8192: the best cluster config 62 us,
 #     one block 50).
 #
-# What this version changes over the previous one: the register paths (forward,
-# cluster forward, backward) share their slice helpers (load_slice, slice_m2,
-# store_normalized_slice, store_slice) where the generated code stays the
-# same: in local sm_90 builds every kernel keeps its ptxas register count and
-# its instruction mix, except that the backward now writes its two partial
-# sums in two loops instead of one (once per row group, after all its rows).
+# What this version changes over the previous one: the one-block register
+# forward (ln_fwd_regs) keeps an fp16/bf16 row in registers as loaded and widens
+# each vector to fp32 where it is used (sum, sum of squares, output), so a 16-bit
+# row takes half the registers. H100 A/B, kernel time by CUPTI (exp/s12_ln.py on
+# branch s12-exp): bf16 16384x768 18.0 us, was 20.7; bf16 65536x1024 92.5, was
+# 93.1; bf16 4096x8192 and 16384x4096 unchanged; fp32 code is unchanged. The
+# benchmark at 310ab15 (results/bench_layernorm.md) against 71af6e3's: bf16
+# 16384x768 20.9 us (23.5), 65536x768 73.0 (77.8), 512x32768 35.7 (41.9). Tried
+# and dropped in the same A/B: one reduction of shifted sums instead of the two
+# exact passes (the bf16 4096x8192 kernel went from 40 to 48 registers, 2 blocks
+# of 512 threads per SM instead of 3, 53.0 us instead of 47.7; limited to a warp
+# per row it won 3% at 16384x768 and lost 2% at 65536x1024), and, on top of
+# this version, launch bounds for 2048 threads per SM (spills: 3-19% slower,
+# 2.6x at bf16 16384x768 and 65536x1024).
+# The previous version shared the slice helpers between the register paths
+# (forward, cluster forward, backward) without changing their generated code.
 #
 # Variants 1-3 and every fallback (h not a multiple of the vector width,
 # unaligned pointers, rows too long for registers) use shifted sums: with K a
@@ -188,22 +198,36 @@ def group_sum[WPR: Int, RPB: Int](v: Float32, sh: Shared, slot: Int) -> Float32:
 # ---------------------------------------------------------------- register slices
 # The register paths hold, per thread, the CH vectors first + c * GT + gt (c < CH)
 # of a row: first = 0 with a block (or a warp group) per row, a block's slice
-# offset in a cluster.
+# offset in a cluster. They hold them in fp32 (Regs) or, in the one-block forward,
+# as loaded (RT = dtype: half the registers for a 16-bit row), widened to fp32 at
+# each use.
 
 comptime Regs[VEC: Int, CH: Int] = SIMD[F32, CH * VEC]
 
 
 @always_inline
-def load_slice[dtype: DType, VEC: Int, CH: Int, GT: Int](
+def load_slice[dtype: DType, VEC: Int, CH: Int, GT: Int, RT: DType = F32](
     p: Ptr[dtype], base: Int, first: Int, gt: Int, nv: Int, valid: Bool,
-) -> Regs[VEC, CH]:
-    """This thread's vectors of the row at p + base in fp32; 0 past nv vectors or when not valid."""
-    var v = Regs[VEC, CH](0.0)
+) -> SIMD[RT, CH * VEC]:
+    """This thread's vectors of the row at p + base as RT; 0 past nv vectors or when not valid."""
+    var v = SIMD[RT, CH * VEC](0.0)
     comptime for c in range(CH):
         var j = first + c * GT + gt
         if valid and j < nv:
-            v = v.insert[offset=c * VEC](p.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+            v = v.insert[offset=c * VEC](p.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[RT]())
     return v
+
+
+@always_inline
+def slice_sum[VEC: Int, CH: Int, RT: DType](v: SIMD[RT, CH * VEC]) -> Float32:
+    """Sum of this thread's vectors in fp32 (zeros past the row add nothing)."""
+    comptime if RT == F32:
+        return v.reduce_add().cast[F32]()
+    else:
+        var s: Float32 = 0.0
+        comptime for c in range(CH):
+            s += v.slice[VEC, offset=c * VEC]().cast[F32]().reduce_add()
+        return s
 
 
 @always_inline
@@ -218,19 +242,21 @@ def store_slice[dtype: DType, VEC: Int, CH: Int, GT: Int](
 
 
 @always_inline
-def slice_m2[VEC: Int, CH: Int, GT: Int](v: Regs[VEC, CH], mean: Float32, first: Int, gt: Int, nv: Int) -> Float32:
+def slice_m2[VEC: Int, CH: Int, GT: Int, RT: DType = F32](
+    v: SIMD[RT, CH * VEC], mean: Float32, first: Int, gt: Int, nv: Int,
+) -> Float32:
     """Sum of (x - mean)^2 over this thread's vectors of the row (those below nv)."""
     var ss: Float32 = 0.0
     comptime for c in range(CH):
         if first + c * GT + gt < nv:
-            var d = v.slice[VEC, offset=c * VEC]() - mean
+            var d = v.slice[VEC, offset=c * VEC]().cast[F32]() - mean
             ss += (d * d).reduce_add()
     return ss
 
 
 @always_inline
-def store_normalized_slice[dtype: DType, act: Int, VEC: Int, CH: Int, GT: Int](
-    y: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], v: Regs[VEC, CH],
+def store_normalized_slice[dtype: DType, act: Int, VEC: Int, CH: Int, GT: Int, RT: DType = F32](
+    y: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], v: SIMD[RT, CH * VEC],
     mean: Float32, rstd: Float32, base: Int, first: Int, gt: Int, nv: Int,
 ):
     """y = act((x - mean) * rstd * gamma + beta) for this thread's vectors; gamma and beta
@@ -240,7 +266,7 @@ def store_normalized_slice[dtype: DType, act: Int, VEC: Int, CH: Int, GT: Int](
         if j < nv:
             var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
             var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
-            var z = (v.slice[VEC, offset=c * VEC]() - mean) * rstd * g + b
+            var z = (v.slice[VEC, offset=c * VEC]().cast[F32]() - mean) * rstd * g + b
             y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
 
 
@@ -361,14 +387,16 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     var n = Int(h)
     var nv = n // VEC
     var base = row * n
-    # All loads are issued before any arithmetic depends on them.
-    var v = load_slice[dtype, VEC, CH, GT](x, base, 0, gt, nv, valid)
-    var mean = group_sum[WPR, RPB](v.reduce_add(), sh, 0) / Float32(n)
-    var ss = slice_m2[VEC, CH, GT](v, mean, 0, gt, nv)
+    # All loads are issued before any arithmetic depends on them. The row stays in its
+    # own type: fp16/bf16 rows take half the registers, which an H100 A/B turned into
+    # more resident rows (exp/s12_ln.py on branch s12-exp).
+    var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
+    var mean = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
+    var ss = slice_m2[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
     var rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
     if not valid:
         return
-    store_normalized_slice[dtype, act, VEC, CH, GT](y, gamma, beta, v, mean, rstd, base, 0, gt, nv)
+    store_normalized_slice[dtype, act, VEC, CH, GT, dtype](y, gamma, beta, v, mean, rstd, base, 0, gt, nv)
     if gt == 0:
         mean_out[unsafe_offset=row] = mean
         rstd_out[unsafe_offset=row] = rstd

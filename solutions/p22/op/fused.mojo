@@ -62,6 +62,7 @@ from max.gpu.memory import AddressSpace
 from std.math import ceildiv, rsqrt
 from std.memory import stack_allocation
 from std.os import getenv
+from std.sys import size_of
 
 from .common import EPS, Ptr
 from .layernorm import row_stats_cpu
@@ -116,12 +117,12 @@ def stats_row(row0: Int, warp_id: Int, rr: Int, mm: Int) -> Int:
 @always_inline
 def load4[dtype: DType](p: Ptr[dtype], inside: Bool, base: Int, kc: Int, k: Int, vec: Bool) -> F4:
     """p[base + kc .. base + kc + 3] in fp32, 0 past k or when not `inside` the matrix.
-    `vec`: k % 4 == 0 and p 16-byte aligned, so one 16-byte load reads all four."""
+    `vec`: k % 4 == 0 and p aligned to four elements, so one load reads all four."""
     var v = F4(0.0)
     if inside:
         if vec:
             if kc < k:
-                v = p.unsafe_load[width=4, alignment=16](base + kc).cast[DType.float32]()
+                v = p.unsafe_load[width=4, alignment=4 * size_of[dtype]()](base + kc).cast[DType.float32]()
         else:
             comptime for i in range(4):
                 if kc + i < k:
@@ -195,7 +196,7 @@ def fused_kernel[dtype: DType](
     var r = row0 + mine
     var row_mean = mean_s[unsafe_offset=mine]
     var row_rstd = rstd_s[unsafe_offset=mine]
-    var vec = kk_n % 4 == 0 and (Int(x) | Int(gamma) | Int(beta) | Int(w)) % 16 == 0
+    var vec = kk_n % 4 == 0 and (Int(x) | Int(gamma) | Int(beta) | Int(w)) % (4 * size_of[dtype]()) == 0
 
     var ct = Int(col_tiles)
     for t in range(ct):
