@@ -22,9 +22,9 @@
 #      shifted by beta as it is staged into the shared-memory tile. A thread
 #      stages one tile row and four consecutive k columns of every k step,
 #      of x and of w alike, so its row's mean and rstd sit in registers and
-#      its x, gamma, beta and w values each come in one 16-byte load (where
-#      k % 4 == 0 and the pointers are 16-byte aligned; else four scalar
-#      loads);
+#      its x, gamma, beta and w values each come in one 4-element load (16
+#      bytes in float32; where k % 4 == 0 and the pointers are aligned to 4
+#      elements; else four scalar loads);
 #   3. the bias added in the epilogue.
 # Compared with the unfused path it saves the normalized tensor's write and
 # read, the transposed weight, the bias pass, and three launches.
@@ -225,12 +225,12 @@ def col_tiles(rows: Int, n: Int, sm_count: Int, per_sm: Int) -> Int:
             pass
     var strips = ceildiv(rows, BM)
     var tiles = ceildiv(n, BN)
-    var slots = sm_count * max(per_sm, 1)
+    var held = max(per_sm, 1)
     var best = 1
     var best_cost = -1
     for ct in range(1, min(MAX_COL_TILES, tiles) + 1):
         var blocks = strips * ceildiv(tiles, ct)
-        var cost = ceildiv(blocks, slots) * max(per_sm, 1) * (COST_SCALE * ct + 1)
+        var cost = ceildiv(blocks, sm_count * held) * held * (COST_SCALE * ct + 1)
         if best_cost < 0 or cost < best_cost:
             best = ct
             best_cost = cost
