@@ -40,7 +40,13 @@
 # of 512 threads per SM instead of 3, 53.0 us instead of 47.7; limited to a warp
 # per row it won 3% at 16384x768 and lost 2% at 65536x1024), and, on top of
 # this version, launch bounds for 2048 threads per SM (spills: 3-19% slower,
-# 2.6x at bf16 16384x768 and 65536x1024).
+# 2.6x at bf16 16384x768 and 65536x1024). Later A/Bs on this version
+# (exp/s13_ln*.py on branch s13-exp) dropped two more. First, re-widening the
+# packed row at each pass through an opaque move: 40 -> 32 registers, 4 blocks
+# per SM at bf16 4096x8192, but 48.1 us against 47.6. Second, x, gamma and beta
+# through the read-only path: no change. At bf16 4096x8192 the kernel is 3%
+# over torch's copy kernel at 10, 10.3 and 11 full waves alike, so the wave
+# tail is not the cause. A kernel with no reductions at all is 1% over the copy.
 # The previous version shared the slice helpers between the register paths
 # (forward, cluster forward, backward) without changing their generated code.
 #
