@@ -458,15 +458,17 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     # count times its mean's squared distance from that. (A one-pass Chan merge, with a
     # divide per block, ran 2-5% slower at 32 rows x 65536 on the H100.)
     var means = SIMD[F32, CL](0.0)
+    var counts = SIMD[F32, CL](0.0)
     var mean: Float32 = 0.0
     comptime for q in range(CL):
         means[q] = peer_load(part, q, 0)
-        mean += Float32(slice_count(nv, q * SLICE, SLICE) * VEC) * means[q]
+        counts[q] = Float32(slice_count(nv, q * SLICE, SLICE) * VEC)
+        mean += counts[q] * means[q]
     mean /= Float32(n)
     var m2_total: Float32 = 0.0
     comptime for q in range(CL):
         var d = means[q] - mean
-        m2_total += peer_load(part, q, 1) + Float32(slice_count(nv, q * SLICE, SLICE) * VEC) * d * d
+        m2_total += peer_load(part, q, 1) + counts[q] * d * d
     # Done with the peers' shared memory: they may exit once every block has said so.
     cluster_arrive_relaxed()
     var rstd = rsqrt(m2_total / Float32(n) + eps)

@@ -78,6 +78,8 @@ comptime ROWS_PER_WARP = BM // N_WARPS
 # Staging: THREADS_PER_ROW threads cover a tile row's BK columns, 4 each.
 comptime THREADS_PER_ROW = BK // 4
 comptime F4 = SIMD[DType.float32, 4]
+# Alignment of one load4: the vector check below and the load itself both use it.
+comptime LOAD4_ALIGN[dtype: DType] = 4 * size_of[dtype]()
 
 
 def fused_naive_kernel[dtype: DType](
@@ -122,7 +124,7 @@ def load4[dtype: DType](p: Ptr[dtype], inside: Bool, base: Int, kc: Int, k: Int,
     if inside:
         if vec:
             if kc < k:
-                v = p.unsafe_load[width=4, alignment=4 * size_of[dtype]()](base + kc).cast[DType.float32]()
+                v = p.unsafe_load[width=4, alignment=LOAD4_ALIGN[dtype]](base + kc).cast[DType.float32]()
         else:
             comptime for i in range(4):
                 if kc + i < k:
@@ -196,7 +198,7 @@ def fused_kernel[dtype: DType](
     var r = row0 + mine
     var row_mean = mean_s[unsafe_offset=mine]
     var row_rstd = rstd_s[unsafe_offset=mine]
-    var vec = kk_n % 4 == 0 and (Int(x) | Int(gamma) | Int(beta) | Int(w)) % (4 * size_of[dtype]()) == 0
+    var vec = kk_n % 4 == 0 and (Int(x) | Int(gamma) | Int(beta) | Int(w)) % LOAD4_ALIGN[dtype] == 0
 
     var ct = Int(col_tiles)
     for t in range(ct):
