@@ -92,23 +92,38 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["dlpack", "events"])
+@pytest.mark.parametrize("mode", ["auto", "dlpack", "events"])
 @pytest.mark.parametrize("side_stream", [False, True])
 def test_stream_ordering(side_stream: bool, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Our op reads a tensor a long torch kernel is still writing, and torch reads our output at once."""
+    """Our op reads a tensor a long torch kernel is still writing; torch then overwrites that input and
+    reads our output at once, while our kernel is held back behind work on MAX's queue."""
     monkeypatch.setattr(bridge, "STREAM_MODE", mode)
     k = P22Kernels(SOLUTIONS)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    max_queue = bridge._stream_sync(torch.device("cuda")).max_stream
     with torch.cuda.stream(stream):
-        for _ in range(3):
+        for trial in range(4):
             c = torch.zeros(64, 64, 256, device="cuda")
             bias = torch.randn(256, device="cuda")
             torch.cuda._sleep(50_000_000)  # ~30 ms of GPU time before c gets its values
             c.fill_(3.0)
+            if trial % 2:
+                with torch.cuda.stream(max_queue):
+                    torch.cuda._sleep(50_000_000)  # our kernel runs ~30 ms late
             y = bias_add(k, c, bias)
+            c.fill_(float("nan"))  # torch overwrites the input our kernel reads
             z = y * 2.0  # torch consumes the output immediately, on the same stream
             stream.synchronize()
             assert torch.equal(z, (3.0 + bias).expand_as(z) * 2.0)
+
+
+@pytest.mark.gpu
+def test_auto_mode_skips_joins_only_where_cuda_orders_the_streams() -> None:
+    """"auto" runs join-free on MAX's own queue, never on a side stream of torch's."""
+    sync = bridge._stream_sync(torch.device("cuda"))
+    assert sync.implicit(sync.queue_handle)
+    assert not sync.implicit(torch.cuda.Stream().cuda_stream)
+    assert sync.implicit(0) == sync.legacy_ordered
 
 
 @pytest.mark.slow
