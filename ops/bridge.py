@@ -11,8 +11,11 @@ Every op in ``ops/`` and every puzzle runner goes through this module. It:
   CUDA stream, and returns torch tensors that alias MAX's outputs (no copy).
 
 Host cost is kept low by converting inputs with MAX's stream-aware DLPack
-entry point and by caching the MAX view of tensors the caller marks as
-weights (keyed on storage pointer, version counter and layout).
+entry point, by caching the MAX view of tensors the caller marks as
+weights (keyed on storage pointer, version counter and layout), and by
+making no stream join at all where CUDA itself orders torch's stream with
+MAX's queue (torch's legacy default stream against MAX's blocking queue:
+7-11 us less per call on the H100, device time unchanged).
 """
 
 from __future__ import annotations
