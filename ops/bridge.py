@@ -368,7 +368,7 @@ weight_cache = DerivedCache()  # MAX views of weight tensors
 #   "events": one torch event recorded and waited on explicitly per call;
 # and in both, torch's stream waits for MAX's queue (an event) after every call.
 #   "auto" (default): no join at all where CUDA orders the two streams itself
-#     (``_implicitly_ordered``), else as "dlpack".
+#     (``_StreamSync.implicit``), else as "dlpack".
 STREAM_MODE = os.environ.get("OPS_STREAM_MODE", "auto")
 
 

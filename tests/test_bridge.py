@@ -118,12 +118,31 @@ def test_stream_ordering(side_stream: bool, mode: str, monkeypatch: pytest.Monke
 
 
 @pytest.mark.gpu
-def test_auto_mode_skips_joins_only_where_cuda_orders_the_streams() -> None:
-    """"auto" runs join-free on MAX's own queue, never on a side stream of torch's."""
+def test_auto_mode_joins_only_where_cuda_does_not_order_the_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"auto" makes no join on MAX's own queue, nor on torch's legacy default stream when MAX's queue
+    blocks on it; a side stream of torch's always gets one."""
+    monkeypatch.setattr(bridge, "STREAM_MODE", "auto")
     sync = bridge._stream_sync(torch.device("cuda"))
-    assert sync.implicit(sync.queue_handle)
-    assert not sync.implicit(torch.cuda.Stream().cuda_stream)
-    assert sync.implicit(0) == sync.legacy_ordered
+    joins = []
+    after = bridge._StreamSync.after
+
+    def counted(self: bridge._StreamSync, raw: int | None = None) -> None:
+        joins.append(raw)
+        after(self, raw)
+
+    monkeypatch.setattr(bridge._StreamSync, "after", counted)
+    k = P22Kernels(SOLUTIONS)
+    c, bias = torch.ones(2, 4, 16, device="cuda"), torch.arange(16.0, device="cuda")
+    expected = (1.0 + bias).expand_as(c)
+    torch.cuda.synchronize()  # the inputs are ready before any stream reads them
+    for stream, joined in [(sync.max_stream, 0), (torch.cuda.current_stream(), 0 if sync.legacy_ordered else 1),
+                           (torch.cuda.Stream(), 1)]:
+        joins.clear()
+        with torch.cuda.stream(stream):
+            y = bias_add(k, c, bias)
+            stream.synchronize()
+        assert len(joins) == joined
+        assert torch.equal(y, expected)
 
 
 @pytest.mark.slow
