@@ -92,23 +92,57 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["dlpack", "events"])
+@pytest.mark.parametrize("mode", ["auto", "dlpack", "events"])
 @pytest.mark.parametrize("side_stream", [False, True])
 def test_stream_ordering(side_stream: bool, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Our op reads a tensor a long torch kernel is still writing, and torch reads our output at once."""
+    """Our op reads a tensor a long torch kernel is still writing; torch then overwrites that input and
+    reads our output at once, while our kernel is held back behind work on MAX's queue."""
     monkeypatch.setattr(bridge, "STREAM_MODE", mode)
     k = P22Kernels(SOLUTIONS)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    max_queue = bridge._stream_sync(torch.device("cuda")).max_stream
     with torch.cuda.stream(stream):
-        for _ in range(3):
+        for trial in range(4):
             c = torch.zeros(64, 64, 256, device="cuda")
             bias = torch.randn(256, device="cuda")
             torch.cuda._sleep(50_000_000)  # ~30 ms of GPU time before c gets its values
             c.fill_(3.0)
+            if trial % 2:
+                with torch.cuda.stream(max_queue):
+                    torch.cuda._sleep(50_000_000)  # our kernel runs ~30 ms late
             y = bias_add(k, c, bias)
+            c.fill_(float("nan"))  # torch overwrites the input our kernel reads
             z = y * 2.0  # torch consumes the output immediately, on the same stream
             stream.synchronize()
             assert torch.equal(z, (3.0 + bias).expand_as(z) * 2.0)
+
+
+@pytest.mark.gpu
+def test_auto_mode_joins_only_where_cuda_does_not_order_the_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"auto" makes no join on MAX's own queue, nor on torch's legacy default stream when MAX's queue
+    blocks on it; a side stream of torch's always gets one."""
+    monkeypatch.setattr(bridge, "STREAM_MODE", "auto")
+    sync = bridge._stream_sync(torch.device("cuda"))
+    joins = []
+    after = bridge._StreamSync.after
+
+    def counted(self: bridge._StreamSync, raw: int | None = None) -> None:
+        joins.append(raw)
+        after(self, raw)
+
+    monkeypatch.setattr(bridge._StreamSync, "after", counted)
+    k = P22Kernels(SOLUTIONS)
+    c, bias = torch.ones(2, 4, 16, device="cuda"), torch.arange(16.0, device="cuda")
+    expected = (1.0 + bias).expand_as(c)
+    torch.cuda.synchronize()  # the inputs are ready before any stream reads them
+    for stream, joined in [(sync.max_stream, 0), (torch.cuda.current_stream(), 0 if sync.legacy_ordered else 1),
+                           (torch.cuda.Stream(), 1)]:
+        joins.clear()
+        with torch.cuda.stream(stream):
+            y = bias_add(k, c, bias)
+            stream.synchronize()
+        assert len(joins) == joined
+        assert torch.equal(y, expected)
 
 
 @pytest.mark.slow
