@@ -406,17 +406,19 @@ def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Te
     come after the kernels).
     """
     device = outs[0].device
-    cuda = device.type == "cuda"
-    stream = _raw_stream(device) if cuda and STREAM_MODE != "events" else None
-    if cuda and STREAM_MODE == "auto" and _stream_sync(device).implicit(stream):
-        # The views name MAX's own queue, so MAX waits on nothing, and no event is needed after.
-        _execute(model, outs, tensors, weights, _stream_sync(device).queue_handle)
+    if device.type != "cuda":
+        _execute(model, outs, tensors, weights, None)
         return
-    if cuda and stream is None:
-        _stream_sync(device).before()
+    sync = _stream_sync(device)
+    stream = None if STREAM_MODE == "events" else _raw_stream(device)
+    if STREAM_MODE == "auto" and sync.implicit(stream):
+        # The views name MAX's own queue, so MAX waits on nothing, and no event is needed after.
+        _execute(model, outs, tensors, weights, sync.queue_handle)
+        return
+    if stream is None:
+        sync.before()
     _execute(model, outs, tensors, weights, stream)
-    if cuda:
-        _stream_sync(device).after(stream)
+    sync.after(stream)
 
 
 def _execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor], weights: frozenset[int],
