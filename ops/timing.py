@@ -189,7 +189,7 @@ def write_report(stem: Path, rows: list[dict], fields: Sequence[str], stamp: str
         w.writeheader()
         w.writerows(rows)
     lines = [f"# {title}", "", stamp, "", note, "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
-    lines += ["| " + " | ".join("" if r[k] is None else str(r[k]) for k in fields) + " |" for r in rows]
+    lines += ["| " + " | ".join("" if r.get(k) is None else str(r[k]) for k in fields) + " |" for r in rows]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
