@@ -12,8 +12,7 @@
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
 #   timing-tests  only the CUPTI kernel-time tests on the GPU -> gpu_tests_timing.txt
 #   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
-#   layernorm:D1,D2  the same for those dtypes only, kept next to the CSV's other dtypes (one device call
-#               per dtype: the whole benchmark with kernel times takes longer than one call may)
+#   layernorm:D1,D2  the same for those dtypes only, kept next to the CSV's other dtypes (to rerun one)
 #   layernorm-linear  LayerNorm+Linear benchmark -> bench_layernorm_linear.{md,csv,png}
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
