@@ -101,6 +101,11 @@ def kernel_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Ten
     return statistics.median(per_call)
 
 
+def _activity(event: object) -> str:
+    """CUPTI's record kind of a kineto event ("kernel", "gpu_memset", ...); older torch does not expose it."""
+    return event.activity_type() if hasattr(event, "activity_type") else ""
+
+
 def busy_us_per_call(spans: Sequence[tuple[str, int, int]]) -> list[float]:
     """Split device activity ``(name, start_ns, end_ns)`` at each marker kernel and return, per marked call,
     the microseconds in which at least one of its kernels ran. A call whose work CUPTI never saw is an error."""
@@ -208,7 +213,3 @@ def save_plot(plot: Callable[[], None]) -> None:
     except ImportError:
         print("matplotlib missing: run with --plot-only where it is installed")
 
-
-def _activity(event: object) -> str:
-    """CUPTI's record kind of a kineto event ("kernel", "gpu_memset", ...); older torch does not expose it."""
-    return event.activity_type() if hasattr(event, "activity_type") else ""
