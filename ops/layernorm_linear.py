@@ -120,11 +120,6 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return have
 
 
-@cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
     """How many k chunks the fused GPU kernel splits into (1 on the CPU).
 
@@ -136,9 +131,9 @@ def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.d
         return 1
     tiles = output_tiles(rows, n)
     if dtype == torch.float32:
-        want = -(-SPLIT_BLOCKS_PER_SM * _sm_count(device) // tiles)
+        want = -(-SPLIT_BLOCKS_PER_SM * layernorm.sm_count(device) // tiles)
     else:
-        want = SPLIT_BLOCKS_PER_SM_16 * _sm_count(device) // tiles
+        want = SPLIT_BLOCKS_PER_SM_16 * layernorm.sm_count(device) // tiles
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
 
 

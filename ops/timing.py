@@ -5,6 +5,9 @@ calls, cycling through several input sets so caches don't flatter. A spin
 kernel queued before the start event keeps the GPU busy while the host
 enqueues the call, so host launch cost never shows up as device time. On CPU
 the "device" is the host, so wall time per call is reported instead.
+Kernel time (optional): what CUPTI (torch.profiler) records for the call's own
+kernels, memsets and copies, without the launch gaps and stream hops that the
+events also count; each call is delimited by a tiny spin kernel.
 Host latency: wall time for the call to return (launch cost), measured over a
 burst of calls with no synchronisation in between.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +28,10 @@ import torch
 # About 5 ms at H100 clocks: longer than the host needs to enqueue any call we
 # time (the unfused p22 path is four bridge calls).
 SPIN_CYCLES = 10_000_000
+# The marker between profiled calls: long enough to show up, short enough not to matter.
+MARK_CYCLES = 1_000
+MARK_KERNEL = "spin_kernel"  # the name of the kernel torch.cuda._sleep launches
+_NOT_WORK = re.compile("annotation|sync")  # CUPTI device records that are not kernels, memsets or copies
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class Timing:
     device_us: float
     host_us: float
     runs: int
+    kernel_us: float | None = None
 
 
 def _sync(device: torch.device) -> None:
@@ -41,8 +50,8 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]],
-            iters: int = 50, warmup: int = 5) -> Timing:
-    """Time ``fn(*inputs)`` cycling through ``input_sets``."""
+            iters: int = 50, warmup: int = 5, kernels: bool = False) -> Timing:
+    """Time ``fn(*inputs)`` cycling through ``input_sets``; with ``kernels`` (CUDA only) also its kernel time."""
     device = input_sets[0][0].device
     for i in range(warmup):
         fn(*input_sets[i % len(input_sets)])
@@ -69,7 +78,58 @@ def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tenso
         fn(*args)
         host_times.append((time.perf_counter() - t0) * 1e6)
     _sync(device)
-    return Timing(statistics.median(device_times), statistics.median(host_times), iters)
+    kernel = kernel_us(fn, input_sets, iters) if kernels and device.type == "cuda" else None
+    return Timing(statistics.median(device_times), statistics.median(host_times), iters, kernel)
+
+
+def kernel_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]], iters: int = 50) -> float:
+    """Median over ``iters`` calls of the device time CUPTI records for one call's kernels (the union of
+    their busy intervals), cycling through ``input_sets``; a marker kernel goes before each call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            torch.cuda._sleep(MARK_CYCLES)
+            fn(*input_sets[i % len(input_sets)])
+        torch.cuda.synchronize()
+    spans = [(e.name(), e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events()
+             if e.device_type().name == "CUDA" and not _NOT_WORK.search(_activity(e))]
+    per_call = busy_us_per_call(spans)
+    if len(per_call) != iters:
+        raise RuntimeError(f"kernel_us: CUPTI showed {len(per_call)} marked calls, expected {iters}")
+    return statistics.median(per_call)
+
+
+def _activity(event: object) -> str:
+    """CUPTI's record kind of a kineto event ("kernel", "gpu_memset", ...); older torch does not expose it."""
+    return event.activity_type() if hasattr(event, "activity_type") else ""
+
+
+def busy_us_per_call(spans: Sequence[tuple[str, int, int]]) -> list[float]:
+    """Split device activity ``(name, start_ns, end_ns)`` at each marker kernel and return, per marked call,
+    the microseconds in which at least one of its kernels ran. A call whose work CUPTI never saw is an error."""
+    calls: list[list[tuple[int, int]]] = []
+    for name, start, end in sorted(spans, key=lambda s: s[1]):
+        if MARK_KERNEL in name:
+            calls.append([])
+        elif calls:  # anything before the first marker belongs to no timed call
+            calls[-1].append((start, end))
+    if any(not c for c in calls):
+        raise RuntimeError("kernel_us: a timed call launched no device work that CUPTI recorded")
+    return [_union_ns(c) / 1e3 for c in calls]
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start >= reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
 
 
 def kernel_times(fn: Callable[[], object], calls: int = 20) -> dict[str, tuple[int, float]]:
@@ -134,8 +194,16 @@ def write_report(stem: Path, rows: list[dict], fields: Sequence[str], stamp: str
         w.writeheader()
         w.writerows(rows)
     lines = [f"# {title}", "", stamp, "", note, "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
-    lines += ["| " + " | ".join("" if r[k] is None else str(r[k]) for k in fields) + " |" for r in rows]
+    lines += ["| " + " | ".join("" if r.get(k) is None else str(r[k]) for k in fields) + " |" for r in rows]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def kept_rows(csv_path: Path, dtypes: set[str]) -> list[dict]:
+    """Rows of an earlier report's CSV whose dtype is not in ``dtypes`` (a benchmark run one dtype per device
+    call appends to the others' rows)."""
+    if not csv_path.exists():
+        return []
+    return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r["dtype"] not in dtypes]
 
 
 def save_plot(plot: Callable[[], None]) -> None:
@@ -144,3 +212,4 @@ def save_plot(plot: Callable[[], None]) -> None:
         plot()
     except ImportError:
         print("matplotlib missing: run with --plot-only where it is installed")
+

@@ -3,13 +3,17 @@
 Per row of the report: device microseconds (CUDA events, median, inputs
 rotated past the L2 cache), GB/s counting the bytes that must move (forward:
 read x, write y; backward: read x and dy, write dx), % of the measured
-device copy bandwidth, and the ratio to torch eager (and torch.compile).
+device copy bandwidth, and the ratio to torch eager (and torch.compile); then
+the same call's kernel time by CUPTI (torch.profiler), its GB/s and its ratio
+to torch's kernel time. Events also count the launch gaps and the hop between
+torch's stream and MAX's queue (about 2-3 us a call); kernel time does not.
 Every result is checked against the float64 reference before it is timed.
 Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm                       (needs a CUDA GPU)
     python scripts/bench_layernorm.py --quick
     python scripts/bench_layernorm.py --plot-only   (PNG from the committed CSV)
+    python scripts/bench_layernorm.py --dtypes bfloat16 --append   (add to an earlier float32 run)
 """
 
 from __future__ import annotations
@@ -27,7 +31,16 @@ import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
-from ops.timing import bench_args, commit, gpu_name, measure, save_plot, write_report  # noqa: E402
+from ops.timing import (  # noqa: E402
+    Timing,
+    bench_args,
+    commit,
+    gpu_name,
+    kept_rows,
+    measure,
+    save_plot,
+    write_report,
+)
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -39,7 +52,8 @@ LONG_ROWS = ((4096, 16384), (512, 32768), (32, 65536))  # fast: a cluster of blo
 BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
 GELU_SHAPES = ((4096, 768), (16384, 4096))
 ROTATE_BYTES = 256 << 20  # input sets per shape cover at least this much (H100 L2: 50 MB)
-FIELDS = ("kind", "impl", "dtype", "M", "H", "us", "GBps", "pct_copy", "vs_torch", "vs_compile")
+FIELDS = ("kind", "impl", "dtype", "M", "H", "us", "GBps", "pct_copy", "vs_torch", "vs_compile",
+          "kernel_us", "kernel_GBps", "kernel_vs_torch")
 
 
 def copy_gbps() -> float:
@@ -63,13 +77,20 @@ def input_sets(m: int, h: int, dtype: torch.dtype, with_dy: bool = False) -> lis
     return sets
 
 
-def row(kind: str, impl: str, dtype: torch.dtype, m: int, h: int, us: float, nbytes: int,
-        copy: float, torch_us: float | None, compile_us: float | None) -> dict:
-    gbps = nbytes / us / 1e3
+def timed(fn: Callable, sets: list, iters: int, warmup: int = 5) -> Timing:
+    """Events and CUPTI kernel time of one contender."""
+    return measure(fn, sets, iters, warmup, kernels=True)
+
+
+def row(kind: str, impl: str, dtype: torch.dtype, m: int, h: int, t: Timing, nbytes: int,
+        copy: float, torch_t: Timing, compile_t: Timing | None = None) -> dict:
+    gbps = nbytes / t.device_us / 1e3
     return {"kind": kind, "impl": impl, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
-            "us": round(us, 2), "GBps": round(gbps, 1), "pct_copy": round(100 * gbps / copy, 1),
-            "vs_torch": None if torch_us is None else round(us / torch_us, 3),
-            "vs_compile": None if compile_us is None else round(us / compile_us, 3)}
+            "us": round(t.device_us, 2), "GBps": round(gbps, 1), "pct_copy": round(100 * gbps / copy, 1),
+            "vs_torch": round(t.device_us / torch_t.device_us, 3),
+            "vs_compile": None if compile_t is None else round(t.device_us / compile_t.device_us, 3),
+            "kernel_us": round(t.kernel_us, 2), "kernel_GBps": round(nbytes / t.kernel_us / 1e3, 1),
+            "kernel_vs_torch": round(t.kernel_us / torch_t.kernel_us, 3)}
 
 
 def checked(fn: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: str, what: str) -> None:
@@ -93,22 +114,22 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
     for m, h in shapes:
         sets = input_sets(m, h, dtype)
         nbytes = 2 * m * h * dtype.itemsize
-        t_torch = measure(torch_fn, sets, iters).device_us
-        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch, None))
+        t_torch = timed(torch_fn, sets, iters)
+        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch))
         if with_copy and activation == "none":  # the ceiling at this size: a plain copy of the same bytes
             outs = [(x, torch.empty_like(x)) for x, _, _ in sets]
-            t_copy = measure(lambda x, y: y.copy_(x), outs, iters).device_us
-            rows.append(row(kind, "copy", dtype, m, h, t_copy, nbytes, copy, t_torch, None))
+            rows.append(row(kind, "copy", dtype, m, h, timed(lambda x, y: y.copy_(x), outs, iters), nbytes, copy,
+                            t_torch))
             del outs
         t_comp = None
         if compiled is not None:
-            t_comp = measure(compiled, sets, iters).device_us
+            t_comp = timed(compiled, sets, iters)
             rows.append(row(kind, "torch.compile", dtype, m, h, t_comp, nbytes, copy, t_torch, t_comp))
         for v in variants:
             def ours(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: str = v) -> torch.Tensor:
                 return L.layernorm_fwd(x, w, b, variant=v, activation=activation)[0]
             checked(ours, *sets[0], activation, f"variant {v}")
-            t = measure(ours, sets, iters if v in ("vector", "fast") else 5, warmup=2).device_us
+            t = timed(ours, sets, iters if v in ("vector", "fast") else 5, warmup=2)
             rows.append(row(kind, f"ours:{v}", dtype, m, h, t, nbytes, copy, t_torch, t_comp))
         print(" | ".join(f"{r['impl']} {r['us']}us {r['GBps']}GB/s" for r in rows if (r["M"], r["H"]) == (m, h)),
               flush=True)
@@ -133,20 +154,19 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: floa
             def torch_fn(x, w, b, dy, mean, rstd):  # torch's own LayerNorm backward kernels
                 return torch.ops.aten.native_layer_norm_backward(
                     dy, x, (x.shape[-1],), mean.unsqueeze(-1), rstd.unsqueeze(-1), w, b, [True, True, True])
-            t_torch = measure(torch_fn, sets, iters).device_us
+            t_torch = timed(torch_fn, sets, iters)
         else:
-            t_torch = torch_gelu_backward_us(sets, iters)
-        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch, None))
-        t = measure(lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd, activation),
-                    sets, iters).device_us
-        rows.append(row(kind, "ours:fast", dtype, m, h, t, nbytes, copy, t_torch, None))
+            t_torch = torch_gelu_backward(sets, iters)
+        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch))
+        t = timed(lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd, activation), sets, iters)
+        rows.append(row(kind, "ours:fast", dtype, m, h, t, nbytes, copy, t_torch))
         print(" | ".join(f"{r['kind']} {r['impl']} M={m} H={h} {r['us']}us {r['GBps']}GB/s" for r in rows[-2:]),
               flush=True)
     return rows
 
 
-def torch_gelu_backward_us(sets: list[tuple[torch.Tensor, ...]], iters: int) -> float:
-    """Device time of torch autograd's backward through F.gelu(F.layer_norm(x))."""
+def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]], iters: int) -> Timing:
+    """Device and kernel time of torch autograd's backward through F.gelu(F.layer_norm(x))."""
     graphs = []
     for x, w, b, dy, _, _ in sets:
         xs, ws, bs = (t.detach().requires_grad_() for t in (x, w, b))
@@ -154,7 +174,7 @@ def torch_gelu_backward_us(sets: list[tuple[torch.Tensor, ...]], iters: int) -> 
 
     def run(y, xs, ws, bs, dy):
         return torch.autograd.grad(y, (xs, ws, bs), dy, retain_graph=True)
-    return measure(run, graphs, iters).device_us
+    return timed(run, graphs, iters)
 
 
 def write(rows: list[dict], copy: float) -> None:
@@ -162,7 +182,10 @@ def write(rows: list[dict], copy: float) -> None:
     write_report(OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
                  "Device time per call (CUDA events, median, inputs rotated past L2). GB/s counts x read + y write "
                  "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager. impl `copy` is torch's "
-                 "device copy of the same tensor (x read + y write), the ceiling at that size.")
+                 "device copy of the same tensor (x read + y write), the ceiling at that size. kernel_*: the same "
+                 "call's kernels alone, by CUPTI (torch.profiler; median over as many calls, each call's busy time "
+                 "on the device), without the launch gaps and the stream hop that the events include; "
+                 "kernel_vs_torch divides by torch's kernel time.")
 
 
 def plot(csv_path: Path = OUT / "bench_layernorm.csv") -> None:
@@ -194,7 +217,8 @@ def plot(csv_path: Path = OUT / "bench_layernorm.csv") -> None:
 
 
 def main() -> int:
-    args = bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16")
+    args = bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16",
+                      ("--append", "keep the CSV's rows of the dtypes not run now"))
     if args.plot_only:
         plot()
         return 0
@@ -214,6 +238,8 @@ def main() -> int:
         rows += bench_backward(dtype, list(BWD_SHAPES), copy)
         rows += bench_forward(dtype, list(GELU_SHAPES), ["fast"], copy, "gelu", with_compile=not args.no_compile)
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
+    if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
+        rows = kept_rows(OUT / "bench_layernorm.csv", set(args.dtypes.split(","))) + rows
     write(rows, copy)
     save_plot(plot)
     return 0

@@ -2,7 +2,8 @@
 
 Per row: device microseconds (CUDA events, median, inputs rotated past the
 L2 cache), TFLOP/s (2*M*N*K per forward), the ratio to torch eager
-F.linear(F.layer_norm(x)), and the peak memory one call allocates. TF32 is
+F.linear(F.layer_norm(x)), the peak memory one call allocates, and the
+call's kernel time by CUPTI (torch.profiler) with its ratio to torch's. TF32 is
 off. Every contender is checked against the float64 reference first.
 Backward rows time all five gradients (torch autograd vs ours).
 Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
@@ -30,7 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm_linear as LL  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
-from ops.timing import bench_args, commit, gpu_name, measure, save_plot, write_report  # noqa: E402
+from ops.timing import Timing, bench_args, commit, gpu_name, kept_rows, measure, save_plot, write_report  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -42,7 +43,8 @@ SPLIT_SHAPES = ((4096, 4096, 64), (4096, 4096, 128), (4096, 768, 64), (16384, 10
                 (16, 4096, 64), (4096, 4096, 256))
 SPLIT_COUNTS = (1, 2, 4, 8, 16)
 ROTATE_BYTES = 256 << 20
-FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "us", "TFLOPs", "vs_torch", "peak_MB")
+FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "us", "TFLOPs", "vs_torch", "peak_MB", "kernel_us",
+          "kernel_vs_torch")
 Sets = list[tuple[torch.Tensor, ...]]
 
 
@@ -87,13 +89,14 @@ def check_forward(fn: Callable, s: tuple, what: str) -> None:
         raise SystemExit(f"{what} is wrong at x {tuple(x.shape)} weight {tuple(w.shape)} {x.dtype}: {bad}")
 
 
-def row(kind: str, impl: str, s: tuple, us: float, torch_us: float, mb: float) -> dict:
+def row(kind: str, impl: str, s: tuple, t: Timing, torch_t: Timing, mb: float) -> dict:
     x, w = s[0], s[3]
     (m, k), n = x.shape, w.shape[0]
     flops = 2 * m * n * k * (2 if kind == "bwd" else 1)
     return {"kind": kind, "impl": impl, "dtype": str(x.dtype).removeprefix("torch."), "M": m, "K": k, "N": n,
-            "us": round(us, 2), "TFLOPs": round(flops / us / 1e6, 2), "vs_torch": round(us / torch_us, 3),
-            "peak_MB": round(mb, 1)}
+            "us": round(t.device_us, 2), "TFLOPs": round(flops / t.device_us / 1e6, 2),
+            "vs_torch": round(t.device_us / torch_t.device_us, 3), "peak_MB": round(mb, 1),
+            "kernel_us": round(t.kernel_us, 2), "kernel_vs_torch": round(t.kernel_us / torch_t.kernel_us, 3)}
 
 
 def iters_for(m: int, k: int, n: int) -> int:
@@ -109,7 +112,7 @@ def time_contenders(dtype: torch.dtype, shape: tuple[int, int, int],
     rows, t_torch = [], None
     for impl, fn in contenders(sets):
         check_forward(fn, sets[0], impl)
-        t = measure(fn, sets, iters_for(m, k, n)).device_us
+        t = measure(fn, sets, iters_for(m, k, n), kernels=True)
         t_torch = t_torch or t
         rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
     print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in rows), flush=True)
@@ -168,7 +171,7 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> li
         t_torch = None
         for impl in ("torch", "ours"):
             graphs = prepared(impl, sets)
-            t = measure(run_grads, graphs, iters_for(m, k, n)).device_us
+            t = measure(run_grads, graphs, iters_for(m, k, n), kernels=True)
             t_torch = t_torch or t
             rows.append(row("bwd", impl, sets[0], t, t_torch, peak_mb(run_grads, graphs[0])))
             del graphs
@@ -182,15 +185,10 @@ def write(rows: list[dict], stem: str = "bench_layernorm_linear") -> None:
                  "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
                  "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
                  "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
-                 "(backward: torch autograd). peak_MB: memory one call allocates at its peak.")
-
-
-def kept_rows(dtypes: set[str]) -> list[dict]:
-    """Rows of the existing CSV whose dtype is not in ``dtypes``."""
-    path = OUT / "bench_layernorm_linear.csv"
-    if not path.exists():
-        return []
-    return [r for r in csv.DictReader(path.read_text().splitlines()[1:]) if r["dtype"] not in dtypes]
+                 "(backward: torch autograd). peak_MB: memory one call allocates at its peak. kernel_us: the "
+                 "call's kernels, memsets and copies alone, by CUPTI (torch.profiler; median over as many calls, "
+                 "each call's busy time on the device), without the launch gaps and stream hops that the events "
+                 "include; kernel_vs_torch divides by torch's kernel time.")
 
 
 def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
@@ -244,7 +242,7 @@ def main() -> int:
         rows += bench_forward(dtype, grid, not args.no_compile)
         rows += bench_backward(dtype, list(TARGETS))
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows = kept_rows(set(args.dtypes.split(","))) + rows
+        rows = kept_rows(OUT / "bench_layernorm_linear.csv", set(args.dtypes.split(","))) + rows
     write(rows)
     save_plot(plot)
     return 0

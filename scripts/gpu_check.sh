@@ -10,8 +10,11 @@
 #   layernorm-linear-tests  only the layernorm_linear tests that run on the GPU -> gpu_tests_layernorm_linear.txt
 #   p22         the p22 solution, default and realistic sizes, per-kernel times, tiles-per-block sweeps -> p22_*.txt
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
+#   timing-tests  only the CUPTI kernel-time tests on the GPU -> gpu_tests_timing.txt
 #   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
+#   layernorm:D1,D2  the same for those dtypes only, kept next to the CSV's other dtypes (to rerun one)
 #   layernorm-linear  LayerNorm+Linear benchmark -> bench_layernorm_linear.{md,csv,png}
+#   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
@@ -51,11 +54,19 @@ for step in "${steps[@]}"; do
     dispatch)
       run bench_dispatch_log python scripts/bench_dispatch.py
       [ "$out" = results ] || cp results/bench_dispatch.md results/bench_dispatch.csv "$out"/ ;;
+    timing-tests) run gpu_tests_timing python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu ;;
     layernorm)
       run bench_layernorm_log python scripts/bench_layernorm.py
       [ "$out" = results ] || cp results/bench_layernorm.* "$out"/ ;;
+    layernorm:*)
+      run "bench_layernorm_log_${step#*:}" python scripts/bench_layernorm.py --dtypes "${step#*:}" --append
+      [ "$out" = results ] || cp results/bench_layernorm.* "$out"/ ;;
     layernorm-linear)
       run bench_layernorm_linear_log python scripts/bench_layernorm_linear.py
+      [ "$out" = results ] || cp results/bench_layernorm_linear.* "$out"/ ;;
+    layernorm-linear:*)
+      run "bench_layernorm_linear_log_${step#*:}" python scripts/bench_layernorm_linear.py --dtypes "${step#*:}" \
+        --append
       [ "$out" = results ] || cp results/bench_layernorm_linear.* "$out"/ ;;
     layernorm-linear-splits)
       run bench_layernorm_linear_splits_log python scripts/bench_layernorm_linear.py --splits --dtypes bfloat16,float32,float16

@@ -115,6 +115,19 @@ def test_backward_is_deterministic(device: str) -> None:
             assert torch.equal(a, g)
 
 
+@pytest.mark.parametrize(("rows", "h", "dtype", "parts"), [
+    (4096, 768, torch.bfloat16, 528), (16384, 768, torch.bfloat16, 1056), (16384, 4096, torch.bfloat16, 264),
+    (4096, 768, torch.float32, 528), (4096, 8192, torch.float32, 132), (65536, 256, torch.float32, 1584),
+    (512, 4096, torch.bfloat16, 132), (32, 4096, torch.float32, 32), (1, 7, torch.float16, 1)], ids=str)
+def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int, dtype: torch.dtype,
+                             parts: int) -> None:
+    """The backward's row-group count on a 132-SM GPU: within 1% of the best of the H100 sweep at these shapes."""
+    monkeypatch.delenv("OPS_LN_BWD_PARTS", raising=False)
+    monkeypatch.setattr(L, "sm_count", lambda device: 132)
+    assert L.bwd_parts(rows, h, dtype, torch.device("cuda")) == parts
+    assert L.bwd_parts(rows, h, dtype, torch.device("cpu")) == 1
+
+
 def test_module_loads_torch_state_dict(device: str) -> None:
     torch_ln = torch.nn.LayerNorm(96, eps=1e-6, device=device)
     with torch.no_grad():
@@ -220,6 +233,15 @@ def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
         x, w, b, _ = make(shape, dtype, "cuda", mean=1e4)
         check_forward(x, w, b, "fast", cond=1e4)
         check_forward(x, w, b, "vector", cond=1e4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("parts", [1, 7, 132, 1000, 4097])
+def test_gpu_backward_any_row_groups(monkeypatch: pytest.MonkeyPatch, parts: int) -> None:
+    """Every row-group count gives the same gradients (more groups than rows included)."""
+    monkeypatch.setenv("OPS_LN_BWD_PARTS", str(parts))
+    for dtype, shape in ((torch.float32, (4097, 768)), (torch.bfloat16, (1000, 4096)), (torch.float32, (37, 1023))):
+        check_backward(*make(shape, dtype, "cuda"))
 
 
 # Cluster configs of the forward (layernorm.mojo): config -> vectors per row it holds.
