@@ -1,8 +1,11 @@
-"""ops.timing's CUPTI bookkeeping: device records split into calls at the marker kernel (CPU only)."""
+"""ops.timing's CUPTI kernel time: device records split into calls at the marker kernel (on the CPU), and
+the kernel time of torch and MAX kernels (on the GPU)."""
 
 import pytest
+import torch
 
-from ops.timing import MARK_KERNEL, busy_us_per_call
+from ops.layernorm import layernorm_fwd
+from ops.timing import MARK_KERNEL, busy_us_per_call, measure
 
 MARK = f"{MARK_KERNEL}(long)"
 
@@ -32,11 +35,6 @@ def test_a_call_with_no_recorded_work_is_an_error() -> None:
 
 @pytest.mark.gpu
 def test_kernel_time_on_the_gpu_counts_torch_and_max_kernels() -> None:
-    import torch
-
-    from ops.layernorm import layernorm_fwd
-    from ops.timing import measure
-
     x = torch.randn(4096, 4096, device="cuda")
     y = torch.empty_like(x)
     copy = measure(lambda a, b: b.copy_(a), [(x, y)], iters=10, kernels=True)
