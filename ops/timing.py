@@ -206,6 +206,47 @@ def kept_rows(csv_path: Path, dtypes: set[str]) -> list[dict]:
     return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r["dtype"] not in dtypes]
 
 
+def plot_forward(csv_path: Path, png: Path, title: str, value: str, ylabel: str, shape_cols: Sequence[str],
+                 shape_fmt: str, impls: Sequence[str] | None = None, log: bool = False) -> dict[str, list[str]]:
+    """Draw ``png`` from a benchmark CSV: one panel per dtype of its forward rows, ``value`` per shape
+    (the columns ``shape_cols``, labelled by ``shape_fmt``) for each of ``impls`` found (default: every
+    impl), titled with the CSV's stamp line. Returns the impls drawn per dtype."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    text = csv_path.read_text().splitlines()
+    stamp = text[0].lstrip("# ")
+    rows = [r for r in csv.DictReader(text[1:]) if r["kind"] == "fwd"]
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(15, 4.5 * len(dtypes)), squeeze=False)
+
+    def shape(r: dict) -> tuple[int, ...]:
+        return tuple(int(r[c]) for c in shape_cols)
+
+    drawn: dict[str, list[str]] = {}
+    for ax, dt in zip(axes[:, 0], dtypes, strict=True):
+        sel = [r for r in rows if r["dtype"] == dt]
+        shapes = sorted({shape(r) for r in sel})
+        for impl in impls or sorted({r["impl"] for r in sel}):
+            got = {shape(r): float(r[value]) for r in sel if r["impl"] == impl}
+            if got:
+                drawn.setdefault(dt, []).append(impl)
+                ax.plot(range(len(shapes)), [got.get(s, float("nan")) for s in shapes], "o-", label=impl, ms=3)
+        ax.set_xticks(range(len(shapes)), [shape_fmt.format(*s) for s in shapes], rotation=75, fontsize=6)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}, {dt} - {stamp}", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    print(f"wrote {png}")
+    return drawn
+
+
 def save_plot(plot: Callable[[], None]) -> None:
     """Draw the PNG where matplotlib is installed; say how to draw it later otherwise."""
     try:

@@ -18,7 +18,6 @@ Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 
 from __future__ import annotations
 
-import csv
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from ops.timing import (  # noqa: E402
     gpu_name,
     kept_rows,
     measure,
+    plot_forward,
     save_plot,
     write_report,
 )
@@ -188,32 +188,11 @@ def write(rows: list[dict], copy: float) -> None:
                  "kernel_vs_torch divides by torch's kernel time.")
 
 
-def plot(csv_path: Path = OUT / "bench_layernorm.csv") -> None:
-    """GB/s of torch vs ours (fast) per forward shape, one panel per dtype, stamped from the CSV."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    text = csv_path.read_text().splitlines()
-    stamp = text[0].lstrip("# ")
-    rows = list(csv.DictReader(text[1:]))
-    dtypes = sorted({r["dtype"] for r in rows if r["kind"] == "fwd"})
-    fig, axes = plt.subplots(len(dtypes), 1, figsize=(14, 4.5 * len(dtypes)), squeeze=False)
-    for ax, dt in zip(axes[:, 0], dtypes, strict=True):
-        sel = [r for r in rows if r["kind"] == "fwd" and r["dtype"] == dt]
-        shapes = sorted({(int(r["M"]), int(r["H"])) for r in sel})
-        for impl in ("copy", "torch", "torch.compile", "ours:vector", "ours:fast"):
-            got = {(int(r["M"]), int(r["H"])): float(r["GBps"]) for r in sel if r["impl"] == impl}
-            if got:
-                ax.plot(range(len(shapes)), [got.get(s, float("nan")) for s in shapes], "o-", label=impl)
-        ax.set_xticks(range(len(shapes)), [f"{m}x{h}" for m, h in shapes], rotation=70, fontsize=7)
-        ax.set_ylabel("GB/s (x read + y write)")
-        ax.set_title(f"LayerNorm forward, {dt} - {stamp}", fontsize=9)
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(OUT / "bench_layernorm.png", dpi=110)
-    print(f"wrote {OUT / 'bench_layernorm.png'}")
+def plot() -> None:
+    """GB/s of torch vs ours per forward shape, one panel per dtype, from the committed CSV."""
+    plot_forward(OUT / "bench_layernorm.csv", OUT / "bench_layernorm.png", "LayerNorm forward", "GBps",
+                 "GB/s (x read + y write)", ("M", "H"), "{}x{}",
+                 ("copy", "torch", "torch.compile", "ours:vector", "ours:fast"))
 
 
 def main() -> int:

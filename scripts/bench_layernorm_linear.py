@@ -18,7 +18,6 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
 
 from __future__ import annotations
 
-import csv
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm_linear as LL  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
-from ops.timing import Timing, bench_args, commit, gpu_name, kept_rows, measure, save_plot, write_report  # noqa: E402
+from ops.timing import Timing, bench_args, commit, gpu_name, kept_rows, measure, plot_forward, save_plot, write_report  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -191,32 +190,10 @@ def write(rows: list[dict], stem: str = "bench_layernorm_linear") -> None:
                  "include; kernel_vs_torch divides by torch's kernel time.")
 
 
-def plot(csv_path: Path = OUT / "bench_layernorm_linear.csv") -> None:
-    """Forward time relative to torch eager per shape, one panel per dtype."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    text = csv_path.read_text().splitlines()
-    stamp = text[0].lstrip("# ")
-    rows = [r for r in csv.DictReader(text[1:]) if r["kind"] == "fwd"]
-    dtypes = sorted({r["dtype"] for r in rows})
-    fig, axes = plt.subplots(len(dtypes), 1, figsize=(16, 4.5 * len(dtypes)), squeeze=False)
-    for ax, dt in zip(axes[:, 0], dtypes, strict=True):
-        sel = [r for r in rows if r["dtype"] == dt]
-        shapes = sorted({(int(r["M"]), int(r["K"]), int(r["N"])) for r in sel})
-        for impl in sorted({r["impl"] for r in sel}):
-            got = {(int(r["M"]), int(r["K"]), int(r["N"])): float(r["vs_torch"]) for r in sel if r["impl"] == impl}
-            ax.plot(range(len(shapes)), [got.get(s, float("nan")) for s in shapes], "o-", label=impl, ms=3)
-        ax.set_xticks(range(len(shapes)), [f"{m}x{k}->{n}" for m, k, n in shapes], rotation=80, fontsize=6)
-        ax.set_yscale("log")
-        ax.set_ylabel("time / torch eager")
-        ax.set_title(f"LayerNorm+Linear forward, {dt} - {stamp}", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(OUT / "bench_layernorm_linear.png", dpi=110)
-    print(f"wrote {OUT / 'bench_layernorm_linear.png'}")
+def plot() -> None:
+    """Forward time relative to torch eager per shape, one panel per dtype, from the committed CSV."""
+    plot_forward(OUT / "bench_layernorm_linear.csv", OUT / "bench_layernorm_linear.png", "LayerNorm+Linear forward",
+                 "vs_torch", "time / torch eager", ("M", "K", "N"), "{}x{}->{}", log=True)
 
 
 def main() -> int:

@@ -1,11 +1,13 @@
 """ops.timing's CUPTI kernel time: device records split into calls at the marker kernel (on the CPU), and
-the kernel time of torch and MAX kernels (on the GPU)."""
+the kernel time of torch and MAX kernels (on the GPU); the benchmarks' report and plot from a CSV."""
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from ops.layernorm import layernorm_fwd
-from ops.timing import MARK_KERNEL, busy_us_per_call, measure
+from ops.timing import MARK_KERNEL, busy_us_per_call, measure, plot_forward, write_report
 
 MARK = f"{MARK_KERNEL}(long)"
 
@@ -31,6 +33,26 @@ def test_records_are_sorted_by_start_time_first() -> None:
 def test_a_call_with_no_recorded_work_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="no device work"):
         busy_us_per_call([(MARK, 0, 100), ("a", 200, 300), (MARK, 400, 500)])
+
+
+def test_report_and_plot_from_the_csv(tmp_path: Path) -> None:
+    rows = [{"kind": "fwd", "impl": "torch", "dtype": "bfloat16", "M": 4, "H": 8, "GBps": 10.5},
+            {"kind": "fwd", "impl": "ours", "dtype": "bfloat16", "M": 4, "H": 8, "GBps": None},
+            {"kind": "fwd", "impl": "ours", "dtype": "float32", "M": 1, "H": 8, "GBps": 2.0},
+            {"kind": "bwd", "impl": "torch", "dtype": "float16", "M": 4, "H": 8, "GBps": 3.0}]
+    stem = tmp_path / "bench_x"
+    write_report(stem, rows, ["kind", "impl", "dtype", "M", "H", "GBps"], "GPU: test", "T", "note")
+    assert stem.with_suffix(".csv").read_text().splitlines()[:3] == [
+        "# GPU: test", "kind,impl,dtype,M,H,GBps", "fwd,torch,bfloat16,4,8,10.5"]
+    assert "| fwd | ours | bfloat16 | 4 | 8 |  |" in stem.with_suffix(".md").read_text()
+    rows[1]["GBps"] = 12.0
+    write_report(stem, rows, ["kind", "impl", "dtype", "M", "H", "GBps"], "GPU: test", "T", "note")
+    png = tmp_path / "x.png"
+    # forward rows only, one panel per dtype, impls in the order asked and only where the CSV has them
+    drawn = plot_forward(stem.with_suffix(".csv"), png, "t", "GBps", "GB/s", ("M", "H"), "{}x{}",
+                         ("ours", "copy", "torch"))
+    assert drawn == {"bfloat16": ["ours", "torch"], "float32": ["ours"]}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.gpu
