@@ -30,7 +30,17 @@ import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm_linear as LL  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
-from ops.timing import Timing, bench_args, commit, gpu_name, kept_rows, measure, plot_forward, save_plot, write_report  # noqa: E402
+from ops.timing import (  # noqa: E402
+    Timing,
+    bench_args,
+    commit,
+    gpu_name,
+    kept_rows,
+    measure,
+    plot_forward,
+    save_plot,
+    write_report,
+)
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
