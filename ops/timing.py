@@ -173,13 +173,14 @@ def commit() -> str:
 
 
 def bench_args(doc: str, quick_help: str, dtypes: str, *flags: tuple[str, str]) -> argparse.Namespace:
-    """The command line every kernel benchmark takes (--quick, --plot-only, --no-compile, --dtypes),
-    plus boolean ``flags`` given as (name, help)."""
+    """The command line every kernel benchmark takes (--quick, --plot-only, --no-compile, --dtypes,
+    --append), plus boolean ``flags`` given as (name, help)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--plot-only", action="store_true", help="draw the PNG from the committed CSV")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--dtypes", default=dtypes, help="comma-separated torch dtype names")
+    p.add_argument("--append", action="store_true", help="keep the CSV's rows of the dtypes not run now")
     for name, help_text in flags:
         p.add_argument(name, action="store_true", help=help_text)
     return p.parse_args()

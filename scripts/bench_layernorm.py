@@ -196,8 +196,7 @@ def plot() -> None:
 
 
 def main() -> int:
-    args = bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16",
-                      ("--append", "keep the CSV's rows of the dtypes not run now"))
+    args = bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16")
     if args.plot_only:
         plot()
         return 0

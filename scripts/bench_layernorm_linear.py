@@ -208,7 +208,6 @@ def plot() -> None:
 
 def main() -> int:
     args = bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
-                      ("--append", "keep the CSV's rows of the dtypes not run now"),
                       ("--splits", "sweep the fused kernel's k splits instead (small n)"))
     if args.plot_only:
         plot()
