@@ -108,10 +108,16 @@
 # for every thread; G and B in a separate column-sum loop: latency-bound.
 # Version 2 (prologue fusion, SIMT only) could not split k and lost at small n.
 # MAX's tuned sm90 matmul takes an epilogue lambda, but it dispatches on n and
-# k known at compile time (one compile per weight shape), so it is not used;
-# timed anyway with n = 3072, k = 768 fixed (bf16, 4096 rows, H100,
-# exp/s9_exp.py on branch s9-exp): 37.5 us against cuBLAS's 34.0, and 79 us
-# with an epilogue lambda applying the fold's correction.
+# k known at compile time (one compile per weight shape, 45-83 s each on the
+# H100), so it is not used. Timed anyway at bf16 (4096, 768 -> 3072) on the
+# H100: 37.5 us against cuBLAS's 34.0 by events (exp/s9_exp.py, branch
+# s9-exp); with the fold's correction in its compute epilogue (TMA store),
+# 50 us of kernel time against cuBLAS's 31.7 (exp/s16_lnmm.py, branch
+# s16-exp). It multiplies raw x, so rows of mean 1e4 come out wrong by 78x the
+# output scale: the shift has to reach the A operand before the tensor cores,
+# and its TMA -> wgmma path leaves no place for that. Running our LayerNorm
+# beside cuBLAS on row chunks (two streams) is slower than one GEMM: cuBLAS's
+# chunks take 34.5 us against 30.4 (exp/s17_overlap.py, branch s17-exp).
 # CPU: one row at a time, exact two-pass statistics, then the dot products.
 
 import extensibility
