@@ -254,4 +254,3 @@ def save_plot(plot: Callable[[], None]) -> None:
         plot()
     except ImportError:
         print("matplotlib missing: run with --plot-only where it is installed")
-
