@@ -13,6 +13,9 @@ Forward algorithms (``algo``):
   bias are applied to the GEMM's result; k is split over several blocks whose partial sums are added
   in a fixed order (float32: by a second kernel; fp16/bf16: by each output tile's last block), and
   G and B + bias come folded once per weight version (``folded``). fp16/bf16 on tensor cores.
+* ``"sm90"`` (bfloat16 on an H100-class GPU, K and N multiples of 8): the same algorithm in one
+  persistent Hopper kernel (TMA loads, wgmma, ``ops/kernels/layernorm_linear_sm90.mojo``); a
+  ``ValueError`` names what is missing elsewhere. Not yet faster than ``unfused`` (see its header).
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
@@ -43,7 +46,7 @@ from ops.bridge import LIBRARY, DerivedCache, GraphOp, Out
 from ops.validate import check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
-ALGOS = ("auto", "fused", "unfused")
+ALGOS = ("auto", "fused", "sm90", "unfused")
 FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
 FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
 # fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md): the tensor-core kernel
@@ -93,6 +96,7 @@ def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
 _counters: dict[torch.device, torch.Tensor] = {}
 _folds = DerivedCache(capacity=32)
 _zero_biases = DerivedCache(capacity=32)
+_scaled = DerivedCache(capacity=32)
 
 
 @cache
@@ -108,6 +112,56 @@ def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
     result, see ``fold_column`` in the .mojo for why G sums the rounded products). The CPU kernel
     normalizes x itself and ignores them."""
     return _folds.get((weight, ln_weight, ln_bias, bias), lambda *ts: fold_op()(*(t.detach() for t in ts))[0])
+
+
+@cache
+def sm90_op(eps: float) -> GraphOp:
+    """The registered Hopper forward (``layernorm_linear_sm90.mojo``): y [rows, n], mean, rstd [rows]
+    (float32) from x [rows, k], the scaled weight (``scaled_weight``) [n, k] and the fold [2, n]."""
+    f32 = torch.float32
+    return GraphOp(
+        "layernorm_linear_fwd_sm90", LIBRARY,
+        inputs=(("rows", "k"), ("n", "k"), (2, "n")),
+        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32)),
+        parameters=(("eps_bits", layernorm.eps_bits(eps)),),
+        weights=frozenset({1, 2}),
+    )
+
+
+def scaled_weight(weight: torch.Tensor, ln_weight: torch.Tensor) -> torch.Tensor:
+    """weight * ln_weight [N, K] in their dtype (each product rounded once, as ``folded``'s G sums them),
+    made once per weight version: the Hopper kernel's B operand."""
+    return _scaled.get((weight, ln_weight), lambda w, g: (w.detach() * g.detach()).contiguous())
+
+
+def sm90_unsupported(x2: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why the Hopper kernel cannot take x2 [rows, K] and weight [N, K], or None when it can."""
+    if not x2.is_cuda or torch.cuda.get_device_capability(x2.device) != (9, 0):
+        return "needs an sm_90 (Hopper) GPU"
+    if x2.dtype != torch.bfloat16:
+        return f"needs bfloat16, got {x2.dtype}"
+    k, n = x2.shape[1], weight.shape[0]
+    if k % 8 or n % 8:
+        return f"needs K and N multiples of 8 (TMA rows of 16-byte multiples), got K={k}, N={n}"
+    if x2.data_ptr() % 16:
+        return "needs x 16-byte aligned"
+    return None
+
+
+def algos_for(x2: torch.Tensor, weight: torch.Tensor) -> tuple[str, ...]:
+    """The forward algorithms that take x2 [rows, K] and weight [N, K] ("sm90" only where it can)."""
+    return tuple(a for a in ALGOS if a != "sm90" or sm90_unsupported(x2, weight) is None)
+
+
+def sm90_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+             bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Hopper kernel on validated x2 [rows, K]: y [rows, N], mean, rstd [rows]."""
+    why = sm90_unsupported(x2, weight)
+    if why is not None:
+        raise ValueError(f"algo: 'sm90' {why}")
+    fold = folded(weight, ln_weight, ln_bias, bias)
+    y, mean, rstd = sm90_op(float(eps))(x2, scaled_weight(weight, ln_weight), fold)
+    return y, mean, rstd
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -201,8 +255,11 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
     k, n = x.shape[-1], weight.shape[0]
-    if pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k) == "fused":
+    picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k)
+    if picked == "fused":
         y, mean, rstd = fused_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
+    elif picked == "sm90":
+        y, mean, rstd = sm90_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
     else:
         xn, mean, rstd = layernorm.layernorm_fwd(x.view(-1, k), ln_weight, ln_bias, eps)
         y = torch.nn.functional.linear(xn, weight, bias)
@@ -277,12 +334,13 @@ class LayerNormLinearFunction(torch.autograd.Function):
                 algo: str) -> torch.Tensor:
         xn = None
         rows = x.numel() // max(x.shape[-1], 1)
-        if pick_algo(algo, x.device, x.dtype, rows, weight.shape[0]) == "unfused":
+        picked = pick_algo(algo, x.device, x.dtype, rows, weight.shape[0])
+        if picked == "unfused":
             # Our LayerNorm, then cuBLAS; xn is kept for dW as torch's own autograd keeps it.
             xn, mean, rstd = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
             y = torch.nn.functional.linear(xn, weight, bias)
         else:
-            y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, "fused")
+            y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, picked)
         ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, mean, rstd)
         ctx.eps = eps
         return y

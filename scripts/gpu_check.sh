@@ -16,6 +16,7 @@
 #   layernorm-linear  LayerNorm+Linear benchmark -> bench_layernorm_linear.{md,csv,png}
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
+#   layernorm-linear-sm90  the Hopper kernel beside torch, the default and cuBLAS -> bench_layernorm_linear_sm90.{md,csv}
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
@@ -71,6 +72,9 @@ for step in "${steps[@]}"; do
     layernorm-linear-splits)
       run bench_layernorm_linear_splits_log python scripts/bench_layernorm_linear.py --splits --dtypes bfloat16,float32,float16
       [ "$out" = results ] || cp results/bench_layernorm_linear_splits.* "$out"/ ;;
+    layernorm-linear-sm90)
+      run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear_sm90.py
+      [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"
       python scripts/sanitize_workload.py > /dev/null  # compile outside the sanitizer first

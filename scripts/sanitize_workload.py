@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python scripts/sanitize_workload.py
 
 Runs LayerNorm forward (every variant), backward and the GELU forms, the
-fused LayerNorm+Linear kernel (both strip heights, partial tiles), and the
+fused LayerNorm+Linear kernels (both strip heights, partial tiles; the Hopper one
+on an sm_90 GPU), and the
 p22 solution kernels (several strips and column tiles), on shapes that hit
 each code path: short rows (a warp per row), long rows (a block per row),
 longer rows (fast: a cluster of 2-8 blocks per row, with partly filled last
@@ -51,6 +52,16 @@ def main() -> int:
             y = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)[0]
             if compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=kk) is not None:
                 print(f"wrong: layernorm_linear fused {dtype} {m}x{kk}->{n}")
+                bad += 1
+    # The Hopper kernel (TMA, mbarriers, wgmma): rows, columns and k off its 128 x 256 x 64 tiles.
+    if torch.cuda.get_device_capability() == (9, 0):
+        for m, kk, n in ((37, 200, 264), (300, 776, 520)):
+            x, g, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((m, kk), (kk,), (kk,)))
+            w = torch.randn(n, kk, device="cuda", dtype=torch.bfloat16) / kk ** 0.5
+            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            y = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0]
+            if compare(y, layernorm_linear_ref(x, g, b, w, bias), torch.bfloat16, reduction=kk) is not None:
+                print(f"wrong: layernorm_linear sm90 {m}x{kk}->{n}")
                 bad += 1
     bad += p22_kernels()
     torch.cuda.synchronize()

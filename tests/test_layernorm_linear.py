@@ -1,4 +1,4 @@
-"""Fused LayerNorm + Linear: both forward algorithms, all five gradients, nn.Module, torch.compile, bad inputs."""
+"""Fused LayerNorm + Linear: every forward algorithm, all five gradients, nn.Module, torch.compile, bad inputs."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def check_backward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.T
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_forward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, g, b, w, bias, _ = make(shape[:-2], shape[-2], shape[-1], dtype, device)
-    for algo in LL.ALGOS:
+    for algo in LL.algos_for(x.view(-1, x.shape[-1]), w):
         check_forward(x, g, b, w, bias, algo)
 
 
@@ -74,7 +74,7 @@ def test_backward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> No
 def test_large_mean_rows(device: str) -> None:
     """Rows with mean 1e4 times their spread: the statistics must not cancel."""
     x, g, b, w, bias, dy = make((6,), 1000, 24, torch.float32, device, mean=1e4)
-    for algo in LL.ALGOS:
+    for algo in LL.algos_for(x, w):
         check_forward(x, g, b, w, bias, algo, cond=1e4)
     check_backward(x, g, b, w, bias, dy, cond=1e4)
 
@@ -82,7 +82,7 @@ def test_large_mean_rows(device: str) -> None:
 def test_nan_propagates(device: str) -> None:
     x, g, b, w, bias, _ = make((4,), 300, 20, torch.float32, device)
     x[1, 17] = float("nan")
-    for algo in LL.ALGOS:
+    for algo in LL.algos_for(x, w):
         y, _, _ = LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)
         assert torch.isnan(y[1]).all(), algo
         assert compare(y[[0, 2, 3]], layernorm_linear_ref(x[[0, 2, 3]], g, b, w, bias), torch.float32, 300) is None
@@ -190,9 +190,9 @@ def test_mixed_devices_rejected() -> None:
 @pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    """Transformer-sized shapes: both algorithms (and auto's pick) forward, and the backward."""
+    """Transformer-sized shapes: every algorithm that takes them (and auto's pick) forward, and the backward."""
     x, g, b, w, bias, dy = make(shape[:-2], shape[-2], shape[-1], dtype, "cuda")
-    for algo in LL.ALGOS:
+    for algo in LL.algos_for(x.view(-1, x.shape[-1]), w):
         check_forward(x, g, b, w, bias, algo)
     check_backward(x, g, b, w, bias, dy)
 
@@ -311,3 +311,51 @@ def test_gpu_fused_sees_weight_updates(dtype: torch.dtype) -> None:
             t.mul_(1.5)
         y = LL.fused_fwd(x, g, b, w, bias, 1e-5)[0]
         assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, 4096)) is None, bad
+
+
+def test_sm90_refuses_what_it_cannot_take(device: str) -> None:
+    """algo "sm90" names why it cannot run: no Hopper GPU, not bfloat16, K or N not multiples of 8."""
+    for dtype, k, n in [(torch.float32, 64, 16), (torch.bfloat16, 36, 16), (torch.bfloat16, 64, 12)]:
+        x, g, b, w, bias, _ = make((5,), k, n, dtype, device)
+        why = LL.sm90_unsupported(x, w)
+        assert why is not None and "sm90" not in LL.algos_for(x, w)
+        with pytest.raises(ValueError, match="^algo: 'sm90' needs"):
+            LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")
+
+
+SM90_SHAPES = [(1, 8, 8), (37, 200, 264), (1000, 768, 3072), (513, 1032, 776), (4096, 1024, 256), (300, 4096, 64)]
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="algo sm90 needs an sm_90 GPU")
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("mean", [0.0, 3.0, 1e4])
+@pytest.mark.parametrize("shape", SM90_SHAPES, ids=str)
+def test_gpu_sm90(shape: tuple[int, int, int], mean: float) -> None:
+    """The Hopper kernel against float64: rows and columns off its 128 x 256 tiles, K off its 64-steps,
+    one row, rows of mean 1e4 (shifted), and the poisoned outputs all written."""
+    rows, k, n = shape
+    x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda", mean=mean)
+    check_forward(x, g, b, w, bias, "sm90", cond=max(1.0, mean))
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_sm90_module_and_determinism() -> None:
+    """FusedLayerNormLinear(algo="sm90") matches nn.Sequential forward and backward; 10 runs are bitwise equal."""
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.LayerNorm(256), nn.Linear(256, 512)).to("cuda", torch.bfloat16)
+    ours = LL.FusedLayerNormLinear.from_torch(seq, algo="sm90")
+    x = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = ours(x)
+    with torch.no_grad():
+        ref = layernorm_linear_ref(x, seq[0].weight, seq[0].bias, seq[1].weight, seq[1].bias)
+    assert (bad := compare(y, ref, torch.bfloat16, reduction=256)) is None, bad
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x2 = x.detach().clone().requires_grad_(True)
+    seq(x2).backward(dy)
+    assert (bad := compare(x.grad, x2.grad, torch.bfloat16, reduction=256 * 512)) is None, bad
+    runs = [ours(x.detach()) for _ in range(10)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])

@@ -1,0 +1,391 @@
+# layernorm_linear_fwd_sm90: the bf16 forward of layernorm_linear.mojo (same
+# algorithm, same fold, same outputs y, mean, rstd) on Hopper's TMA and
+# warp-group MMA (wgmma). Needs k % 8 == 0 and n % 8 == 0 (TMA: 16-byte row
+# strides) and 16-byte aligned x, wg and y; ops/layernorm_linear.py checks.
+#
+# y[r, j] = rstd * (sum_k d[r, k] wg[j, k] - (mean - c) * G[j]) + B[j] + bias[j],
+# d = x - c (c: the row's shift, snap_shift of its first 8 elements), wg = w * gamma
+# rounded to bf16 (the caller forms it once per weight version, as it does
+# fold = (G, B + bias)).
+#
+# GPU mapping: persistent grid of min(tiles, SMs) blocks of 384 threads (three
+# warp groups); block b takes output tiles b, b + grid, .. of WG_BM x WG_BN.
+#   warp group 0, one thread: the producer. TMA copies x[WG_BM, WG_BK] and
+#     wg[WG_BN, WG_BK] (128-byte swizzle) into a ring of WG_STAGES slots, each
+#     guarded by a "full" mbarrier (bytes landed) and an "empty" one (both
+#     consumers done); it runs ahead across tiles, so the next tile's first
+#     slots load while the consumers finish the last one.
+#   warp groups 1 and 2: 64 rows each. Per 16-wide k slice: ldmatrix the A
+#     fragment from the swizzled slot, subtract the shift (packed bf16, exact),
+#     add d and d^2 to fp32 row sums, then wgmma m64n256k16 with A from
+#     registers and B (wg) from shared memory. After the tile's last slot: the
+#     statistics, the fold's correction, y into a 128-byte-swizzled staging
+#     buffer and TMA stores of 64 x 64 boxes, which drain while the next tile's
+#     loop runs (the buffer is waited for only before its next use).
+# Version 2 (this one) over version 1 (session 18, one tile per block, y staged
+# in the ring): persistent blocks and a separate staging buffer.
+#
+# Not yet faster than the op's default at bf16 (4096, 768 -> 3072), so "auto" does
+# not pick it. H100, CUPTI kernel time in us (results/bench_layernorm_linear_sm90.txt
+# holds this kernel's run beside torch and the default):
+#   version 1: 42; version 2: 40; our LayerNorm + cuBLAS ("auto"): 37.5;
+#   torch: 42.5; cuBLAS alone: 31.5.
+# Where version 2's time goes (session 19 probes at that shape, results not exact):
+#   without the row sums 37.9; with A read by wgmma straight from shared memory
+#   (no ldmatrix, no shift, no sums) 36.0, where cuBLAS's tile loop takes 31.5:
+#   the epilogue, which both consumer groups run at once while the tensor cores
+#   idle, costs about 4.5 us over 3 tiles per SM, and the register-A path 3.5.
+# Tried and not kept: a 2-block cluster sharing each wg tile by TMA multicast
+# (WG_CLUSTER = 2: exact, but 42.5 us; the L2 is not the limit), 4 ring slots
+# with a half-width staging buffer (40.5), and wgmma wait<1> pipelining (39.5:
+# 1 us faster, but it relies on the A registers of an unfinished wgmma staying
+# untouched, which the PTX ISA leaves undefined). Next: ping-pong consumers
+# (one group's epilogue under the other's MMAs) and, for tiles whose rows all
+# have shift 0 (d = x), A from shared memory with the row sums read from the
+# slot while the MMAs run.
+
+import extensibility
+from extensibility import InputTensor, _MutableInputTensor
+from max.gpu import thread_idx, block_idx, grid_dim, barrier, WARP_SIZE, MAX_THREADS_PER_BLOCK_METADATA
+from max.gpu.host import DeviceContext, DeviceBuffer, FuncAttribute
+from max.gpu.host.device_attribute import DeviceAttribute
+from max.gpu.host.nvidia.tma import TMADescriptor, TensorMapSwizzle, create_tma_descriptor
+from max.gpu.memory import (AddressSpace, external_memory, cp_async_bulk_tensor_shared_cluster_global,
+                            cp_async_bulk_tensor_global_shared_cta, cp_async_bulk_tensor_shared_cluster_global_multicast,
+                            fence_mbarrier_init, fence_async_view_proxy)
+from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
+from layout.tma_async import SharedMemBarrier
+from max.gpu.host import Dim
+from max.gpu.sync import (mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx_shared,
+                          mbarrier_try_wait_parity_shared, named_barrier, cp_async_bulk_commit_group,
+                          cp_async_bulk_wait_group)
+from max.gpu.intrinsics import warpgroup_reg_alloc, warpgroup_reg_dealloc
+from max.gpu.compute.mma import (ld_matrix, wgmma_async, wgmma_fence_aligned, wgmma_commit_group_sync,
+                                 wgmma_wait_group_sync, WGMMADescriptor)
+from max.gpu.primitives import warp
+from std.math import ceildiv
+from std.memory import bitcast
+from std.utils.index import Index
+from std.utils.static_tuple import StaticTuple
+
+from .layernorm import F32, Ptr, shifted_stats
+from .layernorm_linear import SHIFT_SAMPLE, snap_shift
+
+comptime WG_BM = 128                  # rows per tile: two consumer warp groups of 64
+comptime WG_BN = 256                  # columns per tile: one wgmma m64n256 per k slice
+comptime WG_BK = 64                   # k per ring slot: one 128-byte swizzled row of 16-bit values
+comptime WG_MMA_K = 16
+comptime WG_CLUSTER = 1               # blocks per cluster (along m): they share each wg tile by TMA multicast
+comptime WG_STAGES = 3                # ring slots of 48 KiB
+comptime WG_OUT_COLS = 256             # columns staged per TMA store round (the staging buffer's width)
+comptime WG_THREADS = 384             # producer + two consumer warp groups
+comptime WG_GROUP = 128               # threads per warp group
+comptime WG_ROWS = WG_BM // 2         # rows per consumer
+comptime WG_BOX = 64                  # TMA store box: 64 x 64 values (128-byte rows)
+comptime WG_A_BYTES = WG_BM * WG_BK * 2
+comptime WG_B_BYTES = WG_BN * WG_BK * 2
+comptime WG_SLOT = WG_A_BYTES + WG_B_BYTES
+comptime WG_OUT = WG_STAGES * WG_SLOT           # staging: [2 consumers][boxes][64 rows][128 bytes]
+comptime WG_OUT_BYTES = WG_ROWS * WG_OUT_COLS * 2
+comptime WG_BAR = WG_OUT + 2 * WG_OUT_BYTES     # full[WG_STAGES], empty[WG_STAGES] mbarriers
+comptime WG_SMEM_BYTES = WG_BAR + 2 * WG_STAGES * 8
+comptime WG_PRODUCER_REGS = 40        # setmaxnreg: the producer needs few, the consumers hold 128 fp32 accumulators
+comptime WG_CONSUMER_REGS = 232
+comptime WG_WAIT_TICKS = 0x989680     # mbarrier try_wait suspend-time hint
+
+
+@always_inline
+def b_desc(addr: Int) -> Int64:
+    """wgmma descriptor of a K-major [rows, 64] 16-bit tile with 128-byte swizzle at shared address addr:
+    start >> 4, leading offset 1 (unused when swizzled), 1024 bytes between 8-row groups, swizzle mode 1."""
+    return Int64(((addr & 0x3FFFF) >> 4) | (1 << 16) | ((1024 >> 4) << 32) | (1 << 62))
+
+
+@always_inline
+def swz(row: Int, chunk: Int) -> Int:
+    """Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile (TMA SWIZZLE_128B)."""
+    return row * 128 + ((chunk ^ (row % 8)) * 16)
+
+
+@always_inline
+def quad_sum(v: Float32) -> Float32:
+    var s = v + warp.shuffle_xor(v, UInt32(1))
+    return s + warp.shuffle_xor(s, UInt32(2))
+
+
+@always_inline
+def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int) -> Float32:
+    """The shift of fragment row h (0: g, 1: g + 8) from the first k-slice's fragment: the row's first
+    SHIFT_SAMPLE elements are elements 2h, 2h + 1 of the quad's four lanes (columns col, col + 1)."""
+    var s: Float32 = 0.0
+    var lo = Float32.MAX
+    var hi = -Float32.MAX
+    comptime for e in range(2):
+        if col + e < k:
+            var v = a[2 * h + e].cast[F32]()
+            s += v
+            lo = min(lo, v)
+            hi = max(hi, v)
+    s = quad_sum(s)
+    lo = min(lo, warp.shuffle_xor(lo, UInt32(1)))
+    lo = min(lo, warp.shuffle_xor(lo, UInt32(2)))
+    hi = max(hi, warp.shuffle_xor(hi, UInt32(1)))
+    hi = max(hi, warp.shuffle_xor(hi, UInt32(2)))
+    return snap_shift(s / Float32(min(k, SHIFT_SAMPLE)), lo, hi)
+
+
+@always_inline
+def tile_origin(t: Int, tiles_n: Int, rank: Int) -> Tuple[Int, Int]:
+    """(row0, col0) of this block's tile of work item t: the cluster's blocks take WG_CLUSTER
+    consecutive row tiles of one column tile."""
+    return ((WG_CLUSTER * (t // tiles_n) + rank) * WG_BM, (t % tiles_n) * WG_BN)
+
+
+@always_inline
+def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], items: Int, tiles_n: Int, steps: Int,
+             rank: Int):
+    """One thread: every slot of every tile of this block, in the consumers' order. Its own x tile, and
+    1 / WG_CLUSTER of the wg tile multicast to every block of the cluster (each slot's "empty" barrier
+    counts the consumers of all of them, so no block's slot is overwritten while it is read)."""
+    var base = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=1024]()
+    var full = base.unsafe_offset(WG_BAR).unsafe_bitcast[Int64]()
+    var empty = full.unsafe_offset(WG_STAGES)
+    comptime W_PART = WG_BN // WG_CLUSTER
+    var it = 0
+    var t = Int(block_idx.x) // WG_CLUSTER
+    while t < items:
+        var row0, col0 = tile_origin(t, tiles_n, rank)
+        for s in range(steps):
+            var slot = it % WG_STAGES
+            var phase = (it // WG_STAGES) % 2
+            _ = mbarrier_try_wait_parity_shared(empty.unsafe_offset(slot), Int32(phase ^ 1), Int32(WG_WAIT_TICKS))
+            mbarrier_arrive_expect_tx_shared(full.unsafe_offset(slot), Int32(WG_SLOT))
+            var a_s = base.unsafe_offset(slot * WG_SLOT)
+            cp_async_bulk_tensor_shared_cluster_global(a_s, x_map, full.unsafe_offset(slot), Index(s * WG_BK, row0))
+            var b_s = a_s.unsafe_offset(WG_A_BYTES + rank * W_PART * WG_BK * 2)
+            comptime if WG_CLUSTER == 1:
+                cp_async_bulk_tensor_shared_cluster_global(b_s, w_map, full.unsafe_offset(slot), Index(s * WG_BK, col0))
+            else:
+                cp_async_bulk_tensor_shared_cluster_global_multicast(
+                    b_s, w_map, full.unsafe_offset(slot), Index(s * WG_BK, col0 + rank * W_PART),
+                    UInt16((1 << WG_CLUSTER) - 1))
+            it += 1
+        t += Int(grid_dim.x) // WG_CLUSTER
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WG_THREADS)),
+    `nvvm.minctasm`=SIMDLength(1),
+)
+@__llvm_arg_metadata(x_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(w_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(y_map, `nvvm.grid_constant`)
+def lnl_wgmma_kernel[dtype: DType](
+    x_map: TMADescriptor, w_map: TMADescriptor, y_map: TMADescriptor, mean_out: Ptr[F32], rstd_out: Ptr[F32],
+    fold: Ptr[F32], rows: Int32, k: Int32, n: Int32, eps: Float32,
+):
+    var base = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=1024]()
+    var full = base.unsafe_offset(WG_BAR).unsafe_bitcast[Int64]()
+    var empty = full.unsafe_offset(WG_STAGES)
+    var tid = Int(thread_idx.x)
+    var mm = Int(rows)
+    var kk = Int(k)
+    var nn = Int(n)
+    var tiles_n = ceildiv(nn, WG_BN)
+    var items = ceildiv(ceildiv(mm, WG_BM), WG_CLUSTER) * tiles_n
+    var steps = ceildiv(kk, WG_BK)
+    var rank = 0
+    comptime if WG_CLUSTER > 1:
+        rank = Int(block_rank_in_cluster())
+    if tid == 0:
+        for s in range(WG_STAGES):
+            mbarrier_init(full.unsafe_offset(s), 1)
+            mbarrier_init(empty.unsafe_offset(s), Int32(WG_CLUSTER * 2 * WG_GROUP // WARP_SIZE))  # per consumer warp
+        fence_mbarrier_init()
+    comptime if WG_CLUSTER > 1:
+        cluster_sync()   # the barriers are ready before any block multicasts to or arrives on them
+    else:
+        barrier()
+    var wgi = tid // WG_GROUP
+    if wgi == 0:
+        warpgroup_reg_dealloc[WG_PRODUCER_REGS]()
+        if tid == 0:
+            producer(Pointer(to=x_map).unsafe_bitcast[NoneType](), Pointer(to=w_map).unsafe_bitcast[NoneType](),
+                     items, tiles_n, steps, rank)
+    else:
+        warpgroup_reg_alloc[WG_CONSUMER_REGS]()
+        consumer[dtype](wgi - 1, tid % WG_GROUP, Pointer(to=y_map).unsafe_bitcast[NoneType](), mean_out, rstd_out,
+                        fold, mm, kk, nn, items, tiles_n, steps, rank, eps)
+    comptime if WG_CLUSTER > 1:
+        cluster_sync()   # no block leaves while its peer may still arrive on its barriers
+
+
+@always_inline
+def consumer[dtype: DType](
+    cw: Int, lt: Int, y_map: Pointer[NoneType, _], mean_out: Ptr[F32], rstd_out: Ptr[F32],
+    fold: Ptr[F32], mm: Int, kk: Int, nn: Int, items: Int, tiles_n: Int, steps: Int, rank: Int, eps: Float32,
+):
+    """Consumer warp group cw (0, 1): rows 64 cw .. of every tile; lt is the thread's index in the group."""
+    var base = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=1024]()
+    var full = base.unsafe_offset(WG_BAR).unsafe_bitcast[Int64]()
+    var empty = full.unsafe_offset(WG_STAGES)
+    var stage = base.unsafe_offset(WG_OUT + cw * WG_OUT_BYTES)
+    var lane = lt % WARP_SIZE
+    var wrow = cw * WG_ROWS + (lt // WARP_SIZE) * 16   # the warp's 16 rows in the tile
+    var g = lane // 4
+    var tq = lane % 4
+    # ldmatrix x4: lanes 8q .. 8q + 7 address matrix q's rows (rows 0-7 / 8-15 by k 0-7 / 8-15)
+    var lm_row = wrow + lane % 8 + 8 * ((lane // 8) % 2)
+    var lm_chunk = lane // 16
+    var bars = base.unsafe_offset(WG_BAR).unsafe_bitcast[SharedMemBarrier]()
+    var it = 0
+    var t = Int(block_idx.x) // WG_CLUSTER
+    var acc = SIMD[F32, 128](0.0)
+    while t < items:
+        var row0, col0 = tile_origin(t, tiles_n, rank)
+        var s8 = SIMD[F32, 8](0.0)   # fragment-shaped sums of d and d^2 (rows g: 0, 1, 4, 5; g + 8: 2, 3, 6, 7)
+        var q8 = SIMD[F32, 8](0.0)
+        # The rows' shifts, from the first slot's first k slice (loaded again by the loop's first step).
+        var first = base.unsafe_offset((it % WG_STAGES) * WG_SLOT)
+        _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(it % WG_STAGES), Int32((it // WG_STAGES) % 2),
+                                            Int32(WG_WAIT_TICKS))
+        var a0 = ld_matrix[simd_width=8](first.unsafe_offset(swz(lm_row, lm_chunk)).unsafe_bitcast[Scalar[dtype]]())
+        var sh = SIMD[F32, 2](row_shift_quad(a0, 0, 2 * tq, kk), row_shift_quad(a0, 1, 2 * tq, kk))
+        var shv = SIMD[F32, 8](sh[0], sh[0], sh[1], sh[1], sh[0], sh[0], sh[1], sh[1]).cast[dtype]()
+        for s in range(steps):
+            var slot = it % WG_STAGES
+            var phase = (it // WG_STAGES) % 2
+            _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), Int32(phase), Int32(WG_WAIT_TICKS))
+            var a_s = base.unsafe_offset(slot * WG_SLOT)
+            var b_addr = Int(a_s) + WG_A_BYTES
+            var tail = (s + 1) * WG_BK > kk
+            comptime for kq in range(WG_BK // WG_MMA_K):
+                var a = ld_matrix[simd_width=8](
+                    a_s.unsafe_offset(swz(lm_row, 2 * kq + lm_chunk)).unsafe_bitcast[Scalar[dtype]]()) - shv
+                if tail:   # zero-filled columns past k must not reach the sums
+                    var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(s * WG_BK + kq * WG_MMA_K + 2 * tq)
+                    a = cols.lt(SIMD[DType.int32, 8](Int32(kk))).select(a, SIMD[dtype, 8](0))
+                var d = a.cast[F32]()
+                s8 += d
+                q8 = d.fma(d, q8)
+                wgmma_fence_aligned()
+                acc = wgmma_async[64, WG_BN, WG_MMA_K, a_type=dtype, b_type=dtype](
+                    a, WGMMADescriptor[dtype](b_desc(b_addr + kq * WG_MMA_K * 2)), acc)
+            wgmma_commit_group_sync()
+            # Wait for this step's MMAs before the next step's fragments are loaded: they read their A
+            # operand from registers, and the next ldmatrix reuses those (ptxas gives every step the same
+            # ones, and changing the A registers of an unfinished wgmma is undefined in the PTX ISA).
+            wgmma_wait_group_sync[0]()
+            if lane == 0:
+                release(bars, empty, slot, rank)
+            it += 1
+        epilogue[dtype](acc, s8, q8, sh, stage, y_map, mean_out, rstd_out, fold, row0, col0, wrow, cw, lt, g, tq,
+                        mm, kk, nn, eps)
+        acc = SIMD[F32, 128](0.0)
+        t += Int(grid_dim.x) // WG_CLUSTER
+    if lt == 0:
+        cp_async_bulk_wait_group[0]()   # the last stores have read the staging buffer before the block ends
+
+
+@always_inline
+def release(bars: Pointer[SharedMemBarrier, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+            empty: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED], slot: Int, rank: Int):
+    """This warp is done with ring slot `slot`: one arrival on its "empty" barrier in every block of the cluster."""
+    comptime if WG_CLUSTER == 1:
+        _ = mbarrier_arrive(empty.unsafe_offset(slot))
+    else:
+        comptime for peer in range(WG_CLUSTER):
+            bars[unsafe_offset=WG_STAGES + slot].arrive_cluster(UInt32(peer))
+
+
+@always_inline
+def epilogue[dtype: DType](
+    acc: SIMD[F32, 128], s8: SIMD[F32, 8], q8: SIMD[F32, 8], sh: SIMD[F32, 2],
+    stage: Pointer[UInt8, MutUntrackedOrigin, address_space=AddressSpace.SHARED], y_map: Pointer[NoneType, _],
+    mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32], row0: Int, col0: Int, wrow: Int, cw: Int, lt: Int,
+    g: Int, tq: Int, mm: Int, kk: Int, nn: Int, eps: Float32,
+):
+    """Statistics, y = rstd * (acc - m1 G) + (B + bias) into the staging buffer, then TMA stores."""
+    var m1 = SIMD[F32, 2](0.0)
+    var rstd = SIMD[F32, 2](0.0)
+    comptime for h in range(2):
+        var s1 = quad_sum(s8[2 * h] + s8[2 * h + 1] + s8[2 * h + 4] + s8[2 * h + 5])
+        var s2 = quad_sum(q8[2 * h] + q8[2 * h + 1] + q8[2 * h + 4] + q8[2 * h + 5])
+        var st = shifted_stats(s1, s2, 0.0, kk, eps)
+        m1[h] = st[0]
+        rstd[h] = st[1]
+        var r = row0 + wrow + g + 8 * h
+        if col0 == 0 and tq == 0 and r < mm:
+            # mean - shift is m1 = s1 / k itself, never (shift + m1) - shift: no rounding through a large mean
+            mean_out[unsafe_offset=r] = sh[h] + m1[h]
+            rstd_out[unsafe_offset=r] = rstd[h]
+    var lr = wrow - cw * WG_ROWS + g   # the thread's rows in the consumer's 64
+    comptime BOXES = WG_OUT_COLS // WG_BOX
+    comptime for part in range(WG_BN // WG_OUT_COLS):
+        if lt == 0:
+            cp_async_bulk_wait_group[0, True]()   # the previous stores have read the buffer
+        named_barrier[WG_GROUP](Int32(1 + cw))
+        comptime for jj in range(WG_OUT_COLS // 8):
+            comptime j = part * (WG_OUT_COLS // 8) + jj
+            var c = col0 + 8 * j + 2 * tq
+            var gm = SIMD[F32, 2](0.0)
+            var bb = SIMD[F32, 2](0.0)
+            if c < nn:   # n % 8 == 0: both columns or neither
+                gm = fold.unsafe_load[width=2, alignment=8](c)
+                bb = fold.unsafe_load[width=2, alignment=8](nn + c)
+            comptime for h in range(2):
+                var v = rstd[h] * (acc.slice[2, offset=4 * j + 2 * h]() - m1[h] * gm) + bb
+                var off = (jj // 8) * (WG_ROWS * 128) + swz(lr + 8 * h, jj % 8) + 4 * tq
+                stage.unsafe_offset(off).unsafe_bitcast[Scalar[dtype]]().unsafe_store[alignment=4](0, v.cast[dtype]())
+        fence_async_view_proxy()   # the generic-proxy writes, visible to the TMA engine
+        named_barrier[WG_GROUP](Int32(1 + cw))
+        if lt == 0:
+            comptime for b in range(BOXES):
+                var cb = col0 + part * WG_OUT_COLS + b * WG_BOX
+                if cb < nn:
+                    cp_async_bulk_tensor_global_shared_cta(stage.unsafe_offset(b * WG_ROWS * 128), y_map,
+                                                           Index(cb, row0 + cw * WG_ROWS))
+            cp_async_bulk_commit_group()
+
+
+def launch_wgmma[dtype: DType](
+    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], wg: Ptr[dtype],
+    fold: Ptr[F32], rows: Int, k: Int, n: Int, eps: Float32,
+) raises:
+    """Enqueue lnl_wgmma_kernel (the caller checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
+    comptime SW = TensorMapSwizzle.SWIZZLE_128B
+    var x_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, x, rows * k, owning=False),
+                                                    Index(rows, k), Index(k, 1), Index(WG_BM, WG_BK))
+    var w_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, wg, n * k, owning=False),
+                                                    Index(n, k), Index(k, 1), Index(WG_BN // WG_CLUSTER, WG_BK))
+    var y_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, y, rows * n, owning=False),
+                                                    Index(rows, n), Index(n, 1), Index(WG_ROWS, WG_BOX))
+    var items = ceildiv(ceildiv(rows, WG_BM), WG_CLUSTER) * ceildiv(n, WG_BN)
+    var clusters = min(items, ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT) // WG_CLUSTER)
+    comptime kernel = lnl_wgmma_kernel[dtype]
+    ctx.enqueue_function[kernel](x_map, w_map, y_map, mean, rstd, fold, Int32(rows), Int32(k), Int32(n), eps,
+                                 grid_dim=clusters * WG_CLUSTER, block_dim=WG_THREADS,
+                                 cluster_dim=Dim(WG_CLUSTER), shared_mem_bytes=WG_SMEM_BYTES,
+                                 func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(WG_SMEM_BYTES)))
+
+
+@extensibility.register("layernorm_linear_fwd_sm90")
+struct LayerNormLinearFwdSm90:
+    @staticmethod
+    def execute[target: StaticString, dtype: DType, eps_bits: Int](
+        y: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
+        mean: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
+        rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
+        x: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        wg: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        fold: InputTensor[dtype=F32, rank=2, static_spec=_],
+        ctx: DeviceContext,
+    ) raises:
+        """y [rows, n], mean, rstd [rows] from x [rows, k], wg = w * gamma [n, k] (bf16) and fold [2, n]
+        (G, B + bias: layernorm_linear_fold). GPU (sm_90) only."""
+        comptime eps = bitcast[F32](UInt32(eps_bits))
+        comptime if target != "gpu" or dtype != DType.bfloat16:
+            raise Error("layernorm_linear_fwd_sm90: bfloat16 on an sm_90 GPU only")
+        else:
+            launch_wgmma[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
+                                wg.unsafe_ptr(), fold.unsafe_ptr(), x.dim_size(0), x.dim_size(1), wg.dim_size(0), eps)
