@@ -26,15 +26,15 @@
 # in the ring): persistent blocks and a separate staging buffer.
 #
 # Not yet faster than the op's default at bf16 (4096, 768 -> 3072), so "auto" does
-# not pick it. H100, CUPTI kernel time in us (results/bench_layernorm_linear_sm90.txt
-# holds this kernel's run beside torch and the default):
-#   version 1: 42; version 2: 40; our LayerNorm + cuBLAS ("auto"): 37.5;
-#   torch: 42.5; cuBLAS alone: 31.5.
-# Where version 2's time goes (session 19 probes at that shape, results not exact):
-#   without the row sums 37.9; with A read by wgmma straight from shared memory
-#   (no ldmatrix, no shift, no sums) 36.0, where cuBLAS's tile loop takes 31.5:
-#   the epilogue, which both consumer groups run at once while the tensor cores
-#   idle, costs about 4.5 us over 3 tiles per SM, and the register-A path 3.5.
+# not pick it. H100, CUPTI kernel time in us (results/bench_layernorm_linear_sm90.md
+# at faf58d6): this kernel 40.2, our LayerNorm + cuBLAS ("auto") 37.7, torch 42.1,
+# cuBLAS alone 31.5; version 1 took 42 (session 18).
+# Where the time goes (session 19's ad-hoc probes at that shape, wrong results by
+# design, not kept): without the row sums 37.9; with A read by wgmma straight
+# from shared memory (no ldmatrix, no shift, no sums) 36.0, where cuBLAS's whole
+# GEMM takes 31.5: the epilogue, which both consumer groups run at once while
+# the tensor cores idle, costs about 4.5 us over the 3 tiles per SM, and the
+# register-A path about 3.5 (ncu: tensor pipe 50% busy, cuBLAS's 66%).
 # Tried and not kept: a 2-block cluster sharing each wg tile by TMA multicast
 # (WG_CLUSTER = 2: exact, but 42.5 us; the L2 is not the limit), 4 ring slots
 # with a half-width staging buffer (40.5), and wgmma wait<1> pipelining (39.5:
