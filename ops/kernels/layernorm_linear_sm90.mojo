@@ -69,7 +69,7 @@ from std.utils.index import Index
 from std.utils.static_tuple import StaticTuple
 
 from .layernorm import F32, Ptr, shifted_stats
-from .layernorm_linear import SHIFT_SAMPLE, snap_shift
+from .layernorm_linear import SHIFT_SAMPLE, lanes_sum, snap_shift
 
 comptime WG_BM = 128                  # rows per tile: two consumer warp groups of 64
 comptime WG_BN = 256                  # columns per tile: one wgmma m64n256 per k slice
@@ -108,12 +108,6 @@ def swz(row: Int, chunk: Int) -> Int:
 
 
 @always_inline
-def quad_sum(v: Float32) -> Float32:
-    var s = v + warp.shuffle_xor(v, UInt32(1))
-    return s + warp.shuffle_xor(s, UInt32(2))
-
-
-@always_inline
 def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int) -> Float32:
     """The shift of fragment row h (0: g, 1: g + 8) from the first k-slice's fragment: the row's first
     SHIFT_SAMPLE elements are elements 2h, 2h + 1 of the quad's four lanes (columns col, col + 1)."""
@@ -126,12 +120,23 @@ def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int) ->
             s += v
             lo = min(lo, v)
             hi = max(hi, v)
-    s = quad_sum(s)
+    s = lanes_sum[4](s)
     lo = min(lo, warp.shuffle_xor(lo, UInt32(1)))
     lo = min(lo, warp.shuffle_xor(lo, UInt32(2)))
     hi = max(hi, warp.shuffle_xor(hi, UInt32(1)))
     hi = max(hi, warp.shuffle_xor(hi, UInt32(2)))
     return snap_shift(s / Float32(min(k, SHIFT_SAMPLE)), lo, hi)
+
+
+comptime SPtr[T: AnyType] = Pointer[T, MutUntrackedOrigin, address_space=AddressSpace.SHARED]
+
+
+@always_inline
+def ring() -> Tuple[SPtr[UInt8], SPtr[Int64], SPtr[Int64]]:
+    """The dynamic shared memory's base (ring slots, staging) and its "full" and "empty" mbarriers."""
+    var base = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=1024]()
+    var full = base.unsafe_offset(WG_BAR).unsafe_bitcast[Int64]()
+    return (base, full, full.unsafe_offset(WG_STAGES))
 
 
 @always_inline
@@ -147,9 +152,7 @@ def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], items: In
     """One thread: every slot of every tile of this block, in the consumers' order. Its own x tile, and
     1 / WG_CLUSTER of the wg tile multicast to every block of the cluster (each slot's "empty" barrier
     counts the consumers of all of them, so no block's slot is overwritten while it is read)."""
-    var base = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=1024]()
-    var full = base.unsafe_offset(WG_BAR).unsafe_bitcast[Int64]()
-    var empty = full.unsafe_offset(WG_STAGES)
+    var base, full, empty = ring()
     comptime W_PART = WG_BN // WG_CLUSTER
     var it = 0
     var t = Int(block_idx.x) // WG_CLUSTER
@@ -184,9 +187,7 @@ def lnl_wgmma_kernel[dtype: DType](
     x_map: TMADescriptor, w_map: TMADescriptor, y_map: TMADescriptor, mean_out: Ptr[F32], rstd_out: Ptr[F32],
     fold: Ptr[F32], rows: Int32, k: Int32, n: Int32, eps: Float32,
 ):
-    var base = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=1024]()
-    var full = base.unsafe_offset(WG_BAR).unsafe_bitcast[Int64]()
-    var empty = full.unsafe_offset(WG_STAGES)
+    var base, full, empty = ring()
     var tid = Int(thread_idx.x)
     var mm = Int(rows)
     var kk = Int(k)
@@ -226,9 +227,7 @@ def consumer[dtype: DType](
     fold: Ptr[F32], mm: Int, kk: Int, nn: Int, items: Int, tiles_n: Int, steps: Int, rank: Int, eps: Float32,
 ):
     """Consumer warp group cw (0, 1): rows 64 cw .. of every tile; lt is the thread's index in the group."""
-    var base = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=1024]()
-    var full = base.unsafe_offset(WG_BAR).unsafe_bitcast[Int64]()
-    var empty = full.unsafe_offset(WG_STAGES)
+    var base, full, empty = ring()
     var stage = base.unsafe_offset(WG_OUT + cw * WG_OUT_BYTES)
     var lane = lt % WARP_SIZE
     var wrow = cw * WG_ROWS + (lt // WARP_SIZE) * 16   # the warp's 16 rows in the tile
@@ -237,7 +236,6 @@ def consumer[dtype: DType](
     # ldmatrix x4: lanes 8q .. 8q + 7 address matrix q's rows (rows 0-7 / 8-15 by k 0-7 / 8-15)
     var lm_row = wrow + lane % 8 + 8 * ((lane // 8) % 2)
     var lm_chunk = lane // 16
-    var bars = base.unsafe_offset(WG_BAR).unsafe_bitcast[SharedMemBarrier]()
     var it = 0
     var t = Int(block_idx.x) // WG_CLUSTER
     var acc = SIMD[F32, 128](0.0)
@@ -277,7 +275,7 @@ def consumer[dtype: DType](
             # ones, and changing the A registers of an unfinished wgmma is undefined in the PTX ISA).
             wgmma_wait_group_sync[0]()
             if lane == 0:
-                release(bars, empty, slot, rank)
+                release(empty, slot)
             it += 1
         epilogue[dtype](acc, s8, q8, sh, stage, y_map, mean_out, rstd_out, fold, row0, col0, wrow, cw, lt, g, tq,
                         mm, kk, nn, eps)
@@ -288,20 +286,19 @@ def consumer[dtype: DType](
 
 
 @always_inline
-def release(bars: Pointer[SharedMemBarrier, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-            empty: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED], slot: Int, rank: Int):
+def release(empty: SPtr[Int64], slot: Int):
     """This warp is done with ring slot `slot`: one arrival on its "empty" barrier in every block of the cluster."""
     comptime if WG_CLUSTER == 1:
         _ = mbarrier_arrive(empty.unsafe_offset(slot))
     else:
         comptime for peer in range(WG_CLUSTER):
-            bars[unsafe_offset=WG_STAGES + slot].arrive_cluster(UInt32(peer))
+            empty.unsafe_bitcast[SharedMemBarrier]()[unsafe_offset=slot].arrive_cluster(UInt32(peer))
 
 
 @always_inline
 def epilogue[dtype: DType](
     acc: SIMD[F32, 128], s8: SIMD[F32, 8], q8: SIMD[F32, 8], sh: SIMD[F32, 2],
-    stage: Pointer[UInt8, MutUntrackedOrigin, address_space=AddressSpace.SHARED], y_map: Pointer[NoneType, _],
+    stage: SPtr[UInt8], y_map: Pointer[NoneType, _],
     mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32], row0: Int, col0: Int, wrow: Int, cw: Int, lt: Int,
     g: Int, tq: Int, mm: Int, kk: Int, nn: Int, eps: Float32,
 ):
@@ -309,8 +306,8 @@ def epilogue[dtype: DType](
     var m1 = SIMD[F32, 2](0.0)
     var rstd = SIMD[F32, 2](0.0)
     comptime for h in range(2):
-        var s1 = quad_sum(s8[2 * h] + s8[2 * h + 1] + s8[2 * h + 4] + s8[2 * h + 5])
-        var s2 = quad_sum(q8[2 * h] + q8[2 * h + 1] + q8[2 * h + 4] + q8[2 * h + 5])
+        var s1 = lanes_sum[4](s8[2 * h] + s8[2 * h + 1] + s8[2 * h + 4] + s8[2 * h + 5])
+        var s2 = lanes_sum[4](q8[2 * h] + q8[2 * h + 1] + q8[2 * h + 4] + q8[2 * h + 5])
         var st = shifted_stats(s1, s2, 0.0, kk, eps)
         m1[h] = st[0]
         rstd[h] = st[1]
