@@ -14,6 +14,9 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
     python scripts/bench_layernorm_linear.py --dtypes float32 --append   (add to an earlier bfloat16 run)
     python scripts/bench_layernorm_linear.py --splits   (the fused kernel's k splits at small n:
                                                           results/bench_layernorm_linear_splits.{csv,md})
+    python scripts/bench_layernorm_linear.py --sm90     (the Hopper kernel, algo sm90, bfloat16, next to
+                                                          torch, auto and cuBLAS's GEMM alone:
+                                                          results/bench_layernorm_linear_sm90.{csv,md})
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ TARGETS = ((4096, 768, 3072), (4096, 4096, 64), (4096, 4096, 4096))
 SPLIT_SHAPES = ((4096, 4096, 64), (4096, 4096, 128), (4096, 768, 64), (16384, 1024, 64), (512, 4096, 64),
                 (16, 4096, 64), (4096, 4096, 256))
 SPLIT_COUNTS = (1, 2, 4, 8, 16)
+SM90_SHAPES = ((4096, 768, 3072), (16384, 768, 3072), (4096, 1024, 4096), (4096, 4096, 4096))
 ROTATE_BYTES = 256 << 20
 FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "us", "TFLOPs", "vs_torch", "peak_MB", "kernel_us",
           "kernel_vs_torch")
@@ -152,6 +156,19 @@ def bench_splits(dtype: torch.dtype) -> list[dict]:
     return [r for shape in SPLIT_SHAPES for r in time_contenders(dtype, shape, contenders)]
 
 
+def bench_sm90() -> list[dict]:
+    """The Hopper kernel (bfloat16, sm_90) next to torch, auto, and cuBLAS's GEMM alone on LayerNorm(x)
+    computed beforehand (outside the timing): the floor a fused kernel has to approach."""
+    def contenders(sets: Sets) -> list[tuple[str, Callable]]:
+        normalized = {id(s[0]): F.layer_norm(s[0], (s[0].shape[-1],), s[1], s[2]) for s in sets}
+
+        def gemm_alone(x, g, b, w, bias, dy=None):
+            return F.linear(normalized[id(x)], w, bias)
+        return [("torch", torch_eager), ("ours:auto", ours("auto")), ("ours:sm90", ours("sm90")),
+                ("cublas GEMM alone (xn given)", gemm_alone)]
+    return [r for shape in SM90_SHAPES for r in time_contenders(torch.bfloat16, shape, contenders)]
+
+
 def run_grads(y: torch.Tensor, leaves: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The backward of one prepared graph (all five gradients)."""
     return torch.autograd.grad(y, leaves, dy, retain_graph=True)
@@ -208,7 +225,8 @@ def plot() -> None:
 
 def main() -> int:
     args = bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
-                      ("--splits", "sweep the fused kernel's k splits instead (small n)"))
+                      ("--splits", "sweep the fused kernel's k splits instead (small n)"),
+                      ("--sm90", "time the Hopper kernel (algo sm90, bfloat16) instead"))
     if args.plot_only:
         plot()
         return 0
@@ -220,6 +238,9 @@ def main() -> int:
     if args.splits:
         write([r for d in args.dtypes.split(",") for r in bench_splits(getattr(torch, d))],
               "bench_layernorm_linear_splits")
+        return 0
+    if args.sm90:
+        write(bench_sm90(), "bench_layernorm_linear_sm90")
         return 0
     grid = list(TARGETS) if args.quick else list(dict.fromkeys(
         list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))

@@ -73,7 +73,7 @@ for step in "${steps[@]}"; do
       run bench_layernorm_linear_splits_log python scripts/bench_layernorm_linear.py --splits --dtypes bfloat16,float32,float16
       [ "$out" = results ] || cp results/bench_layernorm_linear_splits.* "$out"/ ;;
     layernorm-linear-sm90)
-      run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear_sm90.py
+      run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90
       [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"
