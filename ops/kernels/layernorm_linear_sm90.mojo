@@ -27,8 +27,8 @@
 #
 # Not yet faster than the op's default at bf16 (4096, 768 -> 3072), so "auto" does
 # not pick it. H100, CUPTI kernel time in us (results/bench_layernorm_linear_sm90.md
-# at faf58d6): this kernel 40.2, our LayerNorm + cuBLAS ("auto") 37.7, torch 42.1,
-# cuBLAS alone 31.5; version 1 took 42 (session 18).
+# at 5fcb81a): this kernel 40.0, our LayerNorm + cuBLAS ("auto") 37.7, torch 42.4,
+# cuBLAS's GEMM alone 31.5; version 1 took 42 (session 18).
 # Where the time goes (session 19's ad-hoc probes at that shape, wrong results by
 # design, not kept): without the row sums 37.9; with A read by wgmma straight
 # from shared memory (no ldmatrix, no shift, no sums) 36.0, where cuBLAS's whole
