@@ -22,27 +22,25 @@
 #     statistics, the fold's correction, y into a 128-byte-swizzled staging
 #     buffer and TMA stores of 64 x 64 boxes, which drain while the next tile's
 #     loop runs (the buffer is waited for only before its next use).
-# Version 2 (this one) over version 1 (session 18, one tile per block, y staged
-# in the ring): persistent blocks and a separate staging buffer.
-#
-# Not yet faster than the op's default at bf16 (4096, 768 -> 3072), so "auto" does
-# not pick it. H100, CUPTI kernel time in us (results/bench_layernorm_linear_sm90.md
-# at 5fcb81a): this kernel 40.0, our LayerNorm + cuBLAS ("auto") 37.7, torch 42.4,
-# cuBLAS's GEMM alone 31.5; version 1 took 42 (session 18).
-# Where the time goes (session 19's ad-hoc probes at that shape, wrong results by
-# design, not kept): without the row sums 37.9; with A read by wgmma straight
-# from shared memory (no ldmatrix, no shift, no sums) 36.0, where cuBLAS's whole
-# GEMM takes 31.5: the epilogue, which both consumer groups run at once while
-# the tensor cores idle, costs about 4.5 us over the 3 tiles per SM, and the
-# register-A path about 3.5 (ncu: tensor pipe 50% busy, cuBLAS's 66%).
-# Tried and not kept: a 2-block cluster sharing each wg tile by TMA multicast
-# (WG_CLUSTER = 2: exact, but 42.5 us; the L2 is not the limit), 4 ring slots
-# with a half-width staging buffer (40.5), and wgmma wait<1> pipelining (39.5:
-# 1 us faster, but it relies on the A registers of an unfinished wgmma staying
-# untouched, which the PTX ISA leaves undefined). Next: ping-pong consumers
-# (one group's epilogue under the other's MMAs) and, for tiles whose rows all
-# have shift 0 (d = x), A from shared memory with the row sums read from the
-# slot while the MMAs run.
+# Version 3 (this one) over version 2 (session 19): the same schedule without register spills.
+# LLVM hoisted the epilogue's 64 staging offsets out of the tile loop and ptxas spilled them
+# (to local memory, which the 200+ KiB of shared memory leaves little L1 for); the offsets
+# are now derived where they are used from one opaque base (`opaque`), and the ring's slot and
+# parity use 32-bit arithmetic (`slot_phase`). Version 2 took 40.0 us at bf16 (4096, 768 -> 3072)
+# on the H100; results/bench_layernorm_linear_sm90.md has this version next to torch, our default
+# ("auto": our LayerNorm + cuBLAS) and cuBLAS's GEMM alone.
+# Tried in session 20 (ad-hoc H100 probes at that shape, version 3 at 35.6-35.9 us, not kept):
+#   - A read by wgmma straight from shared memory when all 64 rows of a group have shift 0, row
+#     sums read from the slot while the MMAs run: 36.1 us when every tile takes it (wrong for
+#     shifted rows), 38.1 with the per-tile group vote that sends shifted tiles to this path;
+#   - wgmma wait<1> (one step's MMAs in flight while the next is issued; even and odd steps as
+#     separate code so no in-flight A register is rewritten): 39.5 with 3 ring slots, 38.8 with 4;
+#   - 4 ring slots with a half-width staging buffer: 35.4; the fold staged in shared memory: 35.6;
+#   - the row statistics computed by two warps of the producer group from the ring: 78 (too
+#     few threads for 128 rows; the ring waits on them).
+# Session 19's probes (version 2): a 2-block cluster sharing each wg tile by TMA multicast was
+# exact but slower (42.5 us against 40.0); cuBLAS runs nvjet_sm90_tst_256x128_64x4_1x2 (same tile,
+# 4 slots, cooperative) with its tensor pipe 66% busy against our 50%.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
@@ -65,6 +63,7 @@ from max.gpu.compute.mma import (ld_matrix, wgmma_async, wgmma_fence_aligned, wg
 from max.gpu.primitives import warp
 from std.math import ceildiv
 from std.memory import bitcast
+from std.sys import inlined_assembly
 from std.utils.index import Index
 from std.utils.static_tuple import StaticTuple
 
@@ -128,6 +127,23 @@ def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int) ->
     return snap_shift(s / Float32(min(k, SHIFT_SAMPLE)), lo, hi)
 
 
+@always_inline
+def slot_phase(it: Int) -> Tuple[Int, Int32]:
+    """Ring slot and mbarrier parity of the ring's it-th use, in 32-bit arithmetic (Int's 64-bit
+    division by WG_STAGES costs a dozen instructions and registers the MMAs need)."""
+    comptime S = UInt32(WG_STAGES)
+    var u = UInt32(it)
+    return (Int(u % S), Int32((u // S) & 1))
+
+
+@always_inline
+def opaque(v: Int) -> Int:
+    """v, hidden from the optimizer, so that what is derived from it is computed where it is used.
+    Without it LLVM hoists the epilogue's 64 staging offsets out of the tile loop; they stay live
+    across the MMAs and ptxas spills them."""
+    return Int(inlined_assembly["mov.b32 $0, $1;", Int32, constraints="=r,r", has_side_effect=True](Int32(v)))
+
+
 comptime SPtr[T: AnyType] = Pointer[T, MutUntrackedOrigin, address_space=AddressSpace.SHARED]
 
 
@@ -159,9 +175,8 @@ def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], items: In
     while t < items:
         var row0, col0 = tile_origin(t, tiles_n, rank)
         for s in range(steps):
-            var slot = it % WG_STAGES
-            var phase = (it // WG_STAGES) % 2
-            _ = mbarrier_try_wait_parity_shared(empty.unsafe_offset(slot), Int32(phase ^ 1), Int32(WG_WAIT_TICKS))
+            var slot, phase = slot_phase(it)
+            _ = mbarrier_try_wait_parity_shared(empty.unsafe_offset(slot), phase ^ 1, Int32(WG_WAIT_TICKS))
             mbarrier_arrive_expect_tx_shared(full.unsafe_offset(slot), Int32(WG_SLOT))
             var a_s = base.unsafe_offset(slot * WG_SLOT)
             cp_async_bulk_tensor_shared_cluster_global(a_s, x_map, full.unsafe_offset(slot), Index(s * WG_BK, row0))
@@ -244,16 +259,15 @@ def consumer[dtype: DType](
         var s8 = SIMD[F32, 8](0.0)   # fragment-shaped sums of d and d^2 (rows g: 0, 1, 4, 5; g + 8: 2, 3, 6, 7)
         var q8 = SIMD[F32, 8](0.0)
         # The rows' shifts, from the first slot's first k slice (loaded again by the loop's first step).
-        var first = base.unsafe_offset((it % WG_STAGES) * WG_SLOT)
-        _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(it % WG_STAGES), Int32((it // WG_STAGES) % 2),
-                                            Int32(WG_WAIT_TICKS))
+        var slot0, phase0 = slot_phase(it)
+        var first = base.unsafe_offset(slot0 * WG_SLOT)
+        _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot0), phase0, Int32(WG_WAIT_TICKS))
         var a0 = ld_matrix[simd_width=8](first.unsafe_offset(swz(lm_row, lm_chunk)).unsafe_bitcast[Scalar[dtype]]())
         var sh = SIMD[F32, 2](row_shift_quad(a0, 0, 2 * tq, kk), row_shift_quad(a0, 1, 2 * tq, kk))
         var shv = SIMD[F32, 8](sh[0], sh[0], sh[1], sh[1], sh[0], sh[0], sh[1], sh[1]).cast[dtype]()
         for s in range(steps):
-            var slot = it % WG_STAGES
-            var phase = (it // WG_STAGES) % 2
-            _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), Int32(phase), Int32(WG_WAIT_TICKS))
+            var slot, phase = slot_phase(it)
+            _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
             var a_s = base.unsafe_offset(slot * WG_SLOT)
             var b_addr = Int(a_s) + WG_A_BYTES
             var tail = (s + 1) * WG_BK > kk
@@ -316,7 +330,10 @@ def epilogue[dtype: DType](
             # mean - shift is m1 = s1 / k itself, never (shift + m1) - shift: no rounding through a large mean
             mean_out[unsafe_offset=r] = sh[h] + m1[h]
             rstd_out[unsafe_offset=r] = rstd[h]
-    var lr = wrow - cw * WG_ROWS + g   # the thread's rows in the consumer's 64
+    # The thread's rows lr, lr + 8 of the consumer's 64 (lr % 8 == g): swz(lr + 8 h, c) + 4 tq is
+    # (sb ^ 16 c) + 1024 h, as a row's 128 bytes leave bits 4-6 to the chunk.
+    var lr = wrow - cw * WG_ROWS + g
+    var sb = opaque(lr * 128 + g * 16 + 4 * tq)
     comptime BOXES = WG_OUT_COLS // WG_BOX
     comptime for part in range(WG_BN // WG_OUT_COLS):
         if lt == 0:
@@ -332,7 +349,7 @@ def epilogue[dtype: DType](
                 bb = fold.unsafe_load[width=2, alignment=8](nn + c)
             comptime for h in range(2):
                 var v = rstd[h] * (acc.slice[2, offset=4 * j + 2 * h]() - m1[h] * gm) + bb
-                var off = (jj // 8) * (WG_ROWS * 128) + swz(lr + 8 * h, jj % 8) + 4 * tq
+                var off = (sb ^ ((jj % 8) * 16)) + (jj // 8) * (WG_ROWS * 128) + h * 1024
                 stage.unsafe_offset(off).unsafe_bitcast[Scalar[dtype]]().unsafe_store[alignment=4](0, v.cast[dtype]())
         fence_async_view_proxy()   # the generic-proxy writes, visible to the TMA engine
         named_barrier[WG_GROUP](Int32(1 + cw))
