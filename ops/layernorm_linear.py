@@ -15,7 +15,8 @@ Forward algorithms (``algo``):
   G and B + bias come folded once per weight version (``folded``). fp16/bf16 on tensor cores.
 * ``"sm90"`` (bfloat16 on an H100-class GPU, K and N multiples of 8): the same algorithm in one
   persistent Hopper kernel (TMA loads, wgmma, ``ops/kernels/layernorm_linear_sm90.mojo``); a
-  ``ValueError`` names what is missing elsewhere. Not yet faster than ``unfused`` (see its header).
+  ``ValueError`` names what is missing elsewhere. Opt-in: ``auto`` does not pick it yet (its
+  header and results/bench_layernorm_linear_sm90.md say where it wins).
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,

@@ -26,9 +26,15 @@
 # LLVM hoisted the epilogue's 64 staging offsets out of the tile loop and ptxas spilled them
 # (to local memory, which the 200+ KiB of shared memory leaves little L1 for); the offsets
 # are now derived where they are used from one opaque base (`opaque`), and the ring's slot and
-# parity use 32-bit arithmetic (`slot_phase`). Version 2 took 40.0 us at bf16 (4096, 768 -> 3072)
-# on the H100; results/bench_layernorm_linear_sm90.md has this version next to torch, our default
-# ("auto": our LayerNorm + cuBLAS) and cuBLAS's GEMM alone.
+# parity use 32-bit arithmetic (`slot_phase`). H100, bf16, CUPTI kernel time in us
+# (results/bench_layernorm_linear_sm90.md, measured at 1a5c9a7; version 2's at 5fcb81a in parentheses):
+#   (M, K -> N)          this kernel   auto (our LayerNorm + cuBLAS)   torch   cuBLAS GEMM alone
+#   4096, 768 -> 3072    36.3 (40.0)   37.9                            42.7    31.7
+#   16384, 768 -> 3072   134.7 (142.4) 137.0                           151.2   113.7
+#   4096, 1024 -> 4096   58.4 (66.6)   57.4                            62.3    49.7
+#   4096, 4096 -> 4096   194.2 (226.0) 199.5                           203.1   171.7
+# "auto" does not pick it yet: it loses at (4096, 1024 -> 4096), and its event time at the small
+# shapes is host-bound (54.6 us against 36.3 of kernel at the first), a per-call host path to fix.
 # Tried in session 20 (ad-hoc H100 probes at that shape, version 3 at 35.6-35.9 us, not kept):
 #   - A read by wgmma straight from shared memory when all 64 rows of a group have shift 0, row
 #     sums read from the slot while the MMAs run: 36.1 us when every tile takes it (wrong for
