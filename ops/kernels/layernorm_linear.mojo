@@ -120,9 +120,10 @@
 # chunks take 34.5 us against 30.4 (exp/s17_overlap.py, branch s17-exp).
 # A hand-written Hopper kernel that does reach the A operand (TMA loads,
 # the shift subtracted on ldmatrix'd fragments, wgmma with A from registers,
-# TMA stores) is exact at mean 1e4, but takes 40.2 us of kernel time there
-# against this op's 37.7 (LayerNorm + cuBLAS): layernorm_linear_sm90.mojo,
-# the opt-in algo "sm90"; its header says where its time goes.
+# TMA stores) is exact at mean 1e4 and takes 36.3 us of kernel time there
+# against this op's 37.9 (LayerNorm + cuBLAS; results/bench_layernorm_linear_sm90.md
+# at 1a5c9a7): layernorm_linear_sm90.mojo, the opt-in algo "sm90"; its header
+# says where it still loses and why "auto" does not pick it yet.
 # CPU: one row at a time, exact two-pass statistics, then the dot products.
 
 import extensibility
