@@ -10,6 +10,7 @@ the virtual device settings apply to the whole process.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,4 +83,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The virtual-device runtime sometimes aborts in its C++ static destructors at interpreter exit
+    # ("terminate called without an active exception", about 1 run in 6 on 2 cores) after every
+    # graph has compiled; skipping those destructors keeps the exit status the compile result.
+    os._exit(code)
