@@ -15,7 +15,8 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
     python scripts/bench_layernorm_linear.py --splits   (the fused kernel's k splits at small n:
                                                           results/bench_layernorm_linear_splits.{csv,md})
     python scripts/bench_layernorm_linear.py --sm90     (the Hopper kernel, algo sm90, bfloat16, next to
-                                                          torch, auto and cuBLAS's GEMM alone:
+                                                          torch, auto and cuBLAS's GEMM alone over the shape
+                                                          grid, or with --quick at SM90_SHAPES:
                                                           results/bench_layernorm_linear_sm90.{csv,md})
 """
 
@@ -156,7 +157,7 @@ def bench_splits(dtype: torch.dtype) -> list[dict]:
     return [r for shape in SPLIT_SHAPES for r in time_contenders(dtype, shape, contenders)]
 
 
-def bench_sm90() -> list[dict]:
+def bench_sm90(shapes: list[tuple[int, int, int]]) -> list[dict]:
     """The Hopper kernel (bfloat16, sm_90) next to torch, auto, and cuBLAS's GEMM alone on LayerNorm(x)
     computed beforehand (outside the timing): the floor a fused kernel has to approach."""
     def contenders(sets: Sets) -> list[tuple[str, Callable]]:
@@ -166,7 +167,7 @@ def bench_sm90() -> list[dict]:
             return F.linear(normalized[id(x)], w, bias)
         return [("torch", torch_eager), ("ours:auto", ours("auto")), ("ours:sm90", ours("sm90")),
                 ("cublas GEMM alone (xn given)", gemm_alone)]
-    return [r for shape in SM90_SHAPES for r in time_contenders(torch.bfloat16, shape, contenders)]
+    return [r for shape in shapes for r in time_contenders(torch.bfloat16, shape, contenders)]
 
 
 def run_grads(y: torch.Tensor, leaves: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -239,11 +240,11 @@ def main() -> int:
         write([r for d in args.dtypes.split(",") for r in bench_splits(getattr(torch, d))],
               "bench_layernorm_linear_splits")
         return 0
+    grid = list(dict.fromkeys(list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
     if args.sm90:
-        write(bench_sm90(), "bench_layernorm_linear_sm90")
+        write(bench_sm90(list(SM90_SHAPES) if args.quick else grid), "bench_layernorm_linear_sm90")
         return 0
-    grid = list(TARGETS) if args.quick else list(dict.fromkeys(
-        list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
+    grid = list(TARGETS) if args.quick else grid
     rows: list[dict] = []
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         rows += bench_forward(dtype, grid, not args.no_compile)
