@@ -15,10 +15,11 @@ Forward algorithms (``algo``):
   G and B + bias come folded once per weight version (``folded``). fp16/bf16 on tensor cores.
 * ``"sm90"`` (bfloat16 on an H100-class GPU, K and N multiples of 8): the same algorithm in one
   persistent Hopper kernel (TMA loads, wgmma, ``ops/kernels/layernorm_linear_sm90.mojo``); a
-  ``ValueError`` names what is missing elsewhere. Opt-in: ``auto`` does not pick it yet (its
-  header and results/bench_layernorm_linear_sm90.md say where it wins).
+  ``ValueError`` names what is missing elsewhere. ``auto`` picks it for bfloat16 on sm_90 with at
+  least ``SM90_MIN_ROWS`` rows and ``SM90_MIN_N`` <= n <= ``SM90_MAX_N`` (where it won the H100 sweep,
+  results/bench_layernorm_linear_sm90.md).
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
-* ``"auto"`` (default): ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
+* ``"auto"`` (default): ``sm90`` in its region (above), else ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
   at least ``FUSED16_MIN_ROWS`` rows and k >= ``FUSED16_MIN_K``; else ``unfused``.
   On the H100 (results/bench_layernorm_linear*.md) the fused kernel's IEEE fp32
@@ -60,6 +61,11 @@ SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
 SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
+# auto's "sm90" region (bf16 on an sm_90 GPU): the Hopper kernel beat our LayerNorm + cuBLAS by CUPTI kernel
+# time at every grid shape with at least this many rows and n in this range (results/bench_layernorm_linear_sm90.md
+# at 52b92aa); with fewer rows its persistent grid has too few tiles, at n 4096 it lost at 3 of 4 shapes.
+SM90_MIN_ROWS = 4096
+SM90_MIN_N, SM90_MAX_N = 768, 3072
 
 
 @cache
@@ -135,9 +141,19 @@ def scaled_weight(weight: torch.Tensor, ln_weight: torch.Tensor) -> torch.Tensor
     return _scaled.get((weight, ln_weight), lambda w, g: (w.detach() * g.detach()).contiguous())
 
 
+@cache
+def _sm90_index(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def is_sm90(device: torch.device) -> bool:
+    """Whether ``device`` is an sm_90 (Hopper) GPU (asked once per device)."""
+    return device.type == "cuda" and torch.cuda.is_available() and _sm90_index(device.index or 0)
+
+
 def sm90_unsupported(x2: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the Hopper kernel cannot take x2 [rows, K] and weight [N, K], or None when it can."""
-    if not x2.is_cuda or torch.cuda.get_device_capability(x2.device) != (9, 0):
+    if not is_sm90(x2.device):
         return "needs an sm_90 (Hopper) GPU"
     if x2.dtype != torch.bfloat16:
         return f"needs bfloat16, got {x2.dtype}"
@@ -234,6 +250,9 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
         return algo
     if device.type != "cuda":
         return "unfused"
+    if (dtype == torch.bfloat16 and rows >= SM90_MIN_ROWS and SM90_MIN_N <= n <= SM90_MAX_N
+            and k % 8 == 0 and n % 8 == 0 and is_sm90(device)):
+        return "sm90"
     if dtype == torch.float32:
         fused = n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
     else:
@@ -257,6 +276,8 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     layernorm.check_eps(eps)
     k, n = x.shape[-1], weight.shape[0]
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k)
+    if picked == "sm90" and algo == "auto" and sm90_unsupported(x.view(-1, k), weight) is not None:
+        picked = "unfused"   # auto never raises: an x view that is not 16-byte aligned takes cuBLAS
     if picked == "fused":
         y, mean, rstd = fused_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
     elif picked == "sm90":
@@ -335,13 +356,14 @@ class LayerNormLinearFunction(torch.autograd.Function):
                 algo: str) -> torch.Tensor:
         xn = None
         rows = x.numel() // max(x.shape[-1], 1)
-        picked = pick_algo(algo, x.device, x.dtype, rows, weight.shape[0])
+        picked = pick_algo(algo, x.device, x.dtype, rows, weight.shape[0], x.shape[-1])
         if picked == "unfused":
             # Our LayerNorm, then cuBLAS; xn is kept for dW as torch's own autograd keeps it.
             xn, mean, rstd = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
             y = torch.nn.functional.linear(xn, weight, bias)
         else:
-            y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, picked)
+            # algo itself, so that auto's own fallbacks (layernorm_linear_fwd) still apply
+            y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
         ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, mean, rstd)
         ctx.eps = eps
         return y

@@ -257,6 +257,23 @@ def test_auto_rule() -> None:
         LL.pick_algo("fast", cuda, f32, 4096, 64)
 
 
+def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: sm90 for bf16 on an sm_90 GPU with enough rows and n in its range (K, N multiples of 8), else as before."""
+    cuda, bf16, rows, n, k = torch.device("cuda"), torch.bfloat16, LL.SM90_MIN_ROWS, LL.SM90_MAX_N, 768
+    monkeypatch.setattr(LL, "is_sm90", lambda device: device.type == "cuda")
+    assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
+    assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N, k) == "sm90"
+    assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MAX_N + 8, k) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N - 8, k) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, rows, n, k + 4) == "unfused"       # TMA rows: K % 8 == 0
+    assert LL.pick_algo("auto", cuda, torch.float16, rows, n, k) == "unfused"  # bf16 only
+    assert LL.pick_algo("auto", torch.device("cpu"), bf16, rows, n, k) == "unfused"
+    assert LL.pick_algo("unfused", cuda, bf16, rows, n, k) == "unfused"
+    monkeypatch.setattr(LL, "is_sm90", lambda device: False)
+    assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "unfused"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gpu_fused_outlier_first_columns(dtype: torch.dtype) -> None:
@@ -338,6 +355,23 @@ def test_gpu_sm90(shape: tuple[int, int, int], mean: float) -> None:
     rows, k, n = shape
     x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda", mean=mean)
     check_forward(x, g, b, w, bias, "sm90", cond=max(1.0, mean))
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_auto_takes_sm90_where_it_can() -> None:
+    """auto in the sm90 region runs the Hopper kernel (bitwise equal to algo sm90, right against float64);
+    an x view off 16-byte alignment there takes the unfused path instead of raising."""
+    rows, k, n = LL.SM90_MIN_ROWS, 256, LL.SM90_MIN_N
+    x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda", mean=1e4)
+    check_forward(x, g, b, w, bias, "auto", cond=1e4)
+    y = LL.layernorm_linear_fwd(x, g, b, w, bias)[0]
+    assert torch.equal(y, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0])
+    assert not torch.equal(y, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="unfused")[0])
+    flat = torch.randn(rows * k + 1, device="cuda").bfloat16()
+    xs = flat[1:].view(rows, k)   # 2 bytes past an aligned start
+    assert LL.sm90_unsupported(xs, w) is not None
+    check_forward(xs, g, b, w, bias, "auto")
 
 
 @pytest.mark.gpu
