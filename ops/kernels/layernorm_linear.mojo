@@ -122,8 +122,8 @@
 # the shift subtracted on ldmatrix'd fragments, wgmma with A from registers,
 # TMA stores) is exact at mean 1e4 and takes 36.3 us of kernel time there
 # against this op's 37.9 (LayerNorm + cuBLAS; results/bench_layernorm_linear_sm90.md
-# at 1a5c9a7): layernorm_linear_sm90.mojo, the opt-in algo "sm90"; its header
-# says where it still loses and why "auto" does not pick it yet.
+# at 1a5c9a7): layernorm_linear_sm90.mojo, algo "sm90", which "auto" picks for
+# bf16 on sm_90 where the whole-grid sweep had it win; its header says where it loses.
 # CPU: one row at a time, exact two-pass statistics, then the dot products.
 
 import extensibility

@@ -33,8 +33,18 @@
 #   16384, 768 -> 3072   134.7 (142.4) 137.0                           151.2   113.7
 #   4096, 1024 -> 4096   58.4 (66.6)   57.4                            62.3    49.7
 #   4096, 4096 -> 4096   194.2 (226.0) 199.5                           203.1   171.7
-# "auto" does not pick it yet: it loses at (4096, 1024 -> 4096), and its event time at the small
-# shapes is host-bound (54.6 us against 36.3 of kernel at the first), a per-call host path to fix.
+# "auto" picks it for bf16 with M >= 4096 and 768 <= N <= 3072, where it won the whole-grid sweep
+# (results/bench_layernorm_linear_sm90.md at 52b92aa); it loses at M 16 and 512 (too few tiles for a
+# persistent grid; no k split) and at most N 4096 shapes. That sweep's event times at M 4096,
+# N >= 3072 (55 us against 36 of kernel) were derivations inside timed calls, not this kernel: the
+# scaled weight and fold of rotated weight sets the warm-up had not seen (the warm-up now runs them all).
+# Session 21's H100 ablations at (4096, 768 -> 3072), version 3 at 36.1 us of kernel time (ad hoc):
+#   - no epilogue (the accumulators summed into one flag store): 28.5, so the epilogue, which both
+#     consumer groups run at once while the tensor cores idle, costs ~7.6 us: the lever left;
+#   - no shift and no row sums in the k loop (wrong results): 35.2, so the fused statistics cost ~0.9;
+#   - stmatrix x4 stores in the epilogue (16 instead of 64 per thread): 36.3 (and 12 bytes spilled);
+#   - consumer group 1 started 2 or 3 ring steps behind group 0 so their epilogues alternate:
+#     40.3 / 40.5 (3 slots), 40.6 (4 slots); the launch without the cluster attribute: 36.1.
 # Tried in session 20 (ad-hoc H100 probes at that shape, version 3 at 35.6-35.9 us, not kept):
 #   - A read by wgmma straight from shared memory when all 64 rows of a group have shift 0, row
 #     sums read from the slot while the MMAs run: 36.1 us when every tile takes it (wrong for
