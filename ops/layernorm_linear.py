@@ -172,10 +172,7 @@ def algos_for(x2: torch.Tensor, weight: torch.Tensor) -> tuple[str, ...]:
 
 def sm90_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
              bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Hopper kernel on validated x2 [rows, K]: y [rows, N], mean, rstd [rows]."""
-    why = sm90_unsupported(x2, weight)
-    if why is not None:
-        raise ValueError(f"algo: 'sm90' {why}")
+    """The Hopper kernel on validated x2 [rows, K] that ``sm90_unsupported`` accepts: y [rows, N], mean, rstd [rows]."""
     fold = folded(weight, ln_weight, ln_bias, bias)
     y, mean, rstd = sm90_op(float(eps))(x2, scaled_weight(weight, ln_weight), fold)
     return y, mean, rstd
@@ -275,15 +272,18 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
     k, n = x.shape[-1], weight.shape[0]
-    picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k)
-    if picked == "sm90" and algo == "auto" and sm90_unsupported(x.view(-1, k), weight) is not None:
+    x2 = x.view(-1, k)
+    picked = pick_algo(algo, x.device, x.dtype, x2.shape[0], n, k)
+    if picked == "sm90" and (why := sm90_unsupported(x2, weight)) is not None:
+        if algo != "auto":
+            raise ValueError(f"algo: 'sm90' {why}")
         picked = "unfused"   # auto never raises: an x view that is not 16-byte aligned takes cuBLAS
     if picked == "fused":
-        y, mean, rstd = fused_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
+        y, mean, rstd = fused_fwd(x2, ln_weight, ln_bias, weight, bias, eps)
     elif picked == "sm90":
-        y, mean, rstd = sm90_fwd(x.view(-1, k), ln_weight, ln_bias, weight, bias, eps)
+        y, mean, rstd = sm90_fwd(x2, ln_weight, ln_bias, weight, bias, eps)
     else:
-        xn, mean, rstd = layernorm.layernorm_fwd(x.view(-1, k), ln_weight, ln_bias, eps)
+        xn, mean, rstd = layernorm.layernorm_fwd(x2, ln_weight, ln_bias, eps)
         y = torch.nn.functional.linear(xn, weight, bias)
     return y.view(*x.shape[:-1], n), mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
 

@@ -240,11 +240,11 @@ def main() -> int:
         write([r for d in args.dtypes.split(",") for r in bench_splits(getattr(torch, d))],
               "bench_layernorm_linear_splits")
         return 0
-    grid = list(dict.fromkeys(list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
+    full = list(dict.fromkeys(list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
     if args.sm90:
-        write(bench_sm90(list(SM90_SHAPES) if args.quick else grid), "bench_layernorm_linear_sm90")
+        write(bench_sm90(list(SM90_SHAPES) if args.quick else full), "bench_layernorm_linear_sm90")
         return 0
-    grid = list(TARGETS) if args.quick else grid
+    grid = list(TARGETS) if args.quick else full
     rows: list[dict] = []
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         rows += bench_forward(dtype, grid, not args.no_compile)

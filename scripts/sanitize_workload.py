@@ -54,7 +54,7 @@ def main() -> int:
                 print(f"wrong: layernorm_linear fused {dtype} {m}x{kk}->{n}")
                 bad += 1
     # The Hopper kernel (TMA, mbarriers, wgmma): rows, columns and k off its 128 x 256 x 64 tiles.
-    if torch.cuda.get_device_capability() == (9, 0):
+    if LL.is_sm90(torch.device("cuda")):
         for m, kk, n in ((37, 200, 264), (300, 776, 520)):
             x, g, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((m, kk), (kk,), (kk,)))
             w = torch.randn(n, kk, device="cuda", dtype=torch.bfloat16) / kk ** 0.5

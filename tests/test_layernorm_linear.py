@@ -341,8 +341,7 @@ def test_sm90_refuses_what_it_cannot_take(device: str) -> None:
 
 
 SM90_SHAPES = [(1, 8, 8), (37, 200, 264), (1000, 768, 3072), (513, 1032, 776), (4096, 1024, 256), (300, 4096, 64)]
-needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                                reason="algo sm90 needs an sm_90 GPU")
+needs_sm90 = pytest.mark.skipif(not LL.is_sm90(torch.device("cuda")), reason="algo sm90 needs an sm_90 GPU")
 
 
 @pytest.mark.gpu
