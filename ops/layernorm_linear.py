@@ -104,6 +104,7 @@ _counters: dict[torch.device, torch.Tensor] = {}
 _folds = DerivedCache(capacity=32)
 _zero_biases = DerivedCache(capacity=32)
 _scaled = DerivedCache(capacity=32)
+_paired = DerivedCache(capacity=32)
 
 
 @cache
@@ -124,7 +125,8 @@ def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
 @cache
 def sm90_op(eps: float) -> GraphOp:
     """The registered Hopper forward (``layernorm_linear_sm90.mojo``): y [rows, n], mean, rstd [rows]
-    (float32) from x [rows, k], the scaled weight (``scaled_weight``) [n, k] and the fold [2, n]."""
+    (float32) from x [rows, k], the scaled weight (``scaled_weight``) [n, k] and the fold in column
+    pairs (``paired_fold``) [2, n]."""
     f32 = torch.float32
     return GraphOp(
         "layernorm_linear_fwd_sm90", LIBRARY,
@@ -139,6 +141,13 @@ def scaled_weight(weight: torch.Tensor, ln_weight: torch.Tensor) -> torch.Tensor
     """weight * ln_weight [N, K] in their dtype (each product rounded once, as ``folded``'s G sums them),
     made once per weight version: the Hopper kernel's B operand."""
     return _scaled.get((weight, ln_weight), lambda w, g: (w.detach() * g.detach()).contiguous())
+
+
+def paired_fold(fold: torch.Tensor) -> torch.Tensor:
+    """``folded``'s [2, N] float32 (N even) laid out as N / 2 column pairs (G j, G j+1, B j, B j+1), still
+    [2, N], made once per fold: the Hopper kernel's epilogue reads a pair's four values in one 16-byte
+    load instead of two 8-byte ones."""
+    return _paired.get1(fold, lambda f: f.view(2, -1, 2).transpose(0, 1).reshape(2, -1))
 
 
 @cache
@@ -173,7 +182,7 @@ def algos_for(x2: torch.Tensor, weight: torch.Tensor) -> tuple[str, ...]:
 def sm90_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
              bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Hopper kernel on validated x2 [rows, K] that ``sm90_unsupported`` accepts: y [rows, N], mean, rstd [rows]."""
-    fold = folded(weight, ln_weight, ln_bias, bias)
+    fold = paired_fold(folded(weight, ln_weight, ln_bias, bias))
     y, mean, rstd = sm90_op(float(eps))(x2, scaled_weight(weight, ln_weight), fold)
     return y, mean, rstd
 

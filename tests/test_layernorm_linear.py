@@ -318,6 +318,18 @@ def test_fold(device: str, dtype: torch.dtype) -> None:
     assert (bad := compare(got, ref, torch.float32, 1000)) is None, bad
 
 
+def test_paired_fold() -> None:
+    """The Hopper kernel's fold layout: column pairs (G j, G j+1, B j, B j+1), made once per fold tensor."""
+    fold = torch.randn(2, 24)
+    got = LL.paired_fold(fold)
+    assert got.shape == (2, 24) and got.is_contiguous()
+    for j in range(0, 24, 2):
+        assert torch.equal(got.view(-1)[2 * j: 2 * j + 4], torch.cat((fold[0, j:j + 2], fold[1, j:j + 2])))
+    assert LL.paired_fold(fold) is got
+    fold.add_(1.0)   # a new version of the fold: derived again
+    assert torch.equal(LL.paired_fold(fold).view(-1)[:4], torch.cat((fold[0, :2], fold[1, :2])))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_gpu_fused_sees_weight_updates(dtype: torch.dtype) -> None:
@@ -358,19 +370,32 @@ def test_gpu_sm90(shape: tuple[int, int, int], mean: float) -> None:
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_auto_takes_sm90_where_it_can() -> None:
-    """auto in the sm90 region runs the Hopper kernel (bitwise equal to algo sm90, right against float64);
-    an x view off 16-byte alignment there takes the unfused path instead of raising."""
+def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto in the sm90 region runs the Hopper kernel (seen by a spy on sm90_fwd; bitwise equal to algo
+    sm90; right against float64, also at mean 1e4); an x view off 16-byte alignment there takes the
+    unfused path instead of raising."""
+    calls: list[tuple[int, ...]] = []
+    real = LL.sm90_fwd
+
+    def spy(x2: torch.Tensor, *args: object) -> tuple[torch.Tensor, ...]:
+        calls.append(tuple(x2.shape))
+        return real(x2, *args)
+
+    monkeypatch.setattr(LL, "sm90_fwd", spy)
     rows, k, n = LL.SM90_MIN_ROWS, 256, LL.SM90_MIN_N
+    x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda")
+    y = LL.layernorm_linear_fwd(x, g, b, w, bias)[0]
+    assert calls == [(rows, k)], f"auto in the sm90 region ran sm90_fwd {len(calls)} times"
+    assert torch.equal(y, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0])
+    check_forward(x, g, b, w, bias, "auto")
     x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda", mean=1e4)
     check_forward(x, g, b, w, bias, "auto", cond=1e4)
-    y = LL.layernorm_linear_fwd(x, g, b, w, bias)[0]
-    assert torch.equal(y, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0])
-    assert not torch.equal(y, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="unfused")[0])
+    calls.clear()
     flat = torch.randn(rows * k + 1, device="cuda").bfloat16()
     xs = flat[1:].view(rows, k)   # 2 bytes past an aligned start
     assert LL.sm90_unsupported(xs, w) is not None
     check_forward(xs, g, b, w, bias, "auto")
+    assert not calls, "auto ran sm90_fwd on a misaligned x view"
 
 
 @pytest.mark.gpu

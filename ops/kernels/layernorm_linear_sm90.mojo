@@ -6,7 +6,7 @@
 # y[r, j] = rstd * (sum_k d[r, k] wg[j, k] - (mean - c) * G[j]) + B[j] + bias[j],
 # d = x - c (c: the row's shift, snap_shift of its first 8 elements), wg = w * gamma
 # rounded to bf16 (the caller forms it once per weight version, as it does
-# fold = (G, B + bias)).
+# fold = (G, B + bias), here laid out in column pairs: G j, G j+1, B j, B j+1).
 #
 # GPU mapping: persistent grid of min(tiles, SMs) blocks of 384 threads (three
 # warp groups); block b takes output tiles b, b + grid, .. of WG_BM x WG_BN.
@@ -22,7 +22,10 @@
 #     statistics, the fold's correction, y into a 128-byte-swizzled staging
 #     buffer and TMA stores of 64 x 64 boxes, which drain while the next tile's
 #     loop runs (the buffer is waited for only before its next use).
-# Version 3 (this one) over version 2 (session 19): the same schedule without register spills.
+# Version 4 (this one) over version 3: the epilogue reads the fold as column pairs (G j, G j+1,
+# B j, B j+1; paired_fold in ops/layernorm_linear.py), one 16-byte load per pair instead of two
+# 8-byte ones: 36.1 -> 35.3 us kernel time at (4096, 768 -> 3072) in an ad-hoc H100 probe (session 22).
+# Version 3 over version 2 (session 19): the same schedule without register spills.
 # LLVM hoisted the epilogue's 64 staging offsets out of the tile loop and ptxas spilled them
 # (to local memory, which the 200+ KiB of shared memory leaves little L1 for); the offsets
 # are now derived where they are used from one opaque base (`opaque`), and the ring's slot and
@@ -45,6 +48,17 @@
 #   - stmatrix x4 stores in the epilogue (16 instead of 64 per thread): 36.3 (and 12 bytes spilled);
 #   - consumer group 1 started 2 or 3 ring steps behind group 0 so their epilogues alternate:
 #     40.3 / 40.5 (3 slots), 40.6 (4 slots); the launch without the cluster attribute: 36.1.
+# Session 22's H100 probes at that shape, version 3 at 36.1-36.2 us (ad hoc):
+#   - %clock stamps per tile (SM clock ~1.57 GHz under load): the k loop ~14.5k cycles per tile, of
+#     which ~1k waiting on "full" slots; the epilogue ~3.1k (3.9k on a block's first tile); the first
+#     slot of the first tile lands ~2.5k cycles after the start;
+#   - epilogue ablations (wrong results): no fold loads 34.5, no fold and no math 32.8, no TMA stores
+#     of y 32.5; so beside the fold's loads, the y stores (which drain while the next tile's loop runs)
+#     cost ~3.6 us: they share shared-memory bandwidth with the ring's TMA writes and the wgmma B reads;
+#   - not faster: y stored straight from registers with 4-byte st.global (64.0: uncoalesced), the
+#     fold bulk-copied into shared memory by the producer on each tile's first slot (42.4, with 88
+#     bytes of spills), 2-block clusters multicasting wg (39.1; with 4 slots and half staging 38.5),
+#     4 slots with half staging (36.1), L2 256-byte promotion on the loads (36.05), tensormap prefetch (36.1).
 # Tried in session 20 (ad-hoc H100 probes at that shape, version 3 at 35.6-35.9 us, not kept):
 #   - A read by wgmma straight from shared memory when all 64 rows of a group have shift 0, row
 #     sums read from the slot while the MMAs run: 36.1 us when every tile takes it (wrong for
@@ -361,8 +375,9 @@ def epilogue[dtype: DType](
             var gm = SIMD[F32, 2](0.0)
             var bb = SIMD[F32, 2](0.0)
             if c < nn:   # n % 8 == 0: both columns or neither
-                gm = fold.unsafe_load[width=2, alignment=8](c)
-                bb = fold.unsafe_load[width=2, alignment=8](nn + c)
+                var f4 = fold.unsafe_load[width=4, alignment=16](2 * c)   # one load: G c, G c+1, B c, B c+1
+                gm = f4.slice[2]()
+                bb = f4.slice[2, offset=2]()
             comptime for h in range(2):
                 var v = rstd[h] * (acc.slice[2, offset=4 * j + 2 * h]() - m1[h] * gm) + bb
                 var off = (sb ^ ((jj % 8) * 16)) + (jj // 8) * (WG_ROWS * 128) + h * 1024
@@ -411,8 +426,9 @@ struct LayerNormLinearFwdSm90:
         fold: InputTensor[dtype=F32, rank=2, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """y [rows, n], mean, rstd [rows] from x [rows, k], wg = w * gamma [n, k] (bf16) and fold [2, n]
-        (G, B + bias: layernorm_linear_fold). GPU (sm_90) only."""
+        """y [rows, n], mean, rstd [rows] from x [rows, k], wg = w * gamma [n, k] (bf16) and the fold
+        (G, B + bias: layernorm_linear_fold) as n / 2 column pairs (G j, G j+1, B j, B j+1) in a [2, n]
+        buffer. GPU (sm_90) only."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
         comptime if target != "gpu" or dtype != DType.bfloat16:
             raise Error("layernorm_linear_fwd_sm90: bfloat16 on an sm_90 GPU only")
