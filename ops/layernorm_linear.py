@@ -30,7 +30,8 @@ Forward algorithms (``algo``):
 Backward (one path for all): dW = dy^T xn and dxn = dy W by cuBLAS, db = sum
 of dy, and dx, dgamma, dbeta by our deterministic LayerNorm backward. The
 autograd forward of ``unfused`` keeps the normalized xn for it (as torch does);
-after ``fused`` the backward recomputes xn with our LayerNorm kernel.
+after ``fused`` or ``sm90`` the backward recomputes xn with our LayerNorm kernel, so
+with gradients to come fp16/bf16 ``auto`` takes ``unfused`` (``autograd_algo``).
 Layers: ``layernorm_linear_fwd`` / ``layernorm_linear_bwd`` (validated calls),
 ``torch.ops.mojo.layernorm_linear_fwd`` / ``_bwd`` (torch.library, with fakes),
 ``layernorm_linear`` (autograd), ``FusedLayerNormLinear`` (nn.Module).
@@ -386,11 +387,25 @@ class LayerNormLinearFunction(torch.autograd.Function):
         return (*grads, None, None)
 
 
+def autograd_algo(algo: str, tensors: tuple[object, ...]) -> str:
+    """The algo the autograd forward runs: ``auto`` on fp16/bf16 x (``tensors[0]``) takes ``unfused`` when a
+    gradient will be taken, since that path keeps xn for dW and the backward after ``fused`` or ``sm90``
+    must recompute it, which costs more than those save in the forward (H100, bf16, results at 95f7c88:
+    backward 1.053x torch at (4096, 768 -> 3072) after sm90 and 1.007x at (4096, 4096 -> 64) after fused,
+    against 0.988x and 0.812x with xn kept at 4e65f40). Without gradients auto picks as in inference."""
+    x = tensors[0]
+    if (algo == "auto" and isinstance(x, torch.Tensor) and x.dtype != torch.float32 and torch.is_grad_enabled()
+            and any(getattr(t, "requires_grad", False) for t in tensors)):
+        return "unfused"
+    return algo
+
+
 def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto") -> torch.Tensor:
-    """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N]."""
+    """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N] (algo: ``autograd_algo``)."""
     bias = _zero_bias(weight) if bias is None else bias
-    return LayerNormLinearFunction.apply(x, ln_weight, ln_bias, weight, bias, eps, algo)
+    tensors = (x, ln_weight, ln_bias, weight, bias)
+    return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
 
 
 class FusedLayerNormLinear(nn.Sequential):

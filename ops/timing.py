@@ -209,6 +209,14 @@ def kept_rows(csv_path: Path, dtypes: set[str]) -> list[dict]:
     return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r["dtype"] not in dtypes]
 
 
+def kept_stamp(csv_path: Path) -> str:
+    """What to add to the stamp of a report that keeps ``kept_rows`` of ``csv_path``: the earlier report's own
+    stamp, so each row's commit stays known ('' when there is no earlier report)."""
+    if not csv_path.exists():
+        return ""
+    return f"; rows of other dtypes kept from: {csv_path.read_text().splitlines()[0].lstrip('# ')}"
+
+
 def plot_forward(csv_path: Path, png: Path, title: str, value: str, ylabel: str, shape_cols: Sequence[str],
                  shape_fmt: str, impls: Sequence[str] | None = None, log: bool = False) -> dict[str, list[str]]:
     """Draw ``png`` from a benchmark CSV: one panel per dtype of its forward rows, ``value`` per shape

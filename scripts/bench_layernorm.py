@@ -36,6 +36,7 @@ from ops.timing import (  # noqa: E402
     commit,
     gpu_name,
     kept_rows,
+    kept_stamp,
     measure,
     plot_forward,
     save_plot,
@@ -177,8 +178,9 @@ def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]], iters: int) -> Tim
     return timed(run, graphs, iters)
 
 
-def write(rows: list[dict], copy: float) -> None:
-    stamp = f"GPU: {gpu_name()}; commit {commit()}; device copy {copy:.0f} GB/s (read+write)"
+def write(rows: list[dict], copy: float, kept: str = "") -> None:
+    """The report (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
+    stamp = f"GPU: {gpu_name()}; commit {commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
     write_report(OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
                  "Device time per call (CUDA events, median, inputs rotated past L2). GB/s counts x read + y write "
                  "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager. impl `copy` is torch's "
@@ -216,9 +218,12 @@ def main() -> int:
         rows += bench_backward(dtype, list(BWD_SHAPES), copy)
         rows += bench_forward(dtype, list(GELU_SHAPES), ["fast"], copy, "gelu", with_compile=not args.no_compile)
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
+    kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows = kept_rows(OUT / "bench_layernorm.csv", set(args.dtypes.split(","))) + rows
-    write(rows, copy)
+        earlier = OUT / "bench_layernorm.csv"
+        rows = kept_rows(earlier, set(args.dtypes.split(","))) + rows
+        kept = f" ({args.dtypes} rows){kept_stamp(earlier)}"
+    write(rows, copy, kept)
     save_plot(plot)
     return 0
 

@@ -40,6 +40,7 @@ from ops.timing import (  # noqa: E402
     commit,
     gpu_name,
     kept_rows,
+    kept_stamp,
     measure,
     plot_forward,
     save_plot,
@@ -207,8 +208,9 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> li
     return rows
 
 
-def write(rows: list[dict], stem: str = "bench_layernorm_linear") -> None:
-    write_report(OUT / stem, rows, FIELDS, f"GPU: {gpu_name()}; commit {commit()}; TF32 off",
+def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = "") -> None:
+    """The report ``stem`` (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
+    write_report(OUT / stem, rows, FIELDS, f"GPU: {gpu_name()}; commit {commit()}; TF32 off{kept}",
                  "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
                  "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
                  "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
@@ -249,9 +251,12 @@ def main() -> int:
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         rows += bench_forward(dtype, grid, not args.no_compile)
         rows += bench_backward(dtype, list(TARGETS))
+    kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows = kept_rows(OUT / "bench_layernorm_linear.csv", set(args.dtypes.split(","))) + rows
-    write(rows)
+        earlier = OUT / "bench_layernorm_linear.csv"
+        rows = kept_rows(earlier, set(args.dtypes.split(","))) + rows
+        kept = f" ({args.dtypes} rows){kept_stamp(earlier)}"
+    write(rows, kept=kept)
     save_plot(plot)
     return 0
 

@@ -274,6 +274,22 @@ def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "unfused"
 
 
+def test_autograd_algo() -> None:
+    """With gradients to come, fp16/bf16 auto takes unfused (it keeps xn for the backward); fp32 auto, an
+    explicit algo and a call without gradients keep theirs."""
+    bf16 = torch.zeros(2, 8, dtype=torch.bfloat16)
+    w = torch.zeros(4, 8, dtype=torch.bfloat16)
+    grad_w = w.clone().requires_grad_()
+    assert LL.autograd_algo("auto", (bf16, grad_w)) == "unfused"
+    assert LL.autograd_algo("auto", (bf16.clone().requires_grad_(), w)) == "unfused"
+    assert LL.autograd_algo("auto", (bf16, w)) == "auto"
+    assert LL.autograd_algo("sm90", (bf16, grad_w)) == "sm90"
+    assert LL.autograd_algo("auto", (bf16.float(), grad_w)) == "auto"
+    assert LL.autograd_algo("auto", ([1.0], grad_w)) == "auto"   # left to the validation that follows
+    with torch.no_grad():
+        assert LL.autograd_algo("auto", (bf16, grad_w)) == "auto"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gpu_fused_outlier_first_columns(dtype: torch.dtype) -> None:
@@ -396,6 +412,32 @@ def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> No
     assert LL.sm90_unsupported(xs, w) is not None
     check_forward(xs, g, b, w, bias, "auto")
     assert not calls, "auto ran sm90_fwd on a misaligned x view"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_auto_training_keeps_xn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the sm90 region, layernorm_linear with gradients to come runs unfused (xn kept for dW; the
+    gradients right against float64), and without gradients runs sm90."""
+    calls: list[int] = []
+    real = LL.sm90_fwd
+    monkeypatch.setattr(LL, "sm90_fwd", lambda x2, *args: calls.append(1) or real(x2, *args))
+    rows, k, n = LL.SM90_MIN_ROWS, 256, LL.SM90_MIN_N
+    x, g, b, w, bias, dy = make((rows,), k, n, torch.bfloat16, "cuda")
+    leaves = [t.clone().requires_grad_() for t in (x, g, b, w, bias)]
+    y = LL.layernorm_linear(*leaves)
+    assert not calls, "auto ran sm90 with gradients to come"
+    y.backward(dy)
+    ref = layernorm_linear_grads_ref(x, g, b, w, bias, dy)
+    reductions = (n * k, rows * n, rows * n, rows, rows)
+    for name, leaf, r, red in zip(("dx", "dln_weight", "dln_bias", "dweight", "dbias"), leaves, ref, reductions,
+                                  strict=True):
+        cond = float(layernorm_stats_ref(x)[1].max()) if name == "dx" else 1.0
+        assert (bad := compare(leaf.grad, r, torch.bfloat16, reduction=red, cond=cond)) is None, f"{name}: {bad}"
+    with torch.no_grad():
+        y0 = LL.layernorm_linear(x, g, b, w, bias)
+    assert calls == [1], "auto without gradients did not run sm90"
+    assert torch.equal(y0, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0])
 
 
 @pytest.mark.gpu

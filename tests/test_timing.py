@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ops.layernorm import layernorm_fwd
-from ops.timing import MARK_KERNEL, busy_us_per_call, measure, plot_forward, write_report
+from ops.timing import MARK_KERNEL, busy_us_per_call, kept_rows, kept_stamp, measure, plot_forward, write_report
 
 MARK = f"{MARK_KERNEL}(long)"
 
@@ -53,6 +53,17 @@ def test_report_and_plot_from_the_csv(tmp_path: Path) -> None:
                          ("ours", "copy", "torch"))
     assert drawn == {"bfloat16": ["ours", "torch"], "float32": ["ours"]}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_appended_report_keeps_the_other_dtypes_rows_and_their_stamp(tmp_path: Path) -> None:
+    """A run of one dtype appended to an earlier report keeps the other dtypes' rows, and its stamp names
+    the earlier report's, so each row's commit stays known."""
+    csv_path = tmp_path / "bench_x.csv"
+    assert kept_rows(csv_path, {"bfloat16"}) == [] and kept_stamp(csv_path) == ""
+    rows = [{"dtype": "float32", "us": 2.0}, {"dtype": "bfloat16", "us": 1.0}]
+    write_report(tmp_path / "bench_x", rows, ["dtype", "us"], "GPU: test; commit aaa", "T", "note")
+    assert kept_rows(csv_path, {"bfloat16"}) == [{"dtype": "float32", "us": "2.0"}]
+    assert kept_stamp(csv_path) == "; rows of other dtypes kept from: GPU: test; commit aaa"
 
 
 @pytest.mark.gpu
