@@ -24,19 +24,21 @@
 #     loop runs (the buffer is waited for only before its next use).
 # Version 4 (this one) over version 3: the epilogue reads the fold as column pairs (G j, G j+1,
 # B j, B j+1; paired_fold in ops/layernorm_linear.py), one 16-byte load per pair instead of two
-# 8-byte ones: 36.1 -> 35.3 us kernel time at (4096, 768 -> 3072) in an ad-hoc H100 probe (session 22).
+# 8-byte ones (ad-hoc H100 probe, session 22: 36.1 -> 35.3 us at (4096, 768 -> 3072)).
 # Version 3 over version 2 (session 19): the same schedule without register spills.
 # LLVM hoisted the epilogue's 64 staging offsets out of the tile loop and ptxas spilled them
 # (to local memory, which the 200+ KiB of shared memory leaves little L1 for); the offsets
 # are now derived where they are used from one opaque base (`opaque`), and the ring's slot and
 # parity use 32-bit arithmetic (`slot_phase`). H100, bf16, CUPTI kernel time in us
-# (results/bench_layernorm_linear_sm90.md, measured at 1a5c9a7; version 2's at 5fcb81a in parentheses):
-#   (M, K -> N)          this kernel   auto (our LayerNorm + cuBLAS)   torch   cuBLAS GEMM alone
-#   4096, 768 -> 3072    36.3 (40.0)   37.9                            42.7    31.7
-#   16384, 768 -> 3072   134.7 (142.4) 137.0                           151.2   113.7
-#   4096, 1024 -> 4096   58.4 (66.6)   57.4                            62.3    49.7
-#   4096, 4096 -> 4096   194.2 (226.0) 199.5                           203.1   171.7
-# "auto" picks it for bf16 with M >= 4096 and 768 <= N <= 3072, where it won the whole-grid sweep
+# (results/bench_layernorm_linear_sm90.md at 95f7c88; version 3's at 1a5c9a7 and version 2's at
+# 5fcb81a in parentheses; the unfused route, our LayerNorm + cuBLAS, is in bench_layernorm_linear.md):
+#   (M, K -> N)          this kernel          torch   cuBLAS GEMM alone
+#   4096, 768 -> 3072    35.5 (36.3, 40.0)    42.8    31.9
+#   16384, 768 -> 3072   132.8 (134.7, 142.4) 151.2   114.4
+#   4096, 1024 -> 4096   57.3 (58.4, 66.6)    62.3    50.0
+#   4096, 4096 -> 4096   194.5 (194.2, 226.0) 203.9   172.9
+# "auto" picks it (in inference: with gradients to come, autograd takes the unfused route, which keeps
+# xn for dW) for bf16 with M >= 4096 and 768 <= N <= 3072, where it won the whole-grid sweep
 # (results/bench_layernorm_linear_sm90.md at 52b92aa); it loses at M 16 and 512 (too few tiles for a
 # persistent grid; no k split) and at most N 4096 shapes. That sweep's event times at M 4096,
 # N >= 3072 (55 us against 36 of kernel) were derivations inside timed calls, not this kernel: the
