@@ -217,6 +217,13 @@ def kept_stamp(csv_path: Path) -> str:
     return f"; rows of other dtypes kept from: {csv_path.read_text().splitlines()[0].lstrip('# ')}"
 
 
+def appended(csv_path: Path, dtypes: str, rows: list[dict]) -> tuple[list[dict], str]:
+    """A run of the comma-separated ``dtypes`` added to the report at ``csv_path``: the earlier report's rows
+    of other dtypes, then ``rows``, and what the new report's stamp appends (``kept_stamp``)."""
+    kept = kept_rows(csv_path, set(dtypes.split(",")))
+    return kept + rows, f" ({dtypes} rows){kept_stamp(csv_path)}"
+
+
 def plot_forward(csv_path: Path, png: Path, title: str, value: str, ylabel: str, shape_cols: Sequence[str],
                  shape_fmt: str, impls: Sequence[str] | None = None, log: bool = False) -> dict[str, list[str]]:
     """Draw ``png`` from a benchmark CSV: one panel per dtype of its forward rows, ``value`` per shape

@@ -32,11 +32,10 @@ from ops import layernorm as L  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
 from ops.timing import (  # noqa: E402
     Timing,
+    appended,
     bench_args,
     commit,
     gpu_name,
-    kept_rows,
-    kept_stamp,
     measure,
     plot_forward,
     save_plot,
@@ -220,9 +219,7 @@ def main() -> int:
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        earlier = OUT / "bench_layernorm.csv"
-        rows = kept_rows(earlier, set(args.dtypes.split(","))) + rows
-        kept = f" ({args.dtypes} rows){kept_stamp(earlier)}"
+        rows, kept = appended(OUT / "bench_layernorm.csv", args.dtypes, rows)
     write(rows, copy, kept)
     save_plot(plot)
     return 0

@@ -36,11 +36,10 @@ from ops import layernorm_linear as LL  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
 from ops.timing import (  # noqa: E402
     Timing,
+    appended,
     bench_args,
     commit,
     gpu_name,
-    kept_rows,
-    kept_stamp,
     measure,
     plot_forward,
     save_plot,
@@ -253,9 +252,7 @@ def main() -> int:
         rows += bench_backward(dtype, list(TARGETS))
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        earlier = OUT / "bench_layernorm_linear.csv"
-        rows = kept_rows(earlier, set(args.dtypes.split(","))) + rows
-        kept = f" ({args.dtypes} rows){kept_stamp(earlier)}"
+        rows, kept = appended(OUT / "bench_layernorm_linear.csv", args.dtypes, rows)
     write(rows, kept=kept)
     save_plot(plot)
     return 0

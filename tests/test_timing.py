@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from ops.layernorm import layernorm_fwd
-from ops.timing import MARK_KERNEL, busy_us_per_call, kept_rows, kept_stamp, measure, plot_forward, write_report
+from ops.timing import (
+    MARK_KERNEL,
+    appended,
+    busy_us_per_call,
+    kept_rows,
+    kept_stamp,
+    measure,
+    plot_forward,
+    write_report,
+)
 
 MARK = f"{MARK_KERNEL}(long)"
 
@@ -64,6 +73,10 @@ def test_appended_report_keeps_the_other_dtypes_rows_and_their_stamp(tmp_path: P
     write_report(tmp_path / "bench_x", rows, ["dtype", "us"], "GPU: test; commit aaa", "T", "note")
     assert kept_rows(csv_path, {"bfloat16"}) == [{"dtype": "float32", "us": "2.0"}]
     assert kept_stamp(csv_path) == "; rows of other dtypes kept from: GPU: test; commit aaa"
+    new = [{"dtype": "bfloat16", "us": 0.5}]
+    assert appended(csv_path, "bfloat16", new) == (
+        [{"dtype": "float32", "us": "2.0"}] + new,
+        " (bfloat16 rows); rows of other dtypes kept from: GPU: test; commit aaa")
 
 
 @pytest.mark.gpu
