@@ -224,9 +224,10 @@ def snap_shift(c: Float32, lo: Float32, hi: Float32) -> Float32:
     var big = max(abs(lo), abs(hi))
     if lo * hi <= 0.0 or big >= 1.25 * small:
         return 0.0
-    var e = Int((bitcast[DType.uint32](big) >> 23) & 0xFF)   # biased exponent
-    var q = bitcast[F32](UInt32(max(e - 5, 1)) << 23)
-    return round(c / q) * q
+    var e = UInt32(max(Int((bitcast[DType.uint32](big) >> 23) & 0xFF) - 5, 1))   # q's biased exponent
+    var q = bitcast[F32](e << 23)
+    # c * (1 / q) is c / q exactly (q is a power of two), without a division's slow-path check
+    return round(c * bitcast[F32]((UInt32(254) - e) << 23)) * q
 
 
 @always_inline

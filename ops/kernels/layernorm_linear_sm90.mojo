@@ -22,7 +22,11 @@
 #     statistics, the fold's correction, y into a 128-byte-swizzled staging
 #     buffer and TMA stores of 64 x 64 boxes, which drain while the next tile's
 #     loop runs (the buffer is waited for only before its next use).
-# Version 4 (this one) over version 3: the epilogue reads the fold as column pairs (G j, G j+1,
+# Version 5 (this one) over version 4: the row shifts and statistics multiply by 1 / min(k, 8) and
+# 1 / k (made once per block) and snap_shift by 1 / q (exact), where they divided: each division's
+# slow-path check sat on a tile's critical path (ad-hoc H100 probe, session 23: 35.74 -> 35.47 us at
+# (4096, 768 -> 3072), every round faster; the mean differs from version 4's by at most an ulp).
+# Version 4 over version 3: the epilogue reads the fold as column pairs (G j, G j+1,
 # B j, B j+1; paired_fold in ops/layernorm_linear.py), one 16-byte load per pair instead of two
 # 8-byte ones (ad-hoc H100 probe, session 22: 36.1 -> 35.3 us at (4096, 768 -> 3072)).
 # Version 3 over version 2 (session 19): the same schedule without register spills.
@@ -30,9 +34,9 @@
 # (to local memory, which the 200+ KiB of shared memory leaves little L1 for); the offsets
 # are now derived where they are used from one opaque base (`opaque`), and the ring's slot and
 # parity use 32-bit arithmetic (`slot_phase`). H100, bf16, CUPTI kernel time in us
-# (results/bench_layernorm_linear_sm90.md at 95f7c88; version 3's at 1a5c9a7 and version 2's at
-# 5fcb81a in parentheses; the unfused route, our LayerNorm + cuBLAS, is in bench_layernorm_linear.md):
-#   (M, K -> N)          this kernel          torch   cuBLAS GEMM alone
+# (results/bench_layernorm_linear_sm90.md at 95f7c88, version 4; version 3's at 1a5c9a7 and version 2's
+# at 5fcb81a in parentheses; the unfused route, our LayerNorm + cuBLAS, is in bench_layernorm_linear.md):
+#   (M, K -> N)          version 4            torch   cuBLAS GEMM alone
 #   4096, 768 -> 3072    35.5 (36.3, 40.0)    42.8    31.9
 #   16384, 768 -> 3072   132.8 (134.7, 142.4) 151.2   114.4
 #   4096, 1024 -> 4096   57.3 (58.4, 66.6)    62.3    50.0
@@ -50,6 +54,19 @@
 #   - stmatrix x4 stores in the epilogue (16 instead of 64 per thread): 36.3 (and 12 bytes spilled);
 #   - consumer group 1 started 2 or 3 ring steps behind group 0 so their epilogues alternate:
 #     40.3 / 40.5 (3 slots), 40.6 (4 slots); the launch without the cluster attribute: 36.1.
+# Session 23's H100 probes at that shape, version 4 at 35.4-35.7 us (ad hoc):
+#   - ncu (its locked clocks): tensor pipe busy 64% of active cycles against cuBLAS's 75%; L2 44% of
+#     peak (cuBLAS 36%: its 2-block multicast reads 4.1M sectors against our 5.7M), L1/shared 50%:
+#     neither memory level is saturated, the lost time is latency (the epilogue, the ring's bubbles);
+#   - the fold applied by one more MMA per tile instead of the epilogue's loads and math (exact: the
+#     rows' -m1 and sigma in hi/mid/lo bf16 parts against G and B + bias in hi/mid parts in 8 extra k
+#     columns, to 2^-16 of each product; the epilogue then only scales by rstd): 35.70 against 35.65,
+#     although the epilogue without the fold (wrong results) ran at 33.70: that MMA, issued after the
+#     statistics at the tile's end, costs what it saves;
+#   - not faster: the fold's lines prefetched into L1 at each tile's start (35.58 against 35.60); two
+#     commit groups per slot with one kept in flight (wait<1>) 37.50, with 4 slots and half staging
+#     37.76; one wgmma fence per slot after loading all four fragments 36.83 (ptxas's interleaving of
+#     each ldmatrix with the previous slice's MMA is better).
 # Session 22's H100 probes at that shape, version 3 at 36.1-36.2 us (ad hoc):
 #   - %clock stamps per tile (SM clock ~1.57 GHz under load): the k loop ~14.5k cycles per tile, of
 #     which ~1k waiting on "full" slots; the epilogue ~3.1k (3.9k on a block's first tile); the first
@@ -93,13 +110,13 @@ from max.gpu.intrinsics import warpgroup_reg_alloc, warpgroup_reg_dealloc
 from max.gpu.compute.mma import (ld_matrix, wgmma_async, wgmma_fence_aligned, wgmma_commit_group_sync,
                                  wgmma_wait_group_sync, WGMMADescriptor)
 from max.gpu.primitives import warp
-from std.math import ceildiv
+from std.math import ceildiv, rsqrt
 from std.memory import bitcast
 from std.sys import inlined_assembly
 from std.utils.index import Index
 from std.utils.static_tuple import StaticTuple
 
-from .layernorm import F32, Ptr, shifted_stats
+from .layernorm import F32, Ptr
 from .layernorm_linear import SHIFT_SAMPLE, lanes_sum, snap_shift
 
 comptime WG_BM = 128                  # rows per tile: two consumer warp groups of 64
@@ -139,9 +156,10 @@ def swz(row: Int, chunk: Int) -> Int:
 
 
 @always_inline
-def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int) -> Float32:
+def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int, inv_sample: Float32) -> Float32:
     """The shift of fragment row h (0: g, 1: g + 8) from the first k-slice's fragment: the row's first
-    SHIFT_SAMPLE elements are elements 2h, 2h + 1 of the quad's four lanes (columns col, col + 1)."""
+    SHIFT_SAMPLE elements are elements 2h, 2h + 1 of the quad's four lanes (columns col, col + 1).
+    inv_sample is 1 / min(k, SHIFT_SAMPLE)."""
     var s: Float32 = 0.0
     var lo = Float32.MAX
     var hi = -Float32.MAX
@@ -156,7 +174,18 @@ def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int) ->
     lo = min(lo, warp.shuffle_xor(lo, UInt32(2)))
     hi = max(hi, warp.shuffle_xor(hi, UInt32(1)))
     hi = max(hi, warp.shuffle_xor(hi, UInt32(2)))
-    return snap_shift(s / Float32(min(k, SHIFT_SAMPLE)), lo, hi)
+    return snap_shift(s * inv_sample, lo, hi)
+
+
+@always_inline
+def row_stats(s1: Float32, s2: Float32, inv_k: Float32, eps: Float32) -> Tuple[Float32, Float32]:
+    """m1 (mean - shift) and rstd from the sums of d and d^2 over k elements, inv_k = 1 / k: multiplied,
+    not divided (shifted_stats), as a division's slow-path check sits on the tile's critical path."""
+    var m1 = s1 * inv_k
+    var v = s2 * inv_k - m1 * m1
+    if v < 0.0:  # rounding only; a NaN propagates
+        v = 0.0
+    return (m1, rsqrt(v + eps))
 
 
 @always_inline
@@ -286,6 +315,8 @@ def consumer[dtype: DType](
     var it = 0
     var t = Int(block_idx.x) // WG_CLUSTER
     var acc = SIMD[F32, 128](0.0)
+    var inv_sample = Float32(1) / Float32(min(kk, SHIFT_SAMPLE))   # 0.125 (exact) when k >= 8
+    var inv_k = Float32(1) / Float32(kk)
     while t < items:
         var row0, col0 = tile_origin(t, tiles_n, rank)
         var s8 = SIMD[F32, 8](0.0)   # fragment-shaped sums of d and d^2 (rows g: 0, 1, 4, 5; g + 8: 2, 3, 6, 7)
@@ -295,7 +326,8 @@ def consumer[dtype: DType](
         var first = base.unsafe_offset(slot0 * WG_SLOT)
         _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot0), phase0, Int32(WG_WAIT_TICKS))
         var a0 = ld_matrix[simd_width=8](first.unsafe_offset(swz(lm_row, lm_chunk)).unsafe_bitcast[Scalar[dtype]]())
-        var sh = SIMD[F32, 2](row_shift_quad(a0, 0, 2 * tq, kk), row_shift_quad(a0, 1, 2 * tq, kk))
+        var sh = SIMD[F32, 2](row_shift_quad(a0, 0, 2 * tq, kk, inv_sample),
+                              row_shift_quad(a0, 1, 2 * tq, kk, inv_sample))
         var shv = SIMD[F32, 8](sh[0], sh[0], sh[1], sh[1], sh[0], sh[0], sh[1], sh[1]).cast[dtype]()
         for s in range(steps):
             var slot, phase = slot_phase(it)
@@ -323,8 +355,8 @@ def consumer[dtype: DType](
             if lane == 0:
                 release(empty, slot)
             it += 1
-        epilogue[dtype](acc, s8, q8, sh, stage, y_map, mean_out, rstd_out, fold, row0, col0, wrow, cw, lt, g, tq,
-                        mm, kk, nn, eps)
+        epilogue[dtype](acc, s8, q8, sh, inv_k, stage, y_map, mean_out, rstd_out, fold, row0, col0, wrow, cw, lt, g, tq,
+                        mm, nn, eps)
         acc = SIMD[F32, 128](0.0)
         t += Int(grid_dim.x) // WG_CLUSTER
     if lt == 0:
@@ -343,10 +375,10 @@ def release(empty: SPtr[Int64], slot: Int):
 
 @always_inline
 def epilogue[dtype: DType](
-    acc: SIMD[F32, 128], s8: SIMD[F32, 8], q8: SIMD[F32, 8], sh: SIMD[F32, 2],
+    acc: SIMD[F32, 128], s8: SIMD[F32, 8], q8: SIMD[F32, 8], sh: SIMD[F32, 2], inv_k: Float32,
     stage: SPtr[UInt8], y_map: Pointer[NoneType, _],
     mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32], row0: Int, col0: Int, wrow: Int, cw: Int, lt: Int,
-    g: Int, tq: Int, mm: Int, kk: Int, nn: Int, eps: Float32,
+    g: Int, tq: Int, mm: Int, nn: Int, eps: Float32,
 ):
     """Statistics, y = rstd * (acc - m1 G) + (B + bias) into the staging buffer, then TMA stores."""
     var m1 = SIMD[F32, 2](0.0)
@@ -354,7 +386,7 @@ def epilogue[dtype: DType](
     comptime for h in range(2):
         var s1 = lanes_sum[4](s8[2 * h] + s8[2 * h + 1] + s8[2 * h + 4] + s8[2 * h + 5])
         var s2 = lanes_sum[4](q8[2 * h] + q8[2 * h + 1] + q8[2 * h + 4] + q8[2 * h + 5])
-        var st = shifted_stats(s1, s2, 0.0, kk, eps)
+        var st = row_stats(s1, s2, inv_k, eps)
         m1[h] = st[0]
         rstd[h] = st[1]
         var r = row0 + wrow + g + 8 * h
