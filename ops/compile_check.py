@@ -41,7 +41,7 @@ def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
         found.append((layernorm_linear.fwd_op(1e-5), (dtype,) * 5 + (torch.int32, f32)))
         found.append((layernorm_linear.fold_op(), (dtype,) * 4))
     bf16 = torch.bfloat16
-    found.append((layernorm_linear.sm90_op(1e-5), (bf16, bf16, f32)))   # the Hopper kernel: bf16 only
+    found.append((layernorm_linear.sm90_op(1e-5), (bf16,) * 3))   # the Hopper kernel: bf16 only
     return found
 
 

@@ -105,7 +105,7 @@ _counters: dict[torch.device, torch.Tensor] = {}
 _folds = DerivedCache(capacity=32)
 _zero_biases = DerivedCache(capacity=32)
 _scaled = DerivedCache(capacity=32)
-_paired = DerivedCache(capacity=32)
+_exts = DerivedCache(capacity=32)
 
 
 @cache
@@ -126,12 +126,12 @@ def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
 @cache
 def sm90_op(eps: float) -> GraphOp:
     """The registered Hopper forward (``layernorm_linear_sm90.mojo``): y [rows, n], mean, rstd [rows]
-    (float32) from x [rows, k], the scaled weight (``scaled_weight``) [n, k] and the fold in column
-    pairs (``paired_fold``) [2, n]."""
+    (float32) from x [rows, k], the scaled weight (``scaled_weight``) [n, k] and the fold's bf16 parts
+    (``fold_ext``) [n, 8]."""
     f32 = torch.float32
     return GraphOp(
         "layernorm_linear_fwd_sm90", LIBRARY,
-        inputs=(("rows", "k"), ("n", "k"), (2, "n")),
+        inputs=(("rows", "k"), ("n", "k"), ("n", 8)),
         outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
         weights=frozenset({1, 2}),
@@ -144,11 +144,18 @@ def scaled_weight(weight: torch.Tensor, ln_weight: torch.Tensor) -> torch.Tensor
     return _scaled.get((weight, ln_weight), lambda w, g: (w.detach() * g.detach()).contiguous())
 
 
-def paired_fold(fold: torch.Tensor) -> torch.Tensor:
-    """``folded``'s [2, N] float32 (N even) laid out as N / 2 column pairs (G j, G j+1, B j, B j+1), still
-    [2, N], made once per fold: the Hopper kernel's epilogue reads a pair's four values in one 16-byte
-    load instead of two 8-byte ones."""
-    return _paired.get1(fold, lambda f: f.view(2, -1, 2).transpose(0, 1).reshape(2, -1))
+def fold_ext(fold: torch.Tensor) -> torch.Tensor:
+    """``folded``'s G and B + bias [2, N] float32 as bfloat16 [N, 8], per column (G hi, G hi, G mid, B hi,
+    B hi, B mid, G hi, B hi) with hi = bf16(v) and mid = bf16(v - hi), made once per fold: the 8 k values
+    of the Hopper kernel's fold MMA, whose A fragment holds the rows' -(mean - shift) and 1 / rstd in
+    hi/mid/lo parts, so that it adds their products with G and B to the accumulators to 2^-16."""
+    return _exts.get1(fold, _fold_ext)
+
+
+def _fold_ext(fold: torch.Tensor) -> torch.Tensor:
+    hi = fold.to(torch.bfloat16)
+    (g_hi, b_hi), (g_mid, b_mid) = hi, (fold - hi.float()).to(torch.bfloat16)
+    return torch.stack((g_hi, g_hi, g_mid, b_hi, b_hi, b_mid, g_hi, b_hi), dim=1).contiguous()
 
 
 @cache
@@ -183,8 +190,8 @@ def algos_for(x2: torch.Tensor, weight: torch.Tensor) -> tuple[str, ...]:
 def sm90_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
              bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Hopper kernel on validated x2 [rows, K] that ``sm90_unsupported`` accepts: y [rows, N], mean, rstd [rows]."""
-    fold = paired_fold(folded(weight, ln_weight, ln_bias, bias))
-    y, mean, rstd = sm90_op(float(eps))(x2, scaled_weight(weight, ln_weight), fold)
+    ext = fold_ext(folded(weight, ln_weight, ln_bias, bias))
+    y, mean, rstd = sm90_op(float(eps))(x2, scaled_weight(weight, ln_weight), ext)
     return y, mean, rstd
 
 

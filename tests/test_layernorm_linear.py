@@ -334,16 +334,20 @@ def test_fold(device: str, dtype: torch.dtype) -> None:
     assert (bad := compare(got, ref, torch.float32, 1000)) is None, bad
 
 
-def test_paired_fold() -> None:
-    """The Hopper kernel's fold layout: column pairs (G j, G j+1, B j, B j+1), made once per fold tensor."""
-    fold = torch.randn(2, 24)
-    got = LL.paired_fold(fold)
-    assert got.shape == (2, 24) and got.is_contiguous()
-    for j in range(0, 24, 2):
-        assert torch.equal(got.view(-1)[2 * j: 2 * j + 4], torch.cat((fold[0, j:j + 2], fold[1, j:j + 2])))
-    assert LL.paired_fold(fold) is got
+def test_fold_ext() -> None:
+    """The Hopper kernel's fold MMA rows: per column (G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi) in
+    bf16, hi + mid within 2^-16 of the fold; made once per fold tensor, again for a new version."""
+    fold = torch.randn(2, 24) * torch.logspace(-3, 3, 24)
+    got = LL.fold_ext(fold)
+    assert got.shape == (24, 8) and got.dtype == torch.bfloat16 and got.is_contiguous()
+    for v, (hi, mid) in zip(fold, ((0, 2), (3, 5)), strict=True):
+        assert torch.equal(got[:, hi], v.to(torch.bfloat16))
+        err = (got[:, hi].double() + got[:, mid].double() - v.double()).abs()
+        assert bool((err <= 2.0 ** -16 * v.double().abs()).all()), err.max()
+    assert torch.equal(got[:, (1, 6)], got[:, (0, 0)]) and torch.equal(got[:, (4, 7)], got[:, (3, 3)])
+    assert LL.fold_ext(fold) is got
     fold.add_(1.0)   # a new version of the fold: derived again
-    assert torch.equal(LL.paired_fold(fold).view(-1)[:4], torch.cat((fold[0, :2], fold[1, :2])))
+    assert torch.equal(LL.fold_ext(fold)[:, 0], fold[0].to(torch.bfloat16))
 
 
 @pytest.mark.gpu
@@ -368,7 +372,8 @@ def test_sm90_refuses_what_it_cannot_take(device: str) -> None:
             LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")
 
 
-SM90_SHAPES = [(1, 8, 8), (37, 200, 264), (1000, 768, 3072), (513, 1032, 776), (4096, 1024, 256), (300, 4096, 64)]
+SM90_SHAPES = [(1, 8, 8), (37, 200, 264), (1000, 768, 3072), (513, 1032, 776), (4096, 1024, 256), (300, 4096, 64),
+               (4999, 56, 1000), (4100, 1000, 1544)]   # these two: several tiles per block (tile runs)
 needs_sm90 = pytest.mark.skipif(not LL.is_sm90(torch.device("cuda")), reason="algo sm90 needs an sm_90 GPU")
 
 
@@ -378,7 +383,8 @@ needs_sm90 = pytest.mark.skipif(not LL.is_sm90(torch.device("cuda")), reason="al
 @pytest.mark.parametrize("shape", SM90_SHAPES, ids=str)
 def test_gpu_sm90(shape: tuple[int, int, int], mean: float) -> None:
     """The Hopper kernel against float64: rows and columns off its 128 x 256 tiles, K off its 64-steps,
-    one row, rows of mean 1e4 (shifted), and the poisoned outputs all written."""
+    one row, rows of mean 1e4 (shifted), blocks with runs of several tiles (statistics reused; a run
+    crossing into the next row block), and the poisoned outputs all written."""
     rows, k, n = shape
     x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda", mean=mean)
     check_forward(x, g, b, w, bias, "sm90", cond=max(1.0, mean))

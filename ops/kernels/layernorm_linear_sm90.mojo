@@ -3,31 +3,46 @@
 # warp-group MMA (wgmma). Needs k % 8 == 0 and n % 8 == 0 (TMA: 16-byte row
 # strides) and 16-byte aligned x, wg and y; ops/layernorm_linear.py checks.
 #
-# y[r, j] = rstd * (sum_k d[r, k] wg[j, k] - (mean - c) * G[j]) + B[j] + bias[j],
-# d = x - c (c: the row's shift, snap_shift of its first 8 elements), wg = w * gamma
-# rounded to bf16 (the caller forms it once per weight version, as it does
-# fold = (G, B + bias), here laid out in column pairs: G j, G j+1, B j, B j+1).
+# y[r, j] = rstd * (sum_k d[r, k] wg[j, k] - (mean - c) * G[j] + sigma * (B[j] + bias[j])),
+# d = x - c (c: the row's shift, snap_shift of its first 8 elements), sigma = 1 / rstd,
+# wg = w * gamma rounded to bf16 (the caller forms it once per weight version, as it
+# does fold = (G, B + bias), here split into bf16 hi and mid parts as the "ext" rows
+# [n, 8] of one more MMA per tile, the fold MMA).
 #
-# GPU mapping: persistent grid of min(tiles, SMs) blocks of 384 threads (three
-# warp groups); block b takes output tiles b, b + grid, .. of WG_BM x WG_BN.
+# GPU mapping: persistent grid of ceil(tiles / ceil(tiles / SMs)) blocks of 384
+# threads (three warp groups); block b takes a contiguous run of ceil(tiles / SMs)
+# output tiles of WG_BM x WG_BN in row-major order, so consecutive tiles mostly
+# share their rows (at (4096, 768 -> 3072): 128 blocks, each 3 tiles of one row block).
 #   warp group 0, one thread: the producer. TMA copies x[WG_BM, WG_BK] and
 #     wg[WG_BN, WG_BK] (128-byte swizzle) into a ring of WG_STAGES slots, each
 #     guarded by a "full" mbarrier (bytes landed) and an "empty" one (both
-#     consumers done); it runs ahead across tiles, so the next tile's first
-#     slots load while the consumers finish the last one.
+#     consumers done), plus the tile's ext rows into one of its slots; it runs
+#     ahead across tiles, so the next tile's first slots load while the
+#     consumers finish the last one.
 #   warp groups 1 and 2: 64 rows each. Per 16-wide k slice: ldmatrix the A
 #     fragment from the swizzled slot, subtract the shift (packed bf16, exact),
-#     add d and d^2 to fp32 row sums, then wgmma m64n256k16 with A from
-#     registers and B (wg) from shared memory. After the tile's last slot: the
-#     statistics, the fold's correction, y into a 128-byte-swizzled staging
-#     buffer and TMA stores of 64 x 64 boxes, which drain while the next tile's
-#     loop runs (the buffer is waited for only before its next use).
-# Version 5 (this one) over version 4: the row shifts and statistics multiply by 1 / min(k, 8) and
+#     then wgmma m64n256k16 with A from registers and B (wg) from shared memory.
+#     On a "fresh" tile (the block's first, or the first of a new row block) the
+#     fragments also go into fp32 row sums of d and d^2, and after the last
+#     slot come the statistics and the fold MMA (A: -m1 and sigma in bf16
+#     hi/mid/lo parts, B: the ext rows; exact to 2^-16 of each product). The
+#     other tiles reuse the statistics: no sums, and the fold MMA is issued
+#     with the first slot's. The epilogue only scales by rstd: y into a
+#     128-byte-swizzled staging buffer and TMA stores of 64 x 64 boxes, which
+#     drain while the next tile's loop runs (the buffer is waited for only
+#     before its next use).
+# Version 6 (this one) over version 5: the contiguous tile runs (version 5 dealt tiles b, b + grid, ..),
+# the statistics computed once per run of a row block, and the fold applied by the fold MMA instead of
+# the epilogue's loads and math (session 23 had tried that MMA alone, at every tile's end: no faster,
+# see below; issued at a tile's start it overlaps the ring). Ad-hoc H100 probe, session 24, interleaved
+# rounds, kernel time in us, version 5 -> 6: (4096, 768 -> 3072) 35.73 -> 33.81 (torch 42.78);
+# (16384, 768 -> 3072) 129.8 -> 124.6; (4096, 1024 -> 4096) 57.4 -> 53.4.
+# Version 5 over version 4: the row shifts and statistics multiply by 1 / min(k, 8) and
 # 1 / k (made once per block) and snap_shift by 1 / q (exact), where they divided: each division's
 # slow-path check sat on a tile's critical path (ad-hoc H100 probe, session 23: 35.74 -> 35.47 us at
 # (4096, 768 -> 3072), every round faster; the mean differs from version 4's by at most an ulp).
 # Version 4 over version 3: the epilogue reads the fold as column pairs (G j, G j+1,
-# B j, B j+1; paired_fold in ops/layernorm_linear.py), one 16-byte load per pair instead of two
+# B j, B j+1; version 6 replaced them with fold_ext's rows), one 16-byte load per pair instead of two
 # 8-byte ones (ad-hoc H100 probe, session 22: 36.1 -> 35.3 us at (4096, 768 -> 3072)).
 # Version 3 over version 2 (session 19): the same schedule without register spills.
 # LLVM hoisted the epilogue's 64 staging offsets out of the tile loop and ptxas spilled them
@@ -98,11 +113,7 @@ from max.gpu.host import DeviceContext, DeviceBuffer, FuncAttribute
 from max.gpu.host.device_attribute import DeviceAttribute
 from max.gpu.host.nvidia.tma import TMADescriptor, TensorMapSwizzle, create_tma_descriptor
 from max.gpu.memory import (AddressSpace, external_memory, cp_async_bulk_tensor_shared_cluster_global,
-                            cp_async_bulk_tensor_global_shared_cta, cp_async_bulk_tensor_shared_cluster_global_multicast,
-                            fence_mbarrier_init, fence_async_view_proxy)
-from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
-from layout.tma_async import SharedMemBarrier
-from max.gpu.host import Dim
+                            cp_async_bulk_tensor_global_shared_cta, fence_mbarrier_init, fence_async_view_proxy)
 from max.gpu.sync import (mbarrier_init, mbarrier_arrive, mbarrier_arrive_expect_tx_shared,
                           mbarrier_try_wait_parity_shared, named_barrier, cp_async_bulk_commit_group,
                           cp_async_bulk_wait_group)
@@ -123,8 +134,7 @@ comptime WG_BM = 128                  # rows per tile: two consumer warp groups 
 comptime WG_BN = 256                  # columns per tile: one wgmma m64n256 per k slice
 comptime WG_BK = 64                   # k per ring slot: one 128-byte swizzled row of 16-bit values
 comptime WG_MMA_K = 16
-comptime WG_CLUSTER = 1               # blocks per cluster (along m): they share each wg tile by TMA multicast
-comptime WG_STAGES = 3                # ring slots of 48 KiB
+comptime WG_STAGES = 3                # ring slots of 52 KiB
 comptime WG_OUT_COLS = 256             # columns staged per TMA store round (the staging buffer's width)
 comptime WG_THREADS = 384             # producer + two consumer warp groups
 comptime WG_GROUP = 128               # threads per warp group
@@ -132,7 +142,10 @@ comptime WG_ROWS = WG_BM // 2         # rows per consumer
 comptime WG_BOX = 64                  # TMA store box: 64 x 64 values (128-byte rows)
 comptime WG_A_BYTES = WG_BM * WG_BK * 2
 comptime WG_B_BYTES = WG_BN * WG_BK * 2
-comptime WG_SLOT = WG_A_BYTES + WG_B_BYTES
+comptime WG_EXT_COLS = 8             # k values per column of the fold's MMA (ext: [n, 8] bf16)
+comptime WG_EXT_BYTES = WG_BN * WG_EXT_COLS * 2
+comptime WG_LOAD = WG_A_BYTES + WG_B_BYTES      # bytes of a slot's x and wg tiles
+comptime WG_SLOT = WG_LOAD + WG_EXT_BYTES       # a slot: x, wg, and (one slot per tile) the fold's ext rows
 comptime WG_OUT = WG_STAGES * WG_SLOT           # staging: [2 consumers][boxes][64 rows][128 bytes]
 comptime WG_OUT_BYTES = WG_ROWS * WG_OUT_COLS * 2
 comptime WG_BAR = WG_OUT + 2 * WG_OUT_BYTES     # full[WG_STAGES], empty[WG_STAGES] mbarriers
@@ -147,6 +160,15 @@ def b_desc(addr: Int) -> Int64:
     """wgmma descriptor of a K-major [rows, 64] 16-bit tile with 128-byte swizzle at shared address addr:
     start >> 4, leading offset 1 (unused when swizzled), 1024 bytes between 8-row groups, swizzle mode 1."""
     return Int64(((addr & 0x3FFFF) >> 4) | (1 << 16) | ((1024 >> 4) << 32) | (1 << 62))
+
+
+@always_inline
+def ext_desc(addr: Int) -> Int64:
+    """wgmma descriptor of the ext rows [WG_BN, 8] (bf16, K-major, no swizzle) at shared address addr: core
+    matrices of 8 columns x 16 bytes, 128 bytes apart (the stride offset); leading offset 0, so the k 8-15
+    half reads the k 0-7 core matrices again, against the A fragment's zero second half. (The offsets the
+    other way round gave wrong results in session 24's probe.)"""
+    return Int64(((addr & 0x3FFFF) >> 4) | ((128 >> 4) << 32))
 
 
 @always_inline
@@ -178,14 +200,15 @@ def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int, in
 
 
 @always_inline
-def row_stats(s1: Float32, s2: Float32, inv_k: Float32, eps: Float32) -> Tuple[Float32, Float32]:
+def row_stats(s1: Float32, s2: Float32, inv_k: Float32, eps: Float32) -> Tuple[Float32, Float32, Float32]:
     """m1 (mean - shift) and rstd from the sums of d and d^2 over k elements, inv_k = 1 / k: multiplied,
     not divided (shifted_stats), as a division's slow-path check sits on the tile's critical path."""
     var m1 = s1 * inv_k
     var v = s2 * inv_k - m1 * m1
     if v < 0.0:  # rounding only; a NaN propagates
         v = 0.0
-    return (m1, rsqrt(v + eps))
+    var r = rsqrt(v + eps)
+    return (m1, r, (v + eps) * r)
 
 
 @always_inline
@@ -217,39 +240,51 @@ def ring() -> Tuple[SPtr[UInt8], SPtr[Int64], SPtr[Int64]]:
 
 
 @always_inline
-def tile_origin(t: Int, tiles_n: Int, rank: Int) -> Tuple[Int, Int]:
-    """(row0, col0) of this block's tile of work item t: the cluster's blocks take WG_CLUSTER
-    consecutive row tiles of one column tile."""
-    return ((WG_CLUSTER * (t // tiles_n) + rank) * WG_BM, (t % tiles_n) * WG_BN)
+def tile_origin(t: Int, tiles_n: Int) -> Tuple[Int, Int]:
+    """(row0, col0) of tile t in row-major order."""
+    return ((t // tiles_n) * WG_BM, (t % tiles_n) * WG_BN)
 
 
 @always_inline
-def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], items: Int, tiles_n: Int, steps: Int,
-             rank: Int):
-    """One thread: every slot of every tile of this block, in the consumers' order. Its own x tile, and
-    1 / WG_CLUSTER of the wg tile multicast to every block of the cluster (each slot's "empty" barrier
-    counts the consumers of all of them, so no block's slot is overwritten while it is read)."""
+def tile_range(items: Int) -> Tuple[Int, Int]:
+    """This block's tiles [t0, t1): a contiguous run of the row-major order, so that consecutive tiles
+    mostly share their 128 rows, whose statistics are then computed once."""
+    var per = ceildiv(items, Int(grid_dim.x))
+    var t0 = Int(block_idx.x) * per
+    return (t0, min(t0 + per, items))
+
+
+@always_inline
+def fresh(t: Int, t0: Int, tiles_n: Int) -> Bool:
+    """Whether tile t's rows need their statistics (the block's first tile, or a new row block)."""
+    return t == t0 or t % tiles_n == 0
+
+
+@always_inline
+def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], e_map: Pointer[NoneType, _], items: Int,
+             tiles_n: Int, steps: Int):
+    """One thread: every slot of every tile of this block, in the consumers' order. The fold's ext rows
+    come with a tile's first slot when its statistics are known at its start, else with its last."""
     var base, full, empty = ring()
-    comptime W_PART = WG_BN // WG_CLUSTER
     var it = 0
-    var t = Int(block_idx.x) // WG_CLUSTER
-    while t < items:
-        var row0, col0 = tile_origin(t, tiles_n, rank)
+    var t0, t1 = tile_range(items)
+    for t in range(t0, t1):
+        var row0, col0 = tile_origin(t, tiles_n)
+        var ext_step = steps - 1 if fresh(t, t0, tiles_n) else 0
         for s in range(steps):
             var slot, phase = slot_phase(it)
             _ = mbarrier_try_wait_parity_shared(empty.unsafe_offset(slot), phase ^ 1, Int32(WG_WAIT_TICKS))
-            mbarrier_arrive_expect_tx_shared(full.unsafe_offset(slot), Int32(WG_SLOT))
+            var with_ext = s == ext_step
+            mbarrier_arrive_expect_tx_shared(full.unsafe_offset(slot),
+                                             Int32(WG_LOAD + (WG_EXT_BYTES if with_ext else 0)))
             var a_s = base.unsafe_offset(slot * WG_SLOT)
             cp_async_bulk_tensor_shared_cluster_global(a_s, x_map, full.unsafe_offset(slot), Index(s * WG_BK, row0))
-            var b_s = a_s.unsafe_offset(WG_A_BYTES + rank * W_PART * WG_BK * 2)
-            comptime if WG_CLUSTER == 1:
-                cp_async_bulk_tensor_shared_cluster_global(b_s, w_map, full.unsafe_offset(slot), Index(s * WG_BK, col0))
-            else:
-                cp_async_bulk_tensor_shared_cluster_global_multicast(
-                    b_s, w_map, full.unsafe_offset(slot), Index(s * WG_BK, col0 + rank * W_PART),
-                    UInt16((1 << WG_CLUSTER) - 1))
+            cp_async_bulk_tensor_shared_cluster_global(a_s.unsafe_offset(WG_A_BYTES), w_map, full.unsafe_offset(slot),
+                                                       Index(s * WG_BK, col0))
+            if with_ext:
+                cp_async_bulk_tensor_shared_cluster_global(a_s.unsafe_offset(WG_LOAD), e_map, full.unsafe_offset(slot),
+                                                           Index(0, col0 // 8))
             it += 1
-        t += Int(grid_dim.x) // WG_CLUSTER
 
 
 @__llvm_metadata(
@@ -259,9 +294,10 @@ def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], items: In
 @__llvm_arg_metadata(x_map, `nvvm.grid_constant`)
 @__llvm_arg_metadata(w_map, `nvvm.grid_constant`)
 @__llvm_arg_metadata(y_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(e_map, `nvvm.grid_constant`)
 def lnl_wgmma_kernel[dtype: DType](
-    x_map: TMADescriptor, w_map: TMADescriptor, y_map: TMADescriptor, mean_out: Ptr[F32], rstd_out: Ptr[F32],
-    fold: Ptr[F32], rows: Int32, k: Int32, n: Int32, eps: Float32,
+    x_map: TMADescriptor, w_map: TMADescriptor, y_map: TMADescriptor, e_map: TMADescriptor, mean_out: Ptr[F32],
+    rstd_out: Ptr[F32], rows: Int32, k: Int32, n: Int32, eps: Float32,
 ):
     var base, full, empty = ring()
     var tid = Int(thread_idx.x)
@@ -269,38 +305,97 @@ def lnl_wgmma_kernel[dtype: DType](
     var kk = Int(k)
     var nn = Int(n)
     var tiles_n = ceildiv(nn, WG_BN)
-    var items = ceildiv(ceildiv(mm, WG_BM), WG_CLUSTER) * tiles_n
+    var items = ceildiv(mm, WG_BM) * tiles_n
     var steps = ceildiv(kk, WG_BK)
-    var rank = 0
-    comptime if WG_CLUSTER > 1:
-        rank = Int(block_rank_in_cluster())
     if tid == 0:
         for s in range(WG_STAGES):
             mbarrier_init(full.unsafe_offset(s), 1)
-            mbarrier_init(empty.unsafe_offset(s), Int32(WG_CLUSTER * 2 * WG_GROUP // WARP_SIZE))  # per consumer warp
+            mbarrier_init(empty.unsafe_offset(s), Int32(2 * WG_GROUP // WARP_SIZE))  # per consumer warp
         fence_mbarrier_init()
-    comptime if WG_CLUSTER > 1:
-        cluster_sync()   # the barriers are ready before any block multicasts to or arrives on them
-    else:
-        barrier()
+    barrier()
     var wgi = tid // WG_GROUP
     if wgi == 0:
         warpgroup_reg_dealloc[WG_PRODUCER_REGS]()
         if tid == 0:
             producer(Pointer(to=x_map).unsafe_bitcast[NoneType](), Pointer(to=w_map).unsafe_bitcast[NoneType](),
-                     items, tiles_n, steps, rank)
+                     Pointer(to=e_map).unsafe_bitcast[NoneType](), items, tiles_n, steps)
     else:
         warpgroup_reg_alloc[WG_CONSUMER_REGS]()
         consumer[dtype](wgi - 1, tid % WG_GROUP, Pointer(to=y_map).unsafe_bitcast[NoneType](), mean_out, rstd_out,
-                        fold, mm, kk, nn, items, tiles_n, steps, rank, eps)
-    comptime if WG_CLUSTER > 1:
-        cluster_sync()   # no block leaves while its peer may still arrive on its barriers
+                        mm, kk, nn, items, tiles_n, steps, eps)
+
+
+@always_inline
+def k_step[dtype: DType, sums: Bool](
+    mut acc: SIMD[F32, 128], mut s8: SIMD[F32, 8], mut q8: SIMD[F32, 8], a_s: SPtr[UInt8], lm_row: Int,
+    lm_chunk: Int, shv: SIMD[dtype, 8], s: Int, tq: Int, kk: Int,
+):
+    """One ring slot's four k slices: shifted A fragments into the MMAs, and (sums) into the row sums."""
+    var b_addr = Int(a_s) + WG_A_BYTES
+    var tail = (s + 1) * WG_BK > kk
+    comptime for kq in range(WG_BK // WG_MMA_K):
+        var a = ld_matrix[simd_width=8](
+            a_s.unsafe_offset(swz(lm_row, 2 * kq + lm_chunk)).unsafe_bitcast[Scalar[dtype]]()) - shv
+        comptime if sums:
+            if tail:   # zero-filled columns past k must not reach the sums (wg's are zero: the MMA is exact)
+                var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(s * WG_BK + kq * WG_MMA_K + 2 * tq)
+                a = cols.lt(SIMD[DType.int32, 8](Int32(kk))).select(a, SIMD[dtype, 8](0))
+            var d = a.cast[F32]()
+            s8 += d
+            q8 = d.fma(d, q8)
+        wgmma_fence_aligned()
+        acc = wgmma_async[64, WG_BN, WG_MMA_K, a_type=dtype, b_type=dtype](
+            a, WGMMADescriptor[dtype](b_desc(b_addr + kq * WG_MMA_K * 2)), acc)
+
+
+@always_inline
+def split3(v: Float32) -> SIMD[F32, 4]:
+    """v as hi + mid + lo parts exact in bf16 (about 24 bits together); the 4th lane is 0."""
+    var hi = v.cast[DType.bfloat16]().cast[F32]()
+    var r = v - hi
+    var mid = r.cast[DType.bfloat16]().cast[F32]()
+    return SIMD[F32, 4](hi, mid, r - mid, 0)
+
+
+@always_inline
+def ext_frag[dtype: DType](m1: SIMD[F32, 2], sigma: SIMD[F32, 2], tq: Int) -> SIMD[dtype, 8]:
+    """The fold MMA's A fragment: k columns 2 tq, 2 tq + 1 of rows g, g + 8 (the second k half is 0), so that
+    with the ext rows' (G hi, G hi | G mid, B hi | B hi, B mid | G hi, B hi) the MMA adds
+    -m1 G + sigma B to each accumulator, to 2^-16 of each product."""
+    var f = SIMD[dtype, 8](0)
+    comptime for h in range(2):
+        var m = split3(-m1[h])
+        var sg = split3(sigma[h])
+        var first = m[0] if tq < 2 else (sg[1] if tq == 2 else m[2])
+        var second = m[1] if tq == 0 else (sg[0] if tq < 3 else sg[2])
+        f[2 * h] = first.cast[dtype]()
+        f[2 * h + 1] = second.cast[dtype]()
+    return f
+
+
+@always_inline
+def fold_mma[dtype: DType](mut acc: SIMD[F32, 128], ef: SIMD[dtype, 8], a_s: SPtr[UInt8]):
+    """acc += the fold (ext rows of slot a_s against A fragment ef); uncommitted."""
+    wgmma_fence_aligned()
+    acc = wgmma_async[64, WG_BN, WG_MMA_K, a_type=dtype, b_type=dtype](
+        ef, WGMMADescriptor[dtype](ext_desc(Int(a_s) + WG_LOAD)), acc)
+
+
+@always_inline
+def step_done(empty: SPtr[Int64], slot: Int, lane: Int):
+    """Commit the step's MMAs and wait for them before the next step's fragments are loaded: they read their
+    A operand from registers, and the next ldmatrix reuses those (ptxas gives every step the same ones, and
+    changing the A registers of an unfinished wgmma is undefined in the PTX ISA). Then free the slot."""
+    wgmma_commit_group_sync()
+    wgmma_wait_group_sync[0]()
+    if lane == 0:
+        _ = mbarrier_arrive(empty.unsafe_offset(slot))
 
 
 @always_inline
 def consumer[dtype: DType](
     cw: Int, lt: Int, y_map: Pointer[NoneType, _], mean_out: Ptr[F32], rstd_out: Ptr[F32],
-    fold: Ptr[F32], mm: Int, kk: Int, nn: Int, items: Int, tiles_n: Int, steps: Int, rank: Int, eps: Float32,
+    mm: Int, kk: Int, nn: Int, items: Int, tiles_n: Int, steps: Int, eps: Float32,
 ):
     """Consumer warp group cw (0, 1): rows 64 cw .. of every tile; lt is the thread's index in the group."""
     var base, full, empty = ring()
@@ -313,87 +408,81 @@ def consumer[dtype: DType](
     var lm_row = wrow + lane % 8 + 8 * ((lane // 8) % 2)
     var lm_chunk = lane // 16
     var it = 0
-    var t = Int(block_idx.x) // WG_CLUSTER
     var acc = SIMD[F32, 128](0.0)
     var inv_sample = Float32(1) / Float32(min(kk, SHIFT_SAMPLE))   # 0.125 (exact) when k >= 8
     var inv_k = Float32(1) / Float32(kk)
-    while t < items:
-        var row0, col0 = tile_origin(t, tiles_n, rank)
-        var s8 = SIMD[F32, 8](0.0)   # fragment-shaped sums of d and d^2 (rows g: 0, 1, 4, 5; g + 8: 2, 3, 6, 7)
-        var q8 = SIMD[F32, 8](0.0)
-        # The rows' shifts, from the first slot's first k slice (loaded again by the loop's first step).
+    var shv = SIMD[dtype, 8](0)      # the rows' shifts, as the A fragment's lanes
+    var ef = SIMD[dtype, 8](0)       # the fold MMA's A fragment
+    var rstd = SIMD[F32, 2](0.0)
+    var t0, t1 = tile_range(items)
+    for t in range(t0, t1):
+        var row0, col0 = tile_origin(t, tiles_n)
         var slot0, phase0 = slot_phase(it)
         var first = base.unsafe_offset(slot0 * WG_SLOT)
         _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot0), phase0, Int32(WG_WAIT_TICKS))
-        var a0 = ld_matrix[simd_width=8](first.unsafe_offset(swz(lm_row, lm_chunk)).unsafe_bitcast[Scalar[dtype]]())
-        var sh = SIMD[F32, 2](row_shift_quad(a0, 0, 2 * tq, kk, inv_sample),
-                              row_shift_quad(a0, 1, 2 * tq, kk, inv_sample))
-        var shv = SIMD[F32, 8](sh[0], sh[0], sh[1], sh[1], sh[0], sh[0], sh[1], sh[1]).cast[dtype]()
-        for s in range(steps):
+        if fresh(t, t0, tiles_n):
+            # The rows' shifts, from the first slot's first k slice (loaded again by the loop's first step).
+            var a0 = ld_matrix[simd_width=8](first.unsafe_offset(swz(lm_row, lm_chunk)).unsafe_bitcast[Scalar[dtype]]())
+            var sh = SIMD[F32, 2](row_shift_quad(a0, 0, 2 * tq, kk, inv_sample),
+                                  row_shift_quad(a0, 1, 2 * tq, kk, inv_sample))
+            shv = SIMD[F32, 8](sh[0], sh[0], sh[1], sh[1], sh[0], sh[0], sh[1], sh[1]).cast[dtype]()
+            var s8 = SIMD[F32, 8](0.0)   # fragment-shaped sums of d and d^2 (rows g: 0, 1, 4, 5; g + 8: 2, 3, 6, 7)
+            var q8 = SIMD[F32, 8](0.0)
+            for s in range(steps - 1):
+                var slot, phase = slot_phase(it)
+                _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
+                k_step[dtype, True](acc, s8, q8, base.unsafe_offset(slot * WG_SLOT), lm_row, lm_chunk, shv, s, tq, kk)
+                step_done(empty, slot, lane)
+                it += 1
+            # The last slot: its MMAs, the statistics while they run, then the fold's MMA.
             var slot, phase = slot_phase(it)
             _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
             var a_s = base.unsafe_offset(slot * WG_SLOT)
-            var b_addr = Int(a_s) + WG_A_BYTES
-            var tail = (s + 1) * WG_BK > kk
-            comptime for kq in range(WG_BK // WG_MMA_K):
-                var a = ld_matrix[simd_width=8](
-                    a_s.unsafe_offset(swz(lm_row, 2 * kq + lm_chunk)).unsafe_bitcast[Scalar[dtype]]()) - shv
-                if tail:   # zero-filled columns past k must not reach the sums
-                    var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(s * WG_BK + kq * WG_MMA_K + 2 * tq)
-                    a = cols.lt(SIMD[DType.int32, 8](Int32(kk))).select(a, SIMD[dtype, 8](0))
-                var d = a.cast[F32]()
-                s8 += d
-                q8 = d.fma(d, q8)
-                wgmma_fence_aligned()
-                acc = wgmma_async[64, WG_BN, WG_MMA_K, a_type=dtype, b_type=dtype](
-                    a, WGMMADescriptor[dtype](b_desc(b_addr + kq * WG_MMA_K * 2)), acc)
-            wgmma_commit_group_sync()
-            # Wait for this step's MMAs before the next step's fragments are loaded: they read their A
-            # operand from registers, and the next ldmatrix reuses those (ptxas gives every step the same
-            # ones, and changing the A registers of an unfinished wgmma is undefined in the PTX ISA).
-            wgmma_wait_group_sync[0]()
-            if lane == 0:
-                release(empty, slot)
+            k_step[dtype, True](acc, s8, q8, a_s, lm_row, lm_chunk, shv, steps - 1, tq, kk)
+            var m1 = SIMD[F32, 2](0.0)
+            var sigma = SIMD[F32, 2](0.0)
+            comptime for h in range(2):
+                var s1 = lanes_sum[4](s8[2 * h] + s8[2 * h + 1] + s8[2 * h + 4] + s8[2 * h + 5])
+                var s2 = lanes_sum[4](q8[2 * h] + q8[2 * h + 1] + q8[2 * h + 4] + q8[2 * h + 5])
+                var st = row_stats(s1, s2, inv_k, eps)
+                m1[h] = st[0]
+                rstd[h] = st[1]
+                sigma[h] = st[2]
+                var r = row0 + wrow + g + 8 * h
+                if col0 == 0 and tq == 0 and r < mm:
+                    # mean - shift is m1 = s1 / k itself: no rounding through a large mean
+                    mean_out[unsafe_offset=r] = sh[h] + m1[h]
+                    rstd_out[unsafe_offset=r] = rstd[h]
+            ef = ext_frag[dtype](m1, sigma, tq)
+            fold_mma[dtype](acc, ef, a_s)
+            step_done(empty, slot, lane)
             it += 1
-        epilogue[dtype](acc, s8, q8, sh, inv_k, stage, y_map, mean_out, rstd_out, fold, row0, col0, wrow, cw, lt, g, tq,
-                        mm, nn, eps)
+        else:
+            # The statistics are the previous tile's: the fold's MMA first, with the first slot's.
+            var s8 = SIMD[F32, 8](0.0)
+            var q8 = SIMD[F32, 8](0.0)
+            fold_mma[dtype](acc, ef, first)
+            k_step[dtype, False](acc, s8, q8, first, lm_row, lm_chunk, shv, 0, tq, kk)
+            step_done(empty, slot0, lane)
+            it += 1
+            for s in range(1, steps):
+                var slot, phase = slot_phase(it)
+                _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
+                k_step[dtype, False](acc, s8, q8, base.unsafe_offset(slot * WG_SLOT), lm_row, lm_chunk, shv, s, tq, kk)
+                step_done(empty, slot, lane)
+                it += 1
+        epilogue[dtype](acc, rstd, stage, y_map, row0, col0, wrow, cw, lt, g, tq, nn)
         acc = SIMD[F32, 128](0.0)
-        t += Int(grid_dim.x) // WG_CLUSTER
     if lt == 0:
         cp_async_bulk_wait_group[0]()   # the last stores have read the staging buffer before the block ends
 
 
 @always_inline
-def release(empty: SPtr[Int64], slot: Int):
-    """This warp is done with ring slot `slot`: one arrival on its "empty" barrier in every block of the cluster."""
-    comptime if WG_CLUSTER == 1:
-        _ = mbarrier_arrive(empty.unsafe_offset(slot))
-    else:
-        comptime for peer in range(WG_CLUSTER):
-            empty.unsafe_bitcast[SharedMemBarrier]()[unsafe_offset=slot].arrive_cluster(UInt32(peer))
-
-
-@always_inline
 def epilogue[dtype: DType](
-    acc: SIMD[F32, 128], s8: SIMD[F32, 8], q8: SIMD[F32, 8], sh: SIMD[F32, 2], inv_k: Float32,
-    stage: SPtr[UInt8], y_map: Pointer[NoneType, _],
-    mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32], row0: Int, col0: Int, wrow: Int, cw: Int, lt: Int,
-    g: Int, tq: Int, mm: Int, nn: Int, eps: Float32,
+    acc: SIMD[F32, 128], rstd: SIMD[F32, 2], stage: SPtr[UInt8], y_map: Pointer[NoneType, _],
+    row0: Int, col0: Int, wrow: Int, cw: Int, lt: Int, g: Int, tq: Int, nn: Int,
 ):
-    """Statistics, y = rstd * (acc - m1 G) + (B + bias) into the staging buffer, then TMA stores."""
-    var m1 = SIMD[F32, 2](0.0)
-    var rstd = SIMD[F32, 2](0.0)
-    comptime for h in range(2):
-        var s1 = lanes_sum[4](s8[2 * h] + s8[2 * h + 1] + s8[2 * h + 4] + s8[2 * h + 5])
-        var s2 = lanes_sum[4](q8[2 * h] + q8[2 * h + 1] + q8[2 * h + 4] + q8[2 * h + 5])
-        var st = row_stats(s1, s2, inv_k, eps)
-        m1[h] = st[0]
-        rstd[h] = st[1]
-        var r = row0 + wrow + g + 8 * h
-        if col0 == 0 and tq == 0 and r < mm:
-            # mean - shift is m1 = s1 / k itself, never (shift + m1) - shift: no rounding through a large mean
-            mean_out[unsafe_offset=r] = sh[h] + m1[h]
-            rstd_out[unsafe_offset=r] = rstd[h]
+    """y = rstd * acc (the fold's MMA added -m1 G + sigma B) into the staging buffer, then TMA stores."""
     # The thread's rows lr, lr + 8 of the consumer's 64 (lr % 8 == g): swz(lr + 8 h, c) + 4 tq is
     # (sb ^ 16 c) + 1024 h, as a row's 128 bytes leave bits 4-6 to the chunk.
     var lr = wrow - cw * WG_ROWS + g
@@ -405,15 +494,8 @@ def epilogue[dtype: DType](
         named_barrier[WG_GROUP](Int32(1 + cw))
         comptime for jj in range(WG_OUT_COLS // 8):
             comptime j = part * (WG_OUT_COLS // 8) + jj
-            var c = col0 + 8 * j + 2 * tq
-            var gm = SIMD[F32, 2](0.0)
-            var bb = SIMD[F32, 2](0.0)
-            if c < nn:   # n % 8 == 0: both columns or neither
-                var f4 = fold.unsafe_load[width=4, alignment=16](2 * c)   # one load: G c, G c+1, B c, B c+1
-                gm = f4.slice[2]()
-                bb = f4.slice[2, offset=2]()
             comptime for h in range(2):
-                var v = rstd[h] * (acc.slice[2, offset=4 * j + 2 * h]() - m1[h] * gm) + bb
+                var v = rstd[h] * acc.slice[2, offset=4 * j + 2 * h]()
                 var off = (sb ^ ((jj % 8) * 16)) + (jj // 8) * (WG_ROWS * 128) + h * 1024
                 stage.unsafe_offset(off).unsafe_bitcast[Scalar[dtype]]().unsafe_store[alignment=4](0, v.cast[dtype]())
         fence_async_view_proxy()   # the generic-proxy writes, visible to the TMA engine
@@ -429,22 +511,25 @@ def epilogue[dtype: DType](
 
 def launch_wgmma[dtype: DType](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], wg: Ptr[dtype],
-    fold: Ptr[F32], rows: Int, k: Int, n: Int, eps: Float32,
+    ext: Ptr[dtype], rows: Int, k: Int, n: Int, eps: Float32,
 ) raises:
     """Enqueue lnl_wgmma_kernel (the caller checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
     comptime SW = TensorMapSwizzle.SWIZZLE_128B
     var x_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, x, rows * k, owning=False),
                                                     Index(rows, k), Index(k, 1), Index(WG_BM, WG_BK))
     var w_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, wg, n * k, owning=False),
-                                                    Index(n, k), Index(k, 1), Index(WG_BN // WG_CLUSTER, WG_BK))
+                                                    Index(n, k), Index(k, 1), Index(WG_BN, WG_BK))
     var y_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, y, rows * n, owning=False),
                                                     Index(rows, n), Index(n, 1), Index(WG_ROWS, WG_BOX))
-    var items = ceildiv(ceildiv(rows, WG_BM), WG_CLUSTER) * ceildiv(n, WG_BN)
-    var clusters = min(items, ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT) // WG_CLUSTER)
+    var e_map = create_tma_descriptor[dtype, 2, TensorMapSwizzle.SWIZZLE_NONE](
+        DeviceBuffer[dtype](ctx, ext, n * WG_EXT_COLS, owning=False), Index(n // 8, 8 * WG_EXT_COLS),
+        Index(8 * WG_EXT_COLS, 1), Index(WG_BN // 8, 8 * WG_EXT_COLS))
+    var items = ceildiv(rows, WG_BM) * ceildiv(n, WG_BN)
+    # ceil(items / SMs) tiles per block (tile_range), so the grid can be a few blocks short of the SMs
+    var per = ceildiv(items, ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT))
     comptime kernel = lnl_wgmma_kernel[dtype]
-    ctx.enqueue_function[kernel](x_map, w_map, y_map, mean, rstd, fold, Int32(rows), Int32(k), Int32(n), eps,
-                                 grid_dim=clusters * WG_CLUSTER, block_dim=WG_THREADS,
-                                 cluster_dim=Dim(WG_CLUSTER), shared_mem_bytes=WG_SMEM_BYTES,
+    ctx.enqueue_function[kernel](x_map, w_map, y_map, e_map, mean, rstd, Int32(rows), Int32(k), Int32(n), eps,
+                                 grid_dim=ceildiv(items, per), block_dim=WG_THREADS, shared_mem_bytes=WG_SMEM_BYTES,
                                  func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(WG_SMEM_BYTES)))
 
 
@@ -457,15 +542,16 @@ struct LayerNormLinearFwdSm90:
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         x: InputTensor[dtype=dtype, rank=2, static_spec=_],
         wg: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        fold: InputTensor[dtype=F32, rank=2, static_spec=_],
+        ext: InputTensor[dtype=dtype, rank=2, static_spec=_],
         ctx: DeviceContext,
     ) raises:
         """y [rows, n], mean, rstd [rows] from x [rows, k], wg = w * gamma [n, k] (bf16) and the fold
-        (G, B + bias: layernorm_linear_fold) as n / 2 column pairs (G j, G j+1, B j, B j+1) in a [2, n]
-        buffer. GPU (sm_90) only."""
+        (G, B + bias: layernorm_linear_fold) as the fold MMA's ext rows [n, 8] (bf16: per column
+        G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi; fold_ext in ops/layernorm_linear.py).
+        GPU (sm_90) only."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
         comptime if target != "gpu" or dtype != DType.bfloat16:
             raise Error("layernorm_linear_fwd_sm90: bfloat16 on an sm_90 GPU only")
         else:
             launch_wgmma[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
-                                wg.unsafe_ptr(), fold.unsafe_ptr(), x.dim_size(0), x.dim_size(1), wg.dim_size(0), eps)
+                                wg.unsafe_ptr(), ext.unsafe_ptr(), x.dim_size(0), x.dim_size(1), wg.dim_size(0), eps)
