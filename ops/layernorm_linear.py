@@ -16,8 +16,8 @@ Forward algorithms (``algo``):
 * ``"sm90"`` (bfloat16 on an H100-class GPU, K and N multiples of 8): the same algorithm in one
   persistent Hopper kernel (TMA loads, wgmma, ``ops/kernels/layernorm_linear_sm90.mojo``); a
   ``ValueError`` names what is missing elsewhere. ``auto`` picks it for bfloat16 on sm_90 with at
-  least ``SM90_MIN_ROWS`` rows and ``SM90_MIN_N`` <= n <= ``SM90_MAX_N`` (where it won the H100 sweep,
-  results/bench_layernorm_linear_sm90.md).
+  least ``SM90_MIN_ROWS`` rows and ``SM90_MIN_N`` <= n <= ``SM90_MAX_N``, bar large x at larger
+  shapes (``sm90_region``: where it won the H100 sweep, results/bench_layernorm_linear_sm90.md).
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``sm90`` in its region (above), else ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
@@ -67,6 +67,15 @@ SPLIT_MAX = 16
 # at 52b92aa); with fewer rows its persistent grid has too few tiles, at n 4096 it lost at 3 of 4 shapes.
 SM90_MIN_ROWS = 4096
 SM90_MIN_N, SM90_MAX_N = 768, 3072
+# ... except where kernel version 6's runs re-read more x than L2 keeps: each block takes a run of
+# ceil(tiles / SMs) consecutive SM90_TILE tiles and re-reads its x rows once per tile. Runs longer than
+# SM90_SHORT_RUN tiles with x beyond SM90_RUN_MAX_X elements (24 MiB of bf16) lost to LayerNorm + cuBLAS
+# (results/bench_layernorm_linear_sm90.md and bench_layernorm_linear.md at 8aa98c9: 16384 x 1024 -> 3072,
+# runs of 12, 183.4 against 176.5 us; 16384 x 4096 -> 3072 694.4 against 620.5; version 5 had won both);
+# shorter runs, or x within that, won at every region shape of the sweep.
+SM90_TILE = (128, 256)   # the kernel's WG_BM x WG_BN
+SM90_SHORT_RUN = 4
+SM90_RUN_MAX_X = 16384 * 768
 
 
 @cache
@@ -264,14 +273,23 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
         return algo
     if device.type != "cuda":
         return "unfused"
-    if (dtype == torch.bfloat16 and rows >= SM90_MIN_ROWS and SM90_MIN_N <= n <= SM90_MAX_N
-            and k % 8 == 0 and n % 8 == 0 and is_sm90(device)):
+    if dtype == torch.bfloat16 and is_sm90(device) and sm90_region(rows, n, k, layernorm.sm_count(device)):
         return "sm90"
     if dtype == torch.float32:
         fused = n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
     else:
         fused = n <= FUSED16_MAX_N and rows >= FUSED16_MIN_ROWS and k >= FUSED16_MIN_K
     return "fused" if fused else "unfused"
+
+
+def sm90_region(rows: int, n: int, k: int, sms: int) -> bool:
+    """Whether x [rows, k] @ weight [n, k]^T is in auto's "sm90" region on a GPU of ``sms`` SMs (see
+    SM90_MIN_ROWS and SM90_RUN_MAX_X)."""
+    if rows < SM90_MIN_ROWS or not SM90_MIN_N <= n <= SM90_MAX_N or k % 8 or n % 8:
+        return False
+    tiles = -(-rows // SM90_TILE[0]) * -(-n // SM90_TILE[1])
+    run = -(-tiles // sms)   # the kernel's tiles per block
+    return run <= SM90_SHORT_RUN or rows * k <= SM90_RUN_MAX_X
 
 
 def _zero_bias(weight: object) -> torch.Tensor:

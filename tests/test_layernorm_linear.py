@@ -258,10 +258,16 @@ def test_auto_rule() -> None:
 
 
 def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto: sm90 for bf16 on an sm_90 GPU with enough rows and n in its range (K, N multiples of 8), else as before."""
+    """auto: sm90 for bf16 on an sm_90 GPU with enough rows and n in its range (K, N multiples of 8), bar long
+    runs of tiles per block over a large x (132 SMs: 16384 rows, n 3072 are runs of 12), else as before."""
     cuda, bf16, rows, n, k = torch.device("cuda"), torch.bfloat16, LL.SM90_MIN_ROWS, LL.SM90_MAX_N, 768
     monkeypatch.setattr(LL, "is_sm90", lambda device: device.type == "cuda")
+    monkeypatch.setattr(LL.layernorm, "sm_count", lambda device: 132)
     assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
+    assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384) == "sm90"
+    assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384 + 8) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, 16384, LL.SM90_MIN_N, 4096) == "sm90"   # runs of 3
+    assert LL.pick_algo("auto", cuda, bf16, rows, n, 4096) == "sm90"                # runs of 3
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N, k) == "sm90"
     assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "unfused"
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MAX_N + 8, k) == "unfused"

@@ -49,17 +49,20 @@
 # (to local memory, which the 200+ KiB of shared memory leaves little L1 for); the offsets
 # are now derived where they are used from one opaque base (`opaque`), and the ring's slot and
 # parity use 32-bit arithmetic (`slot_phase`). H100, bf16, CUPTI kernel time in us
-# (results/bench_layernorm_linear_sm90.md at 95f7c88, version 4; version 3's at 1a5c9a7 and version 2's
-# at 5fcb81a in parentheses; the unfused route, our LayerNorm + cuBLAS, is in bench_layernorm_linear.md):
-#   (M, K -> N)          version 4            torch   cuBLAS GEMM alone
-#   4096, 768 -> 3072    35.5 (36.3, 40.0)    42.8    31.9
-#   16384, 768 -> 3072   132.8 (134.7, 142.4) 151.2   114.4
-#   4096, 1024 -> 4096   57.3 (58.4, 66.6)    62.3    50.0
-#   4096, 4096 -> 4096   194.5 (194.2, 226.0) 203.9   172.9
+# (results/bench_layernorm_linear_sm90.md at 8aa98c9, version 6; version 4's at 95f7c88, version 3's at
+# 1a5c9a7 and version 2's at 5fcb81a in parentheses; torch and cuBLAS from the 8aa98c9 run; the unfused
+# route, our LayerNorm + cuBLAS, is in bench_layernorm_linear.md):
+#   (M, K -> N)          version 6  (4, 3, 2)            torch   cuBLAS GEMM alone
+#   4096, 768 -> 3072    33.1       (35.5, 36.3, 40.0)    43.0    31.9
+#   16384, 768 -> 3072   125.8      (132.8, 134.7, 142.4) 150.9   113.4
+#   4096, 1024 -> 4096   52.4       (57.3, 58.4, 66.6)    62.9    49.4
+#   4096, 4096 -> 4096   183.8      (194.5, 194.2, 226.0) 202.9   171.7
 # "auto" picks it (in inference: with gradients to come, autograd takes the unfused route, which keeps
-# xn for dW) for bf16 with M >= 4096 and 768 <= N <= 3072, where it won the whole-grid sweep
-# (results/bench_layernorm_linear_sm90.md at 52b92aa); it loses at M 16 and 512 (too few tiles for a
-# persistent grid; no k split) and at most N 4096 shapes. That sweep's event times at M 4096,
+# xn for dW) for bf16 with M >= 4096 and 768 <= N <= 3072 (sm90_region in ops/layernorm_linear.py), where
+# version 6 won the whole-grid sweep (results/bench_layernorm_linear_sm90.md at 8aa98c9) except at M 16384
+# with K >= 1024 and N >= 3072: runs of 12 or 16 tiles per block, each re-reading its x rows per tile,
+# over 32 MiB and more of x (version 5, dealing tiles b, b + grid, .., had won there); it loses at M 16
+# and 512 (too few tiles for a persistent grid; no k split). The version 4 sweep's event times at M 4096,
 # N >= 3072 (55 us against 36 of kernel) were derivations inside timed calls, not this kernel: the
 # scaled weight and fold of rotated weight sets the warm-up had not seen (the warm-up now runs them all).
 # Session 21's H100 ablations at (4096, 768 -> 3072), version 3 at 36.1 us of kernel time (ad hoc):
