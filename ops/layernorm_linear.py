@@ -64,7 +64,8 @@ SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
 # auto's "sm90" region (bf16 on an sm_90 GPU): the Hopper kernel beat our LayerNorm + cuBLAS by CUPTI kernel
 # time at every grid shape with at least this many rows and n in this range (results/bench_layernorm_linear_sm90.md
-# at 52b92aa); with fewer rows its persistent grid has too few tiles, at n 4096 it lost at 3 of 4 shapes.
+# at 52b92aa, version 4); with fewer rows its persistent grid has too few tiles (so also for version 6 at
+# 8aa98c9); at n 4096 version 4 lost at 3 of 4 shapes (version 6 won at 4 of 6, not yet in the region).
 SM90_MIN_ROWS = 4096
 SM90_MIN_N, SM90_MAX_N = 768, 3072
 # ... except where kernel version 6's runs re-read more x than L2 keeps: each block takes a run of
