@@ -437,7 +437,10 @@ def consumer[dtype: DType](
                 k_step[dtype, True](acc, s8, q8, base.unsafe_offset(slot * WG_SLOT), lm_row, lm_chunk, shv, s, tq, kk)
                 step_done(empty, slot, lane)
                 it += 1
-            # The last slot: its MMAs, the statistics while they run, then the fold's MMA.
+            # The last slot: its MMAs, the statistics while they run, then the fold's MMA. Peeled out of
+            # the loop, as is the other path's first step: a fold MMA issued before the loop and committed
+            # with the loop's first step made ptxas serialize every wgmma (C7515: register moves of the
+            # accumulators inside an MMA group, where the loop's values join).
             var slot, phase = slot_phase(it)
             _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
             var a_s = base.unsafe_offset(slot * WG_SLOT)
