@@ -38,10 +38,10 @@ def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
         for act in layernorm.ACTIVATIONS:
             found.append((layernorm.fwd_op(act, 1e-5), (dtype, dtype, dtype, f32)))
             found.append((layernorm.bwd_op(act), (dtype, dtype, dtype, dtype, f32, f32)))
-        found.append((layernorm_linear.fwd_op(1e-5), (dtype,) * 5 + (torch.int32, f32)))
+        found.append((layernorm_linear.fwd_op(1e-5), (dtype,) * 5 + (torch.int32,)))
         found.append((layernorm_linear.fold_op(), (dtype,) * 4))
     bf16 = torch.bfloat16
-    found.append((layernorm_linear.sm90_op(1e-5), (bf16,) * 3))   # the Hopper kernel: bf16 only
+    found.append((layernorm_linear.sm90_op(1e-5), (bf16,) * 5))   # the Hopper kernel: bf16 only
     return found
 
 

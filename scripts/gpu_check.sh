@@ -7,7 +7,7 @@
 #   gpu-tests   only the tests that run on the GPU (-k "cuda or gpu") -> gpu_tests.txt
 #   p22-tests   only the p22 tests that run on the GPU -> gpu_tests_p22.txt
 #   layernorm-tests  only the layernorm tests that run on the GPU -> gpu_tests_layernorm.txt
-#   layernorm-linear-tests  only the layernorm_linear tests that run on the GPU -> gpu_tests_layernorm_linear.txt
+#   layernorm-linear-tests  only the layernorm_linear tests that run on the GPU, each by name -> gpu_tests_layernorm_linear.txt
 #   p22         the p22 solution, default and realistic sizes, per-kernel times, tiles-per-block sweeps -> p22_*.txt
 #   dispatch    host cost of a bridge call -> bench_dispatch.{md,csv}
 #   timing-tests  only the CUPTI kernel-time tests on the GPU -> gpu_tests_timing.txt
@@ -45,7 +45,7 @@ for step in "${steps[@]}"; do
     layernorm-tests)
       run gpu_tests_layernorm python -m pytest -q -rfs --tb=short -p no:cacheprovider tests/test_layernorm.py -k "cuda or gpu" ;;
     layernorm-linear-tests)
-      run gpu_tests_layernorm_linear python -m pytest -q -rfs --tb=short -p no:cacheprovider \
+      run gpu_tests_layernorm_linear python -m pytest -v -rfs --tb=short -p no:cacheprovider \
         tests/test_layernorm_linear.py -k "cuda or gpu" ;;
     p22)
       run p22_default python scripts/p22.py --solution --unfused --fused

@@ -16,7 +16,7 @@
 # statistics and the GEMM free of cancellation when the mean is 1e4 times the
 # spread (x - c is of the spread's size); it is FlashNorm's fold of gamma and
 # beta into the weight: both GPU kernels take G and B + bias from
-# lnl_fold_kernel, run once per weight version.
+# lnl_fold_kernel, run at every call (nothing derived from the weights is kept).
 # fp16/bf16 round a before the mma, with an error proportional to |x - c|, so c
 # averages several elements: with c = x[r, 0], rows whose first element lay far
 # from their mean lost accuracy against torch's normalized GEMM (the H100
@@ -683,6 +683,15 @@ def lnl_fold_kernel[dtype: DType](
         fold[unsafe_offset=Int(n) + j] = b + load_f32(bias, j)
 
 
+def launch_fold[dtype: DType](
+    ctx: DeviceContext, fold: Ptr[F32], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
+    k: Int, n: Int,
+) raises:
+    """Enqueue lnl_fold_kernel: fold [2, n] from w [n, k], gamma, beta [k], bias [n]."""
+    comptime kernel = lnl_fold_kernel[dtype]
+    ctx.enqueue_function[kernel](fold, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n, block_dim=FOLD_THREADS)
+
+
 @always_inline
 def fold_column[dtype: DType](
     w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], j: Int, k: Int, first: Int, step: Int,
@@ -710,14 +719,13 @@ struct LayerNormLinearFold:
         bias: InputTensor[dtype=dtype, rank=1, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """fold [2, n] float32: G and B + bias of w [n, k] (once per weight version; the fused
+        """fold [2, n] float32: G and B + bias of w [n, k] (the fused
         GPU forward applies them to its GEMM's result)."""
         var n = w.dim_size(0)
         var k = w.dim_size(1)
         comptime if target == "gpu":
-            comptime kernel = lnl_fold_kernel[dtype]
-            ctx.enqueue_function[kernel](fold.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
-                                         bias.unsafe_ptr(), Int32(k), Int32(n), grid_dim=n, block_dim=FOLD_THREADS)
+            launch_fold[dtype](ctx, fold.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
+                               bias.unsafe_ptr(), k, n)
         else:
             for j in range(n):
                 var gb = fold_column(w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), j, k, 0, 1)
@@ -734,19 +742,20 @@ struct LayerNormLinearFwd:
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         part_acc: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
         part_rows: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
+        fold: _MutableInputTensor[dtype=F32, rank=2, static_spec=_],
         x: InputTensor[dtype=dtype, rank=2, static_spec=_],
         gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
         beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
         w: InputTensor[dtype=dtype, rank=2, static_spec=_],
         bias: InputTensor[dtype=dtype, rank=1, static_spec=_],
         counters: InputTensor[dtype=DType.int32, rank=1, static_spec=_],
-        fold: InputTensor[dtype=F32, rank=2, static_spec=_],
         ctx: DeviceContext,
     ) raises:
         """Scratch for the GPU path (the CPU path ignores it), first dim the number of k splits:
         part_acc, part_rows (fp32: [splits, rows * n], [splits, rows * 2]; fp16/bf16:
         [splits, tiles * 4096], [splits, tiles * 128], tiles = 64 x 64 output tiles).
-        fold: [2, n] float32, G and B + bias from layernorm_linear_fold (the GPU kernels' correction).
+        fold: [2, n] float32 scratch: G and B + bias, made by lnl_fold_kernel at every call (nothing
+        derived from the weights outlives the call) and applied by the GPU kernels' correction.
         counters: int32 [>= tiles], zero before the call and left zero after it; the 16-bit kernel
         counts each tile's finished splits in it (its one write to an input; the caller keeps it)."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
@@ -755,6 +764,8 @@ struct LayerNormLinearFwd:
         var n = w.dim_size(0)
         comptime if target == "gpu":
             var cnt = Ptr[DType.int32](unsafe_from_address=Int(counters.unsafe_ptr()))
+            launch_fold[dtype](ctx, fold.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
+                               bias.unsafe_ptr(), k, n)
             fwd_gpu[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
                            gamma.unsafe_ptr(), w.unsafe_ptr(), part_acc.unsafe_ptr(), part_rows.unsafe_ptr(), cnt,
                            fold.unsafe_ptr(), rows, k, n, part_rows.dim_size(0), eps)

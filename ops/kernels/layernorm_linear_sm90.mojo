@@ -5,9 +5,9 @@
 #
 # y[r, j] = rstd * (sum_k d[r, k] wg[j, k] - (mean - c) * G[j] + sigma * (B[j] + bias[j])),
 # d = x - c (c: the row's shift, snap_shift of its first 8 elements), sigma = 1 / rstd,
-# wg = w * gamma rounded to bf16 (the caller forms it once per weight version, as it
-# does fold = (G, B + bias), here split into bf16 hi and mid parts as the "ext" rows
-# [n, 8] of one more MMA per tile, the fold MMA).
+# wg = w * gamma rounded to bf16 and fold = (G, B + bias), split into bf16 hi and mid
+# parts as the "ext" rows [n, 8] of one more MMA per tile (the fold MMA); both are made
+# at every call by lnl_wgmma_prep_kernel (one read of w), so no stale weight is used.
 #
 # GPU mapping: persistent grid of ceil(tiles / ceil(tiles / SMs)) blocks of 384
 # threads (three warp groups); block b takes a contiguous run of ceil(tiles / SMs)
@@ -125,13 +125,13 @@ from max.gpu.compute.mma import (ld_matrix, wgmma_async, wgmma_fence_aligned, wg
                                  wgmma_wait_group_sync, WGMMADescriptor)
 from max.gpu.primitives import warp
 from std.math import ceildiv, rsqrt
-from std.memory import bitcast
+from std.memory import bitcast, stack_allocation
 from std.sys import inlined_assembly
 from std.utils.index import Index
 from std.utils.static_tuple import StaticTuple
 
-from .layernorm import F32, Ptr
-from .layernorm_linear import SHIFT_SAMPLE, lanes_sum, snap_shift
+from .layernorm import F32, Ptr, group_sum, load_f32
+from .layernorm_linear import FOLD_THREADS, FOLD_WARPS, SHIFT_SAMPLE, lanes_sum, snap_shift
 
 comptime WG_BM = 128                  # rows per tile: two consumer warp groups of 64
 comptime WG_BN = 256                  # columns per tile: one wgmma m64n256 per k slice
@@ -515,11 +515,41 @@ def epilogue[dtype: DType](
             cp_async_bulk_commit_group()
 
 
+def lnl_wgmma_prep_kernel[dtype: DType](
+    wg: Ptr[dtype], ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
+    k: Int32, n: Int32,
+):
+    """Block j (FOLD_THREADS threads): wg[j, :] = w[j, :] * gamma rounded to dtype, and ext[j, :] = the fold
+    MMA's rows of G[j] and B[j] + bias[j] (G, B summed as lnl_fold_kernel sums them, so bitwise the same)."""
+    var sh = stack_allocation[2 * FOLD_WARPS, Float32, address_space=AddressSpace.SHARED]()
+    var j = Int(block_idx.x)
+    var kk = Int(k)
+    var acc = SIMD[F32, 2](0.0)
+    for i in range(Int(thread_idx.x), kk, FOLD_THREADS):
+        var wv = w[unsafe_offset=j * kk + i]
+        var p = wv * gamma[unsafe_offset=i]
+        wg[unsafe_offset=j * kk + i] = p
+        acc[0] += p.cast[F32]()
+        acc[1] += wv.cast[F32]() * load_f32(beta, i)
+    var g = group_sum[FOLD_WARPS, 1](acc[0], sh, 0)
+    var b = group_sum[FOLD_WARPS, 1](acc[1], sh, 1) + load_f32(bias, j)
+    var t = Int(thread_idx.x)
+    if t < WG_EXT_COLS:
+        # per column: G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi (hi = round(v), mid = round(v - hi))
+        var v = g if t < 3 or t == 6 else b
+        var hi = v.cast[dtype]()
+        ext[unsafe_offset=j * WG_EXT_COLS + t] = (v - hi.cast[F32]()).cast[dtype]() if t == 2 or t == 5 else hi
+
+
 def launch_wgmma[dtype: DType](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], wg: Ptr[dtype],
-    ext: Ptr[dtype], rows: Int, k: Int, n: Int, eps: Float32,
+    ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
+    rows: Int, k: Int, n: Int, eps: Float32,
 ) raises:
-    """Enqueue lnl_wgmma_kernel (the caller checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
+    """Enqueue lnl_wgmma_prep_kernel (wg and ext from w, gamma, beta, bias), then lnl_wgmma_kernel (the caller
+    checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
+    comptime prep = lnl_wgmma_prep_kernel[dtype]
+    ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n, block_dim=FOLD_THREADS)
     comptime SW = TensorMapSwizzle.SWIZZLE_128B
     var x_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, x, rows * k, owning=False),
                                                     Index(rows, k), Index(k, 1), Index(WG_BM, WG_BK))
@@ -546,18 +576,23 @@ struct LayerNormLinearFwdSm90:
         y: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         mean: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
+        wg: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
+        ext: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         x: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        wg: InputTensor[dtype=dtype, rank=2, static_spec=_],
-        ext: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        w: InputTensor[dtype=dtype, rank=2, static_spec=_],
+        gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
+        bias: InputTensor[dtype=dtype, rank=1, static_spec=_],
         ctx: DeviceContext,
     ) raises:
-        """y [rows, n], mean, rstd [rows] from x [rows, k], wg = w * gamma [n, k] (bf16) and the fold
-        (G, B + bias: layernorm_linear_fold) as the fold MMA's ext rows [n, 8] (bf16: per column
-        G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi; fold_ext in ops/layernorm_linear.py).
-        GPU (sm_90) only."""
+        """y [rows, n], mean, rstd [rows] from x [rows, k], w [n, k], gamma, beta [k] and bias [n] (bf16).
+        Scratch, made at every call: wg = w * gamma [n, k] and the fold (G, B + bias) as the fold MMA's
+        ext rows [n, 8] (per column G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi; fold_ext in
+        ops/layernorm_linear.py). GPU (sm_90) only."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
         comptime if target != "gpu" or dtype != DType.bfloat16:
             raise Error("layernorm_linear_fwd_sm90: bfloat16 on an sm_90 GPU only")
         else:
             launch_wgmma[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
-                                wg.unsafe_ptr(), ext.unsafe_ptr(), x.dim_size(0), x.dim_size(1), wg.dim_size(0), eps)
+                                wg.unsafe_ptr(), ext.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(),
+                                beta.unsafe_ptr(), bias.unsafe_ptr(), x.dim_size(0), x.dim_size(1), w.dim_size(0), eps)
