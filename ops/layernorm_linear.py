@@ -125,7 +125,7 @@ def fold_op() -> GraphOp:
 
 def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """float32 [2, N]: G = sum_k round(weight * ln_weight) and B = weight @ ln_bias + bias, by the fold kernel
-    (FlashNorm's fold; see ``fold_column`` in the .mojo for why G sums the rounded products). The fused and
+    (FlashNorm's fold; see ``fold_row`` in the .mojo for why G sums the rounded products). The fused and
     Hopper ops run the same kernel inside themselves at every call, so no fold outlives a weight change;
     this standalone call is what tests check the kernel by."""
     return fold_op()(*(t.detach() for t in (weight, ln_weight, ln_bias, bias)))[0]

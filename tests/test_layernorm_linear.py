@@ -528,12 +528,13 @@ def update(m: LL.FusedLayerNormLinear, way: str, x: torch.Tensor) -> None:
     elif way in ("adamw_foreach", "adamw_fused", "sgd_fused"):
         m(x).float().square().mean().backward()
         # AdamW moves each parameter by about lr (eps 1e-3: the default 1e-8 is 0 in float16, which turns a
-        # zero second moment into NaN); SGD's lr is set so that its mean step is 0.2
-        grads = torch.cat([p.grad.float().abs().flatten() for p in m.parameters()])
-        lr = 0.05 if way != "sgd_fused" else 0.2 / float(grads.mean())
-        kw = {"lr": lr} | ({} if way == "sgd_fused" else {"eps": 1e-3})
-        kw |= {"foreach": True} if way == "adamw_foreach" else {"fused": True}
-        opt = (torch.optim.SGD if way == "sgd_fused" else torch.optim.AdamW)(m.parameters(), **kw)
+        # zero second moment into NaN); SGD's lr, per parameter, makes each one's mean step 0.2
+        if way == "sgd_fused":
+            groups = [{"params": [p], "lr": 0.2 / float(p.grad.float().abs().mean())} for p in m.parameters()]
+            opt = torch.optim.SGD(groups, lr=0.1, fused=True)
+        else:
+            kw = {"foreach": True} if way == "adamw_foreach" else {"fused": True}
+            opt = torch.optim.AdamW(m.parameters(), lr=0.05, eps=1e-3, **kw)
         opt.step()
         opt.zero_grad()
     elif way == "parametrize":   # registered before the first call (see weight_update_module); s changes by .data

@@ -137,6 +137,7 @@ from max.gpu.primitives import warp
 from max.gpu.memory import AddressSpace, async_copy, async_copy_commit_group, async_copy_wait_group, external_memory
 from std.math import ceildiv
 from std.memory import stack_allocation, bitcast
+from std.sys import size_of
 from std.utils.static_tuple import StaticTuple
 from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 
@@ -665,17 +666,17 @@ def fwd_cpu[dtype: DType](
             y[unsafe_offset=r * n + j] = (acc + load_f32(bias, j)).cast[dtype]()
 
 
-comptime FOLD_THREADS = 256   # fold kernel: one block per output column j
+comptime FOLD_THREADS = 256   # fold kernels: one block per output column j
 comptime FOLD_WARPS = FOLD_THREADS // WARP_SIZE
 
 
-def lnl_fold_kernel[dtype: DType](
+def lnl_fold_kernel[dtype: DType, VEC: Int](
     fold: Ptr[F32], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype], k: Int32, n: Int32,
 ):
-    """Block j: fold[0, j] = G[j], fold[1, j] = B[j] + bias[j] (see fold_column)."""
+    """Block j: fold[0, j] = G[j], fold[1, j] = B[j] + bias[j] (see fold_row)."""
     var sh = stack_allocation[2 * FOLD_WARPS, Float32, address_space=AddressSpace.SHARED]()
     var j = Int(block_idx.x)
-    var gb = fold_column(w, gamma, beta, j, Int(k), Int(thread_idx.x), FOLD_THREADS)
+    var gb = fold_row[dtype, VEC, False](w, w, gamma, beta, j, Int(k), Int(thread_idx.x), FOLD_THREADS)
     var g = group_sum[FOLD_WARPS, 1](gb[0], sh, 0)
     var b = group_sum[FOLD_WARPS, 1](gb[1], sh, 1)
     if thread_idx.x == 0:
@@ -683,28 +684,51 @@ def lnl_fold_kernel[dtype: DType](
         fold[unsafe_offset=Int(n) + j] = b + load_f32(bias, j)
 
 
+def fold_vector_width[dtype: DType](k: Int, *addresses: Int) -> Int:
+    """The fold kernels' load width: 16-byte vectors where k and every row start allow, else 1."""
+    comptime VEC = vector_width[dtype]()
+    for a in addresses:
+        if a % ALIGN != 0:
+            return 1
+    return VEC if k % VEC == 0 else 1
+
+
 def launch_fold[dtype: DType](
     ctx: DeviceContext, fold: Ptr[F32], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
     k: Int, n: Int,
 ) raises:
     """Enqueue lnl_fold_kernel: fold [2, n] from w [n, k], gamma, beta [k], bias [n]."""
-    comptime kernel = lnl_fold_kernel[dtype]
-    ctx.enqueue_function[kernel](fold, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n, block_dim=FOLD_THREADS)
+    comptime VEC = vector_width[dtype]()
+    if fold_vector_width[dtype](k, Int(w), Int(gamma), Int(beta)) == VEC:
+        comptime kernel = lnl_fold_kernel[dtype, VEC]
+        ctx.enqueue_function[kernel](fold, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
+                                     block_dim=FOLD_THREADS)
+    else:
+        comptime kernel = lnl_fold_kernel[dtype, 1]
+        ctx.enqueue_function[kernel](fold, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
+                                     block_dim=FOLD_THREADS)
 
 
 @always_inline
-def fold_column[dtype: DType](
-    w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], j: Int, k: Int, first: Int, step: Int,
+def fold_row[dtype: DType, VEC: Int, SCALE: Bool](
+    wg: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], j: Int, k: Int, first: Int, step: Int,
 ) -> SIMD[F32, 2]:
-    """Partial (G, B) of column j over k = first, first + step, ..: G sums w * gamma rounded to dtype,
-    the very products the 16-bit GEMM multiplies x - c by, so the correction -(mean - c) * G cancels
-    what the GEMM added exactly (with an exact G, rows whose values round nearly alike, rstd ~300 at
-    bf16 and mean 1e3, were off by up to 15); B sums w * beta in fp32."""
+    """Partial (G, B) of column j over the VEC-wide vectors first, first + step, .. of w's row j (VEC > 1: k a
+    multiple of VEC, 16-byte aligned rows): G sums w * gamma rounded to dtype, the very products the 16-bit
+    GEMM multiplies x - c by, so the correction -(mean - c) * G cancels what the GEMM added exactly (with an
+    exact G, rows whose values round nearly alike, rstd ~300 at bf16 and mean 1e3, were off by up to 15); B
+    sums w * beta in fp32. SCALE: also store those rounded products as wg[j, :] (the Hopper kernel's B)."""
+    comptime A = ALIGN if VEC > 1 else size_of[Scalar[dtype]]()
     var acc = SIMD[F32, 2](0.0)
-    for i in range(first, k, step):
-        var wv = w[unsafe_offset=j * k + i]
-        acc[0] += (wv * gamma[unsafe_offset=i]).cast[F32]()
-        acc[1] += wv.cast[F32]() * load_f32(beta, i)
+    var base = j * k
+    for v in range(first, k // VEC, step):
+        var i = v * VEC
+        var wv = w.unsafe_load[width=VEC, alignment=A](base + i)
+        var p = wv * gamma.unsafe_load[width=VEC, alignment=A](i)
+        comptime if SCALE:
+            wg.unsafe_store[alignment=A](base + i, p)
+        acc[0] += p.cast[F32]().reduce_add()
+        acc[1] += (wv.cast[F32]() * beta.unsafe_load[width=VEC, alignment=A](i).cast[F32]()).reduce_add()
     return acc
 
 
@@ -728,7 +752,8 @@ struct LayerNormLinearFold:
                                bias.unsafe_ptr(), k, n)
         else:
             for j in range(n):
-                var gb = fold_column(w.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), j, k, 0, 1)
+                var gb = fold_row[dtype, 1, False](w.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(),
+                                                   beta.unsafe_ptr(), j, k, 0, 1)
                 fold.unsafe_ptr()[unsafe_offset=j] = gb[0]
                 fold.unsafe_ptr()[unsafe_offset=n + j] = gb[1] + load_f32(bias.unsafe_ptr(), j)
 

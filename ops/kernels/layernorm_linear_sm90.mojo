@@ -130,8 +130,8 @@ from std.sys import inlined_assembly
 from std.utils.index import Index
 from std.utils.static_tuple import StaticTuple
 
-from .layernorm import F32, Ptr, group_sum, load_f32
-from .layernorm_linear import FOLD_THREADS, FOLD_WARPS, SHIFT_SAMPLE, lanes_sum, snap_shift
+from .layernorm import F32, Ptr, group_sum, load_f32, vector_width
+from .layernorm_linear import FOLD_THREADS, FOLD_WARPS, SHIFT_SAMPLE, fold_row, fold_vector_width, lanes_sum, snap_shift
 
 comptime WG_BM = 128                  # rows per tile: two consumer warp groups of 64
 comptime WG_BN = 256                  # columns per tile: one wgmma m64n256 per k slice
@@ -515,25 +515,18 @@ def epilogue[dtype: DType](
             cp_async_bulk_commit_group()
 
 
-def lnl_wgmma_prep_kernel[dtype: DType](
+def lnl_wgmma_prep_kernel[dtype: DType, VEC: Int](
     wg: Ptr[dtype], ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
     k: Int32, n: Int32,
 ):
     """Block j (FOLD_THREADS threads): wg[j, :] = w[j, :] * gamma rounded to dtype, and ext[j, :] = the fold
-    MMA's rows of G[j] and B[j] + bias[j] (G, B summed as lnl_fold_kernel sums them, so bitwise the same)."""
+    MMA's rows of G[j] and B[j] + bias[j] (summed as lnl_fold_kernel[dtype, VEC] sums them: bitwise the same)."""
     var sh = stack_allocation[2 * FOLD_WARPS, Float32, address_space=AddressSpace.SHARED]()
     var j = Int(block_idx.x)
-    var kk = Int(k)
-    var acc = SIMD[F32, 2](0.0)
-    for i in range(Int(thread_idx.x), kk, FOLD_THREADS):
-        var wv = w[unsafe_offset=j * kk + i]
-        var p = wv * gamma[unsafe_offset=i]
-        wg[unsafe_offset=j * kk + i] = p
-        acc[0] += p.cast[F32]()
-        acc[1] += wv.cast[F32]() * load_f32(beta, i)
-    var g = group_sum[FOLD_WARPS, 1](acc[0], sh, 0)
-    var b = group_sum[FOLD_WARPS, 1](acc[1], sh, 1) + load_f32(bias, j)
     var t = Int(thread_idx.x)
+    var gb = fold_row[dtype, VEC, True](wg, w, gamma, beta, j, Int(k), t, FOLD_THREADS)
+    var g = group_sum[FOLD_WARPS, 1](gb[0], sh, 0)
+    var b = group_sum[FOLD_WARPS, 1](gb[1], sh, 1) + load_f32(bias, j)
     if t < WG_EXT_COLS:
         # per column: G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi (hi = round(v), mid = round(v - hi))
         var v = g if t < 3 or t == 6 else b
@@ -548,8 +541,15 @@ def launch_wgmma[dtype: DType](
 ) raises:
     """Enqueue lnl_wgmma_prep_kernel (wg and ext from w, gamma, beta, bias), then lnl_wgmma_kernel (the caller
     checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
-    comptime prep = lnl_wgmma_prep_kernel[dtype]
-    ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n, block_dim=FOLD_THREADS)
+    comptime VEC = vector_width[dtype]()
+    if fold_vector_width[dtype](k, Int(wg), Int(w), Int(gamma), Int(beta)) == VEC:
+        comptime prep = lnl_wgmma_prep_kernel[dtype, VEC]
+        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
+                                   block_dim=FOLD_THREADS)
+    else:
+        comptime prep = lnl_wgmma_prep_kernel[dtype, 1]
+        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
+                                   block_dim=FOLD_THREADS)
     comptime SW = TensorMapSwizzle.SWIZZLE_128B
     var x_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, x, rows * k, owning=False),
                                                     Index(rows, k), Index(k, 1), Index(WG_BM, WG_BK))
