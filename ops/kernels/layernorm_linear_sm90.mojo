@@ -7,7 +7,7 @@
 # d = x - c (c: the row's shift, snap_shift of its first 8 elements), sigma = 1 / rstd,
 # wg = w * gamma rounded to bf16 and fold = (G, B + bias), split into bf16 hi and mid
 # parts as the "ext" rows [n, 8] of one more MMA per tile (the fold MMA); both are made
-# at every call by lnl_wgmma_prep_kernel (one read of w), so no stale weight is used.
+# at every call by lnl_wgmma_prep_kernel (one read of w, a warp per column), so no stale weight is used.
 #
 # GPU mapping: persistent grid of ceil(tiles / ceil(tiles / SMs)) blocks of 384
 # threads (three warp groups); block b takes a contiguous run of ceil(tiles / SMs)
@@ -125,13 +125,13 @@ from max.gpu.compute.mma import (ld_matrix, wgmma_async, wgmma_fence_aligned, wg
                                  wgmma_wait_group_sync, WGMMADescriptor)
 from max.gpu.primitives import warp
 from std.math import ceildiv, rsqrt
-from std.memory import bitcast, stack_allocation
+from std.memory import bitcast
 from std.sys import inlined_assembly
 from std.utils.index import Index
 from std.utils.static_tuple import StaticTuple
 
-from .layernorm import F32, Ptr, group_sum, load_f32, vector_width
-from .layernorm_linear import FOLD_THREADS, FOLD_WARPS, SHIFT_SAMPLE, fold_row, fold_vector_width, lanes_sum, snap_shift
+from .layernorm import F32, Ptr, load_f32, vector_width
+from .layernorm_linear import SHIFT_SAMPLE, fold_row, fold_vector_width, lanes_sum, snap_shift
 
 comptime WG_BM = 128                  # rows per tile: two consumer warp groups of 64
 comptime WG_BN = 256                  # columns per tile: one wgmma m64n256 per k slice
@@ -515,23 +515,27 @@ def epilogue[dtype: DType](
             cp_async_bulk_commit_group()
 
 
+comptime PREP_WARPS = 8   # prep kernel: one warp per column j, 8 per block
+
+
 def lnl_wgmma_prep_kernel[dtype: DType, VEC: Int](
     wg: Ptr[dtype], ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
     k: Int32, n: Int32,
 ):
-    """Block j (FOLD_THREADS threads): wg[j, :] = w[j, :] * gamma rounded to dtype, and ext[j, :] = the fold
-    MMA's rows of G[j] and B[j] + bias[j] (summed as lnl_fold_kernel[dtype, VEC] sums them: bitwise the same)."""
-    var sh = stack_allocation[2 * FOLD_WARPS, Float32, address_space=AddressSpace.SHARED]()
-    var j = Int(block_idx.x)
-    var t = Int(thread_idx.x)
-    var gb = fold_row[dtype, VEC, True](wg, w, gamma, beta, j, Int(k), t, FOLD_THREADS)
-    var g = group_sum[FOLD_WARPS, 1](gb[0], sh, 0)
-    var b = group_sum[FOLD_WARPS, 1](gb[1], sh, 1) + load_f32(bias, j)
-    if t < WG_EXT_COLS:
+    """Warp j: wg[j, :] = w[j, :] * gamma rounded to dtype, and ext[j, :] = the fold MMA's rows of G[j] and
+    B[j] + bias[j] (fold_row's sums, as lnl_fold_kernel makes them, in another order)."""
+    var lane = Int(thread_idx.x) % WARP_SIZE
+    var j = Int(block_idx.x) * PREP_WARPS + Int(thread_idx.x) // WARP_SIZE
+    if j >= Int(n):
+        return
+    var gb = fold_row[dtype, VEC, True](wg, w, gamma, beta, j, Int(k), lane, WARP_SIZE)
+    var g = warp.sum(gb[0])
+    var b = warp.sum(gb[1]) + load_f32(bias, j)
+    if lane < WG_EXT_COLS:
         # per column: G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi (hi = round(v), mid = round(v - hi))
-        var v = g if t < 3 or t == 6 else b
+        var v = g if lane < 3 or lane == 6 else b
         var hi = v.cast[dtype]()
-        ext[unsafe_offset=j * WG_EXT_COLS + t] = (v - hi.cast[F32]()).cast[dtype]() if t == 2 or t == 5 else hi
+        ext[unsafe_offset=j * WG_EXT_COLS + lane] = (v - hi.cast[F32]()).cast[dtype]() if lane == 2 or lane == 5 else hi
 
 
 def launch_wgmma[dtype: DType](
@@ -542,14 +546,15 @@ def launch_wgmma[dtype: DType](
     """Enqueue lnl_wgmma_prep_kernel (wg and ext from w, gamma, beta, bias), then lnl_wgmma_kernel (the caller
     checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
     comptime VEC = vector_width[dtype]()
+    var blocks = ceildiv(n, PREP_WARPS)
     if fold_vector_width[dtype](k, Int(wg), Int(w), Int(gamma), Int(beta)) == VEC:
         comptime prep = lnl_wgmma_prep_kernel[dtype, VEC]
-        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
-                                   block_dim=FOLD_THREADS)
+        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
+                                   block_dim=PREP_WARPS * WARP_SIZE)
     else:
         comptime prep = lnl_wgmma_prep_kernel[dtype, 1]
-        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
-                                   block_dim=FOLD_THREADS)
+        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
+                                   block_dim=PREP_WARPS * WARP_SIZE)
     comptime SW = TensorMapSwizzle.SWIZZLE_128B
     var x_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, x, rows * k, owning=False),
                                                     Index(rows, k), Index(k, 1), Index(WG_BM, WG_BK))
