@@ -62,11 +62,12 @@ SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
 SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
-# auto's "sm90" region (bf16 on an sm_90 GPU): the Hopper kernel beat our LayerNorm + cuBLAS by CUPTI kernel
-# time at every grid shape with at least this many rows and n in this range (results/bench_layernorm_linear_sm90.md
-# at 52b92aa, version 4); with fewer rows its persistent grid has too few tiles (so also for version 6 at
-# 8aa98c9); at n 4096 version 4 lost at 3 of 4 shapes (version 6 won at 4 of 6, not yet in the region).
-SM90_MIN_ROWS = 4096
+# auto's "sm90" region (bf16 on an sm_90 GPU). Since the op makes its scaled weight and fold rows at every call
+# (376322c: nothing derived from the weights is kept), the Hopper kernel plus that prep beat our LayerNorm +
+# cuBLAS by CUPTI kernel time at every region shape of the bf16 grid with 16384 rows and at none with 4096
+# (results/bench_layernorm_linear.md, bf16 rows at 376322c: 4096 x 768 -> 3072 38.5 against 38.0 us,
+# 16384 x 768 -> 3072 132.4 against 137.4); before, with the prep cached per weight version, 4096 rows won too.
+SM90_MIN_ROWS = 16384
 SM90_MIN_N, SM90_MAX_N = 768, 3072
 # ... except where kernel version 6's runs re-read more x than L2 keeps: each block takes a run of
 # ceil(tiles / SMs) consecutive SM90_TILE tiles and re-reads its x rows once per tile. Runs longer than

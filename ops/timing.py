@@ -52,8 +52,8 @@ def _sync(device: torch.device) -> None:
 def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]],
             iters: int = 50, warmup: int = 5, kernels: bool = False) -> Timing:
     """Time ``fn(*inputs)`` cycling through ``input_sets``; with ``kernels`` (CUDA only) also its kernel time.
-    The warm-up runs every input set at least once, so what an op derives once per weight version (a fold,
-    a scaled weight) is made before the timing, as in inference with fixed weights, never in a timed call."""
+    The warm-up runs every input set at least once, so first-use costs (compiles, a set's first allocation)
+    stay out of the timing; what an op derives from the weights it derives in every call, timed ones too."""
     device = input_sets[0][0].device
     for i in range(max(warmup, len(input_sets))):
         fn(*input_sets[i % len(input_sets)])

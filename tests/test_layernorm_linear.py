@@ -273,7 +273,7 @@ def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384) == "sm90"
     assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384 + 8) == "unfused"
     assert LL.pick_algo("auto", cuda, bf16, 16384, LL.SM90_MIN_N, 4096) == "sm90"   # runs of 3
-    assert LL.pick_algo("auto", cuda, bf16, rows, n, 4096) == "sm90"                # runs of 3
+    assert LL.pick_algo("auto", cuda, bf16, 4096, n, k) == "unfused"    # the per-call prep costs more there
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N, k) == "sm90"
     assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "unfused"
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MAX_N + 8, k) == "unfused"
@@ -560,8 +560,9 @@ def update(m: LL.FusedLayerNormLinear, way: str, x: torch.Tensor) -> None:
 
 def weight_update_module(algo: str, dtype: torch.dtype, device: str, way: str) -> tuple:
     """A FusedLayerNormLinear and x, dy at a shape where ``algo`` runs its kernel (on the GPU, bf16 auto in
-    inference is sm90 there: the route the stale-weight report found)."""
-    lead, k, n = ((4096,), 256, 768) if device == "cuda" else ((37,), 64, 24)
+    inference runs sm90: the route the stale-weight report found)."""
+    rows = LL.SM90_MIN_ROWS if algo == "auto" and dtype == torch.bfloat16 else 4096
+    lead, k, n = ((rows,), 256, 768) if device == "cuda" else ((37,), 64, 24)
     torch.manual_seed(0)
     m = LL.FusedLayerNormLinear(k, n, device=device, dtype=dtype, algo=algo)
     with torch.no_grad():
