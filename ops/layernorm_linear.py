@@ -17,7 +17,8 @@ Forward algorithms (``algo``):
   persistent Hopper kernel (TMA loads, wgmma, ``ops/kernels/layernorm_linear_sm90.mojo``); a
   ``ValueError`` names what is missing elsewhere. ``auto`` picks it for bfloat16 on sm_90 with at
   least ``SM90_MIN_ROWS`` rows and ``SM90_MIN_N`` <= n <= ``SM90_MAX_N``, bar large x at larger
-  shapes (``sm90_region``: where it won the H100 sweep, results/bench_layernorm_linear_sm90.md).
+  shapes (``sm90_region``: where it won the H100 benchmark, results/bench_layernorm_linear.md; the whole-grid
+  ``--sm90`` sweep, last run at 8aa98c9 with the prep cached per weight version, is due a rerun).
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``sm90`` in its region (above), else ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,

@@ -666,7 +666,7 @@ def fwd_cpu[dtype: DType](
             y[unsafe_offset=r * n + j] = (acc + load_f32(bias, j)).cast[dtype]()
 
 
-comptime FOLD_THREADS = 256   # fold kernels: one block per output column j
+comptime FOLD_THREADS = 256   # fold kernel: one block per output column j
 comptime FOLD_WARPS = FOLD_THREADS // WARP_SIZE
 
 
