@@ -513,7 +513,6 @@ def update(m: LL.FusedLayerNormLinear, way: str, x: torch.Tensor) -> None:
     """Change every parameter of m (LayerNorm and Linear) one way a user can."""
     ln, lin = m[0], m[1]
     params = (lin.weight, ln.weight, lin.bias, ln.bias)
-    new = [p.detach() * 1.5 + 0.25 for p in params]
     if way == "inplace_no_grad":
         with torch.no_grad():
             for p in params:
@@ -521,13 +520,14 @@ def update(m: LL.FusedLayerNormLinear, way: str, x: torch.Tensor) -> None:
     elif way == "data_write":   # does not bump the parameter's version counter
         for p in params:
             p.data.mul_(1.5).add_(0.25)
-    elif way == "data_assign":
-        for p, v in zip(params, new, strict=True):
-            p.data = v
-    elif way == "set_":
+    elif way in ("data_assign", "set_"):   # a new tensor in the parameter's place
         with torch.no_grad():
-            for p, v in zip(params, new, strict=True):
-                p.set_(v)
+            for p in params:
+                v = p.detach() * 1.5 + 0.25
+                if way == "set_":
+                    p.set_(v)
+                else:
+                    p.data = v
     elif way == "load_state_dict":
         m.load_state_dict({k: v * 1.5 + 0.25 for k, v in m.state_dict().items()})
     elif way in ("adamw_foreach", "adamw_fused", "sgd_fused"):
