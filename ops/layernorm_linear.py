@@ -53,12 +53,13 @@ DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "sm90", "unfused")
 FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
 FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
-# fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md): the tensor-core kernel
+# fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md at 4b7006f, with the fold cached
+# per weight version; the sweep is due a rerun with the per-call fold): the tensor-core kernel
 # beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
 FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
 FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
 # k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
-# fp32 best near 256-1024 blocks, the file now holds the bf16 sweep; each split adds a [rows, n] fp32 partial.
+# fp32 best near 256-1024 blocks, at 4b7006f the bf16 one; each split adds a [rows, n] fp32 partial.
 SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
 SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
 SPLIT_MIN_K = 128  # no chunk shorter than this

@@ -99,7 +99,7 @@
 # gamma was fetched each step: bf16 4096 x 4096 -> 64 took 47.6 us at its best
 # split, behind our LayerNorm + cuBLAS at 41.9). The cp.async ring, the
 # transform on the fragments and the register cap bring it to 35.9 us there
-# (results/bench_layernorm_linear_splits.md, torch 49.2). What the ring
+# (results/bench_layernorm_linear_splits.md at 4b7006f, torch 49.2). What the ring
 # taught: with 230 registers (two blocks per SM, one warp per scheduler) the
 # loop was issue-bound - deeper rings, a wait for everything and removing the
 # mma all timed the same; the register cap, not the ring depth, paid. Tried and not kept:
