@@ -245,6 +245,8 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
 
 def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None) -> None:
     """Raise ValueError/TypeError naming the first bad argument (bias None: not checked)."""
+    if layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias):
+        return
     check_tensor("x", x, min_ndim=1, dtypes=DTYPES)
     check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
     if bias is not None:
@@ -254,6 +256,19 @@ def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias
     check_size("weight", weight, 1, x.shape[-1], "x's last dim")
     if bias is not None:
         check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
+
+
+def _valid_linear(x: torch.Tensor, weight: object, bias: object | None) -> bool:
+    """The common case of the Linear's checks in few attribute reads (``validate`` names what is wrong)."""
+    try:
+        return (weight.dtype is x.dtype and weight.device == x.device and weight.dim() == 2
+                and weight.shape[1] == x.shape[-1] and weight.shape[0] > 0 and weight.is_contiguous()
+                and isinstance(weight, torch.Tensor)
+                and (bias is None or (bias.dtype is x.dtype and bias.device == x.device and bias.dim() == 1
+                                      and bias.shape[0] == weight.shape[0] and bias.is_contiguous()
+                                      and isinstance(bias, torch.Tensor))))
+    except (AttributeError, TypeError):
+        return False
 
 
 def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int = 0) -> str:
@@ -302,8 +317,11 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
     k, n = x.shape[-1], weight.shape[0]
+    picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k)
+    if picked == "unfused":
+        xn, mean, rstd = layernorm.layernorm_fwd(x, ln_weight, ln_bias, eps)
+        return torch.nn.functional.linear(xn, weight, bias), mean, rstd
     x2 = x.view(-1, k)
-    picked = pick_algo(algo, x.device, x.dtype, x2.shape[0], n, k)
     if picked == "sm90" and (why := sm90_unsupported(x2, weight)) is not None:
         if algo != "auto":
             raise ValueError(f"algo: 'sm90' {why}")
@@ -387,13 +405,18 @@ class LayerNormLinearFunction(torch.autograd.Function):
         xn = None
         rows = x.numel() // max(x.shape[-1], 1)
         picked = pick_algo(algo, x.device, x.dtype, rows, weight.shape[0], x.shape[-1])
+        # Eager: the validated calls launch directly; under torch.compile the custom ops stand in for them.
+        compiling = torch.compiler.is_compiling()
         if picked == "unfused":
             # Our LayerNorm, then cuBLAS; xn is kept for dW as torch's own autograd keeps it.
-            xn, mean, rstd = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
+            validate(x, ln_weight, ln_bias, weight, bias)
+            ln_fwd = torch.ops.mojo.layernorm_fwd if compiling else layernorm.layernorm_fwd
+            xn, mean, rstd = ln_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
             y = torch.nn.functional.linear(xn, weight, bias)
         else:
             # algo itself, so that auto's own fallbacks (layernorm_linear_fwd) still apply
-            y, mean, rstd = torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
+            fwd = torch.ops.mojo.layernorm_linear_fwd if compiling else layernorm_linear_fwd
+            y, mean, rstd = fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
         ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, mean, rstd)
         ctx.eps = eps
         return y
@@ -401,9 +424,15 @@ class LayerNormLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
         x, xn, ln_weight, ln_bias, weight, mean, rstd = ctx.saved_tensors
+        compiling = torch.compiler.is_compiling()
         if xn is None:
-            xn = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, ctx.eps, "fast", "none")[0]
-        grads = torch.ops.mojo.layernorm_linear_bwd(dy.contiguous(), x, xn, ln_weight, ln_bias, weight, mean, rstd)
+            ln_fwd = torch.ops.mojo.layernorm_fwd if compiling else layernorm.layernorm_fwd
+            xn = ln_fwd(x, ln_weight, ln_bias, ctx.eps, "fast", "none")[0]
+        if compiling:
+            grads = torch.ops.mojo.layernorm_linear_bwd(dy.contiguous(), x, xn, ln_weight, ln_bias, weight, mean,
+                                                        rstd)
+        else:
+            grads = layernorm_linear_bwd(dy.contiguous(), x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
         return (*grads, None, None)
 
 

@@ -10,6 +10,9 @@ kernels, memsets and copies, without the launch gaps and stream hops that the
 events also count; each call is delimited by a tiny spin kernel.
 Host latency: wall time for the call to return (launch cost), measured over a
 burst of calls with no synchronisation in between.
+Pipelined time (the headline, what a user's loop feels): PIPELINE calls back to back,
+allocations included, one synchronisation, divided; the median of REPEATS such runs.
+It is the larger of host and device time per call, plus whatever they fail to overlap.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import torch
 SPIN_CYCLES = 10_000_000
 # The marker between profiled calls: long enough to show up, short enough not to matter.
 MARK_CYCLES = 1_000
+PIPELINE = 200   # calls per pipelined run
+REPEATS = 5      # pipelined runs (median)
 MARK_KERNEL = "spin_kernel"  # the name of the kernel torch.cuda._sleep launches
 _NOT_WORK = re.compile("annotation|sync")  # CUPTI device records that are not kernels, memsets or copies
 
@@ -42,6 +47,7 @@ class Timing:
     host_us: float
     runs: int
     kernel_us: float | None = None
+    pipelined_us: float | None = None
 
 
 def _sync(device: torch.device) -> None:
@@ -81,7 +87,24 @@ def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tenso
         host_times.append((time.perf_counter() - t0) * 1e6)
     _sync(device)
     kernel = kernel_us(fn, input_sets, iters) if kernels and device.type == "cuda" else None
-    return Timing(statistics.median(device_times), statistics.median(host_times), iters, kernel)
+    return Timing(statistics.median(device_times), statistics.median(host_times), iters, kernel,
+                  pipelined_us(fn, input_sets))
+
+
+def pipelined_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]],
+                 calls: int = PIPELINE, repeats: int = REPEATS) -> float:
+    """Median over ``repeats`` runs of: ``calls`` back-to-back calls (cycling through ``input_sets``,
+    allocations included), one synchronisation, wall time divided by ``calls``."""
+    device = input_sets[0][0].device
+    runs = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(*input_sets[i % len(input_sets)])
+        _sync(device)
+        runs.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(runs)
 
 
 def kernel_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]], iters: int = 50) -> float:

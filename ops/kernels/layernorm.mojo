@@ -4,9 +4,8 @@
 # `act` is 0 (none), 1 (GELU, tanh form) or 2 (GELU, erf form). x, y, gamma,
 # beta are fp32, fp16 or bf16; every sum is accumulated in fp32.
 #
-# Forward variants (the kernel progression), picked at run time from the
-# length of the `select` input (a tiny tensor whose size is the variant
-# number), so one compiled graph holds them all:
+# Forward variants (the kernel progression); ops/layernorm_config.py picks the
+# kernel and its parameters, which the registered ops take as parameters:
 #   1 row_thread: one thread per row, plain loops. Each thread streams its own
 #     row, so neighbouring threads touch addresses h apart: no coalescing.
 #   2 block_smem: one block (256 threads) per row, strided loads (coalesced),
@@ -84,11 +83,13 @@ comptime INV_SQRT_2: Float32 = 0.7071067811865476
 comptime INV_SQRT_2PI: Float32 = 0.3989422804014327
 comptime GELU_CUBIC: Float32 = 0.044715
 
-comptime V_ROW_THREAD = 1
-comptime V_BLOCK_SMEM = 2
-comptime V_BLOCK_WARP = 3
-comptime V_VECTOR = 4
-comptime V_FAST = 5
+# Which kernel a launch runs (the registered ops' `kernel` parameter; ops/layernorm_config.py chooses
+# the kernel and its parameters for both launch routes).
+comptime K_ROW_THREAD = 0
+comptime K_BLOCK_SMEM = 1
+comptime K_LOOP = 2
+comptime K_REGS = 3
+comptime K_CLUSTER = 4
 
 comptime ROW_THREAD_BLOCK = 128
 comptime ROW_THREAD_CHUNK = 64
@@ -528,165 +529,27 @@ def aligned(*addresses: Int) -> Bool:
     return True
 
 
-# Register-path configurations of the forward (CH vectors per thread, WPR
-# warps per row, RPB rows per block):
-#    0: CH=1, WPR=1, RPB=8 (256 threads, rows up to 32 vectors)
-#    1: CH=2, WPR=1, RPB=8 (256 threads, rows up to 64 vectors)
-#    2: CH=4, WPR=1, RPB=4 (128 threads, rows up to 128 vectors)
-#    3: CH=8, WPR=1, RPB=4 (128 threads, rows up to 256 vectors)
-#    4: CH=1, WPR=8, RPB=1 (256 threads, rows up to 256 vectors)
-#    5: CH=2, WPR=8, RPB=1 (256 threads, rows up to 512 vectors)
-#    6: CH=4, WPR=8, RPB=1 (256 threads, rows up to 1024 vectors)
-#    7: CH=4, WPR=16, RPB=1 (512 threads, rows up to 2048 vectors)
-#    8: CH=8, WPR=16, RPB=1 (512 threads, rows up to 4096 vectors)
-#    9: CH=2, WPR=16, RPB=1 (512 threads, rows up to 1024 vectors)
-#   10: CH=1, WPR=16, RPB=1 (512 threads, rows up to 512 vectors)
-#   11: CH=4, WPR=4, RPB=1 (128 threads, rows up to 512 vectors)
-#   12: CH=8, WPR=8, RPB=1 (256 threads, rows up to 2048 vectors)
-#   13: CH=1, WPR=32, RPB=1 (1024 threads, rows up to 1024 vectors)
-#   14: CH=2, WPR=32, RPB=1 (1024 threads, rows up to 2048 vectors)
-# and with a cluster of CL blocks per row (ln_fwd_cluster, sm_90 and newer; CH, WPR per block):
-#   15: CL=2, CH=2, WPR=16 (rows up to 2048 vectors)
-#   16: CL=4, CH=4, WPR=16 (rows up to 8192 vectors)
-#   17: CL=8, CH=4, WPR=16 (rows up to 16384 vectors)
-# `fast` and `vector` pick one from the row length (and, for fast, the row
-# count); variant V_FORCE + i forces config i (benchmark sweeps only).
-comptime V_FORCE = 100
-comptime MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle: H100 sweep
-
-
-def vector_config(nv: Int, vec: Int, clusters: Bool) -> Int:
-    """A block (or, with `clusters`, for long rows a cluster of blocks) per row; per row length,
-    the fastest config of H100 sweeps (fp32 and bf16; results/bench_layernorm.md)."""
-    if nv <= 256:
-        return 4
-    if nv <= 512:
-        return 5
-    if nv <= 1024:
-        return 9
-    # A 16-bit row of 1025-2048 vectors would take 32 values per thread in one block: a cluster
-    # of two blocks of 16 keeps the occupancy. Past 4096 vectors one block cannot hold the row.
-    if nv <= 2048:
-        return 15 if clusters and vec != 4 else 7
-    if nv <= 4096:
-        return 8
-    if clusters and nv <= 8192:
-        return 16
-    if clusters and nv <= 16384:
-        return 17
-    return -1
-
-
-def fast_config(nv: Int, rows: Int, vec: Int, clusters: Bool) -> Int:
-    """Short rows and many of them: a warp per row, several rows per block; else as vector."""
-    if rows >= MULTI_ROW_MIN_ROWS:
-        if nv <= 32:
-            return 0
-        if nv <= 64:
-            return 1
-        if nv <= 128:
-            return 2
-    return vector_config(nv, vec, clusters)
-
-
-comptime FWD_CAPACITY = (
-    32, 64, 128, 256, 256, 512, 1024, 2048, 4096, 1024, 512, 512, 2048, 1024, 2048,
-    2048, 8192, 16384,
-)
-comptime FIRST_CLUSTER_CONFIG = 15
-
-
-def config_capacity(config: Int) -> Int:
-    """Vectors per row that config holds in registers (0 for an unknown config)."""
-    comptime for i in range(len(FWD_CAPACITY)):
-        if config == i:
-            return FWD_CAPACITY[i]
-    return 0
-
-
-def launch_fwd_config[dtype: DType, act: Int, VEC: Int](
-    config: Int, ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
-    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
-) raises:
-    if config == 0:
-        launch_fwd_regs[dtype, act, VEC, 1, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 1:
-        launch_fwd_regs[dtype, act, VEC, 2, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 2:
-        launch_fwd_regs[dtype, act, VEC, 4, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 3:
-        launch_fwd_regs[dtype, act, VEC, 8, 1, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 4:
-        launch_fwd_regs[dtype, act, VEC, 1, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 5:
-        launch_fwd_regs[dtype, act, VEC, 2, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 6:
-        launch_fwd_regs[dtype, act, VEC, 4, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 7:
-        launch_fwd_regs[dtype, act, VEC, 4, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 8:
-        launch_fwd_regs[dtype, act, VEC, 8, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 9:
-        launch_fwd_regs[dtype, act, VEC, 2, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 10:
-        launch_fwd_regs[dtype, act, VEC, 1, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 11:
-        launch_fwd_regs[dtype, act, VEC, 4, 4, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 12:
-        launch_fwd_regs[dtype, act, VEC, 8, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 13:
-        launch_fwd_regs[dtype, act, VEC, 1, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 14:
-        launch_fwd_regs[dtype, act, VEC, 2, 32, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config >= FIRST_CLUSTER_CONFIG:
-        comptime if ctx.default_device_info.compute >= 9.0:
-            launch_fwd_cluster_config[dtype, act, VEC](config, ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-
-
-def launch_fwd_cluster_config[dtype: DType, act: Int, VEC: Int](
-    config: Int, ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
-    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
-) raises:
-    if config == 15:
-        launch_fwd_cluster[dtype, act, VEC, 2, 16, 2](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 16:
-        launch_fwd_cluster[dtype, act, VEC, 4, 16, 4](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-    elif config == 17:
-        launch_fwd_cluster[dtype, act, VEC, 4, 16, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-
-
-def fwd_gpu[dtype: DType, act: Int](
+def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL: Int](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
-    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32, variant: Int,
+    gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
 ) raises:
-    if variant == V_ROW_THREAD:
-        comptime kernel = ln_fwd_row_thread[dtype, act]
-        ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
-                                     grid_dim=ceildiv(rows, ROW_THREAD_BLOCK), block_dim=ROW_THREAD_BLOCK)
-        return
-    if variant == V_BLOCK_SMEM:
-        comptime kernel = ln_fwd_block_smem[dtype, act]
-        ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
-                                     grid_dim=rows, block_dim=SMEM_BLOCK)
-        return
-    if variant == V_BLOCK_WARP:
-        launch_fwd_loop[dtype, act, 8, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        return
+    """Enqueue the forward kernel `kernel` with its parameters (as ops/layernorm_config.py chose them)."""
     comptime VEC = vector_width[dtype]()
-    var nv = h // VEC
-    var vec_ok = h % VEC == 0 and aligned(Int(y), Int(x), Int(gamma), Int(beta))
-    comptime clusters = ctx.default_device_info.compute >= 9.0
-    var config = fast_config(nv, rows, VEC, clusters) if variant == V_FAST else vector_config(nv, VEC, False)
-    var forced = variant - V_FORCE
-    if forced >= 0 and config_capacity(forced) >= nv and (clusters or forced < FIRST_CLUSTER_CONFIG):
-        config = forced
-    if vec_ok and config >= 0:
-        launch_fwd_config[dtype, act, VEC](config, ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
-        return
-    if h <= 1024:
-        launch_fwd_loop[dtype, act, 1, 8](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    comptime if kernel == K_ROW_THREAD:
+        comptime k = ln_fwd_row_thread[dtype, act]
+        ctx.enqueue_function[k](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
+                                grid_dim=ceildiv(rows, ROW_THREAD_BLOCK), block_dim=ROW_THREAD_BLOCK)
+    elif kernel == K_BLOCK_SMEM:
+        comptime k = ln_fwd_block_smem[dtype, act]
+        ctx.enqueue_function[k](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
+                                grid_dim=rows, block_dim=SMEM_BLOCK)
+    elif kernel == K_LOOP:
+        launch_fwd_loop[dtype, act, WPR, RPB](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+    elif kernel == K_REGS:
+        launch_fwd_regs[dtype, act, VEC, CH, WPR, RPB](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
     else:
-        launch_fwd_loop[dtype, act, 16, 1](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        comptime if ctx.default_device_info.compute >= 9.0:
+            launch_fwd_cluster[dtype, act, VEC, CH, WPR, CL](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
 
 
 # ---------------------------------------------------------------- backward
@@ -852,61 +715,18 @@ def launch_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                                  grid_dim=ceildiv(parts, RPB), block_dim=WPR * RPB * WARP_SIZE)
 
 
-# Register-path configurations of the backward (CH, WPR, RPB as in the
-# forward), capped at 256 threads: the backward holds six register arrays.
-#   0: CH=1, WPR=1, RPB=8 (rows up to 32 vectors)
-#   1: CH=2, WPR=1, RPB=8 (up to 64)
-#   2: CH=4, WPR=1, RPB=4 (up to 128)
-#   3: CH=2, WPR=4, RPB=1 (up to 256)
-#   4: CH=4, WPR=4, RPB=1 (up to 512)
-#   5: CH=4, WPR=8, RPB=1 (up to 1024)
-#   6: CH=8, WPR=8, RPB=1 (up to 2048)
-comptime BWD_CAPACITY = (32, 64, 128, 256, 512, 1024, 2048)
-
-
-def bwd_config(nv: Int) -> Int:
-    """The smallest backward config whose registers hold a row of nv vectors; -1 if none does."""
-    comptime for i in range(len(BWD_CAPACITY)):
-        if nv <= BWD_CAPACITY[i]:
-            return i
-    return -1
-
-
-def launch_bwd_config[dtype: DType, act: Int, VEC: Int](
-    config: Int, ctx: DeviceContext, dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype],
-    x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
-    rows: Int, h: Int, parts: Int,
-) raises:
-    if config == 0:
-        launch_bwd_regs[dtype, act, VEC, 1, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif config == 1:
-        launch_bwd_regs[dtype, act, VEC, 2, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif config == 2:
-        launch_bwd_regs[dtype, act, VEC, 4, 1, 4](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif config == 3:
-        launch_bwd_regs[dtype, act, VEC, 2, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif config == 4:
-        launch_bwd_regs[dtype, act, VEC, 4, 4, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif config == 5:
-        launch_bwd_regs[dtype, act, VEC, 4, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif config == 6:
-        launch_bwd_regs[dtype, act, VEC, 8, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-
-
-def bwd_gpu[dtype: DType, act: Int](
+def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
     ctx: DeviceContext, dx: Ptr[dtype], dgamma: Ptr[dtype], dbeta: Ptr[dtype],
     part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], rows: Int, h: Int, parts: Int,
 ) raises:
+    """The row-group kernel `kernel` (K_LOOP or K_REGS, as ops/layernorm_config.py chose), then the reduction."""
     comptime VEC = vector_width[dtype]()
-    var vec_ok = h % VEC == 0 and aligned(Int(dx), Int(dy), Int(x), Int(gamma), Int(beta))
-    var config = bwd_config(h // VEC)
-    if vec_ok and config >= 0:
-        launch_bwd_config[dtype, act, VEC](config, ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    elif h <= 1024:
-        launch_bwd_loop[dtype, act, 1, 8](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    comptime if kernel == K_REGS:
+        launch_bwd_regs[dtype, act, VEC, CH, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd,
+                                                       rows, h, parts)
     else:
-        launch_bwd_loop[dtype, act, 8, 1](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+        launch_bwd_loop[dtype, act, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     comptime reduce = ln_bwd_reduce[dtype]
     ctx.enqueue_function[reduce](dgamma, dbeta, part_g, part_b, Int32(parts), Int32(h),
                                  grid_dim=ceildiv(h, REDUCE_COLS), block_dim=REDUCE_COLS * REDUCE_SLICES)
@@ -979,22 +799,23 @@ def bwd_cpu[dtype: DType, act: Int](
 @extensibility.register("layernorm_fwd")
 struct LayerNormFwd:
     @staticmethod
-    def execute[target: StaticString, dtype: DType, act: Int, eps_bits: Int](
+    def execute[target: StaticString, dtype: DType, act: Int, eps_bits: Int, kernel: Int, CH: Int, WPR: Int,
+                RPB: Int, CL: Int](
         y: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         mean: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         x: InputTensor[dtype=dtype, rank=2, static_spec=_],
         gamma: InputTensor[dtype=dtype, rank=1, static_spec=_],
         beta: InputTensor[dtype=dtype, rank=1, static_spec=_],
-        select: InputTensor[dtype=F32, rank=1, static_spec=_],
         ctx: DeviceContext,
     ) raises:
         comptime eps = bitcast[F32](UInt32(eps_bits))
         var rows = x.dim_size(0)
         var h = x.dim_size(1)
         comptime if target == "gpu":
-            fwd_gpu[dtype, act](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
-                                gamma.unsafe_ptr(), beta.unsafe_ptr(), rows, h, eps, select.dim_size(0))
+            fwd_gpu[dtype, act, kernel, CH, WPR, RPB, CL](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
+                                                          x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
+                                                          rows, h, eps)
         else:
             fwd_cpu[dtype, act](y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
                                 x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), rows, h, eps)
@@ -1003,7 +824,7 @@ struct LayerNormFwd:
 @extensibility.register("layernorm_bwd")
 struct LayerNormBwd:
     @staticmethod
-    def execute[target: StaticString, dtype: DType, act: Int](
+    def execute[target: StaticString, dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
         dx: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         dgamma: _MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
         dbeta: _MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
@@ -1021,7 +842,7 @@ struct LayerNormBwd:
         var h = x.dim_size(1)
         var parts = part_g.dim_size(0)
         comptime if target == "gpu":
-            bwd_gpu[dtype, act](ctx, dx.unsafe_ptr(), dgamma.unsafe_ptr(), dbeta.unsafe_ptr(),
+            bwd_gpu[dtype, act, kernel, CH, WPR, RPB](ctx, dx.unsafe_ptr(), dgamma.unsafe_ptr(), dbeta.unsafe_ptr(),
                                 part_g.unsafe_ptr(), part_b.unsafe_ptr(), dy.unsafe_ptr(), x.unsafe_ptr(),
                                 gamma.unsafe_ptr(), beta.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
                                 rows, h, parts)

@@ -1,0 +1,339 @@
+"""The direct launcher: our Mojo kernels, compiled ahead to PTX, launched on torch's current CUDA stream.
+
+The MAX graph route (``ops/bridge.py``) costs 40-150 us of host time per call; a driver launch costs a few.
+This module:
+
+* compiles each kernel instantiation (a Mojo function with every compile-time parameter bound, a
+  ``KernelSpec``) to PTX for the GPU's architecture with ``std.compile.compile_info`` in one
+  ``mojo run`` per batch, into a cache keyed by the kernel package's content digest, the Mojo version and
+  the target (an edited kernel is never stale); built lazily on first use with a progress line, or up front
+  by ``poe build-kernels`` (``python -m ops.direct``), on any machine, GPU or not;
+* loads it with NVIDIA's ``cuda-core`` (``ObjectCode.from_ptx``) once per device;
+* launches it with ``cuda-bindings``' ``cuLaunchKernel`` on ``torch.cuda.current_stream()`` (so it is
+  ordered with torch's work and captured by ``torch.cuda.graph``), its arguments packed into one reused
+  buffer (clustered launches go through ``cuda.core.launch``).
+
+The launch configuration (which instantiation, grid, block, shared memory) comes from each op's config
+module, the same one that gives the MAX ops their parameters. Design note: docs/direct_launch.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.metadata
+import os
+import struct
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from ops.bridge import LIBRARY, MojoCompileError, _cache_dir, package_digest
+
+# CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
+TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
+           (10, 0): ("B200", "sm_100a")}
+TORCH_TO_MOJO = {torch.float32: "DType.float32", torch.float16: "DType.float16", torch.bfloat16: "DType.bfloat16"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel instantiation: ``module.name[params...]`` in the kernel package (``ops/kernels``).
+
+    Args:
+        module: the ``.mojo`` file's stem, e.g. ``"layernorm"``.
+        name: the kernel function, e.g. ``"ln_fwd_regs"``.
+        params: every compile-time parameter, in order: torch dtypes, bools and ints.
+        args: the kernel's run-time arguments, one letter each: ``p`` pointer, ``i`` Int32, ``f`` Float32,
+            ``t`` a 128-byte TMA descriptor.
+    """
+
+    module: str
+    name: str
+    params: tuple
+    args: str
+
+    @property
+    def expr(self) -> str:
+        """The instantiation as Mojo spells it, e.g. ``ln_fwd_regs[DType.bfloat16, 0, 8, 1, 8, 1]``."""
+        def mojo(p: object) -> str:
+            return TORCH_TO_MOJO[p] if isinstance(p, torch.dtype) else str(p)
+        return f"{self.name}[{', '.join(mojo(p) for p in self.params)}]" if self.params else self.name
+
+
+class NoBuildError(RuntimeError):
+    """The GPU's architecture has no direct build (the graph route runs instead)."""
+
+
+# --------------------------------------------------------------------------
+# Building PTX.
+# --------------------------------------------------------------------------
+
+def target_for(capability: tuple[int, int]) -> tuple[str, str]:
+    """(Mojo target name, PTX arch) for a compute capability; NoBuildError when we have none."""
+    try:
+        return TARGETS[capability]
+    except KeyError:
+        raise NoBuildError(f"no direct build for sm_{capability[0]}{capability[1]} "
+                           f"(built: {', '.join(a for _, a in TARGETS.values())})") from None
+
+
+def ptx_dir(target: str) -> Path:
+    """Where PTX for ``target`` from the kernel package as it is on disk now lives: named by the sources'
+    digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU machine
+    running PTX built elsewhere), the build of these sources by any Mojo version."""
+    root = _cache_dir() / "ptx"
+    try:
+        mojo = importlib.metadata.version("mojo")
+    except importlib.metadata.PackageNotFoundError:
+        found = sorted(root.glob(f"{package_digest(LIBRARY)}-mojo*-{target}"))
+        return found[-1] if found else root / f"{package_digest(LIBRARY)}-mojo-missing-{target}"
+    return root / f"{package_digest(LIBRARY)}-mojo{mojo}-{target}"
+
+
+def ptx_path(spec: KernelSpec, target: str) -> Path:
+    return ptx_dir(target) / f"{spec.module}.{hashlib.sha256(spec.expr.encode()).hexdigest()[:16]}.ptx"
+
+
+MARK = "@@ops-kernel "
+
+
+def emit_source(specs: Sequence[KernelSpec], target: str) -> str:
+    """A Mojo program printing the PTX of each spec after a ``MARK`` line."""
+    lines = ["from std.compile import compile_info", f"from max.gpu.host.info import {target}"]
+    for module in sorted({s.module for s in specs}):
+        names = sorted({s.name for s in specs if s.module == module})
+        lines.append(f"from kernels.{module} import {', '.join(names)}")
+    lines.append("\ndef main():")
+    for i, s in enumerate(specs):
+        lines.append(f'    print("{MARK}{i}")')
+        lines.append(f'    print(String(compile_info[{s.expr}, emission_kind="asm", target={target}.target]().asm))')
+    return "\n".join(lines) + "\n"
+
+
+_build_lock = threading.Lock()
+
+
+def build(specs: Iterable[KernelSpec], target: str = "H100", quiet: bool = False) -> int:
+    """Compile the specs whose PTX is not cached yet, in one ``mojo run``; returns how many it built."""
+    specs = list(dict.fromkeys(specs))
+    with _build_lock:
+        missing = [s for s in specs if not ptx_path(s, target).is_file()]
+        if not missing:
+            return 0
+        if not quiet:
+            print(f"ops: compiling {len(missing)} GPU kernel(s) for {target} to PTX "
+                  f"(once per kernel source; cache {ptx_dir(target)})", file=sys.stderr, flush=True)
+        from mojo.run import subprocess_run_mojo
+
+        with tempfile.TemporaryDirectory() as tmp:
+            emit = Path(tmp) / "emit_ptx.mojo"
+            emit.write_text(emit_source(missing, target))
+            proc = subprocess_run_mojo(["run", "-I", str(LIBRARY.parent), str(emit)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise MojoCompileError(f"PTX build failed:\n{proc.stdout[-2000:]}{proc.stderr}")
+        parts = proc.stdout.split(MARK)[1:]
+        if len(parts) != len(missing):
+            raise MojoCompileError(f"PTX build printed {len(parts)} kernels, expected {len(missing)}")
+        out = ptx_dir(target)
+        out.mkdir(parents=True, exist_ok=True)
+        for spec, part in zip(missing, parts, strict=True):
+            ptx = part.split("\n", 1)[1]
+            if ".entry" not in ptx:
+                raise MojoCompileError(f"no kernel entry in the PTX of {spec.expr}")
+            tmp_file = out / f".{os.getpid()}.tmp"
+            tmp_file.write_text(ptx)
+            os.replace(tmp_file, ptx_path(spec, target))
+        return len(missing)
+
+
+def entry_name(ptx: str) -> str:
+    """The mangled kernel name from a PTX module's ``.visible .entry NAME(`` line."""
+    start = ptx.index(".visible .entry ") + len(".visible .entry ")
+    return ptx[start:ptx.index("(", start)]
+
+
+# --------------------------------------------------------------------------
+# Loading and launching.
+# --------------------------------------------------------------------------
+
+_ARG_FORMAT = {"p": ("Q", 8, 8), "i": ("i", 4, 4), "f": ("f", 4, 4), "t": ("128s", 128, 64)}
+
+
+def _layout(args: str) -> tuple[str, list[int], int]:
+    """struct format (explicit padding), each argument's offset, and the total size."""
+    fmt, offsets, at = "<", [], 0
+    for a in args:
+        code, size, align = _ARG_FORMAT[a]
+        pad = -at % align
+        fmt += "x" * pad
+        at += pad
+        offsets.append(at)
+        fmt += code
+        at += size
+    return fmt, offsets, at
+
+
+class Kernel:
+    """One kernel loaded on one device; ``launch`` enqueues it on a raw CUDA stream handle."""
+
+    def __init__(self, spec: KernelSpec, device_index: int, smem_max: int = 0) -> None:
+        from cuda.bindings import driver
+        from cuda.core import Device, ObjectCode
+
+        name, _ = target_for(torch.cuda.get_device_capability(device_index))
+        path = ptx_path(spec, name)
+        if not path.is_file():
+            build([spec], name)
+        ptx = path.read_text()
+        Device(device_index).set_current()
+        self.kernel = ObjectCode.from_ptx(ptx.encode(), name=spec.name).get_kernel(entry_name(ptx))
+        self.function = driver.CUfunction(int(self.kernel.handle))
+        if smem_max > 48 * 1024:
+            _check(driver.cuKernelSetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_max,
+                self.kernel.handle, device_index))
+        self.spec = spec
+        self.device_index = device_index
+        self._fmt, offsets, size = _layout(spec.args)
+        self._buffer = ctypes.create_string_buffer(max(size, 8) + 64)
+        base = (ctypes.addressof(self._buffer) + 63) // 64 * 64   # 64-byte aligned, as a TMA descriptor wants
+        self._base = base - ctypes.addressof(self._buffer)
+        self._pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+        self._params = ctypes.addressof(self._pointers)
+        self._lock = threading.Lock()
+        self._launch = driver.cuLaunchKernel
+
+    def launch(self, stream: int, grid: tuple[int, int, int], block: int, smem: int, *args: object) -> None:
+        """Enqueue on ``stream`` (a raw handle); ``args`` as ``spec.args`` says (pointers as ints)."""
+        with self._lock:
+            struct.pack_into(self._fmt, self._buffer, self._base, *args)
+            err, = self._launch(self.function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, self._params, 0)
+            if err == _INVALID_CONTEXT:   # a thread torch has not made the device current on (the legacy stream)
+                from cuda.core import Device
+
+                Device(self.device_index).set_current()
+                err, = self._launch(self.function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream,
+                                    self._params, 0)
+        if err:
+            _check((err,))
+
+    def launch_cluster(self, stream: int, clusters: int, cluster: int, block: int, *args: object) -> None:
+        """Enqueue ``clusters`` clusters of ``cluster`` blocks (cuda.core's launch sets the attribute)."""
+        import numpy as np
+        from cuda.core import LaunchConfig, Stream, launch
+
+        conv = {"p": int, "i": np.int32, "f": np.float32}
+        values = [conv[a](v) for a, v in zip(self.spec.args, args, strict=True)]
+        launch(Stream.from_handle(stream), LaunchConfig(grid=clusters, cluster=cluster, block=block), self.kernel,
+               *values)
+
+
+def _check(result: tuple) -> None:
+    err = result[0]
+    if int(err) != 0:
+        from cuda.bindings import driver
+
+        _, text = driver.cuGetErrorString(err)
+        raise RuntimeError(f"CUDA driver error {int(err)}: {text.decode() if text else err}")
+
+
+def _invalid_context() -> object:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    return driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
+
+
+_INVALID_CONTEXT = _invalid_context()
+_kernels: dict[tuple[KernelSpec, int], Kernel] = {}
+
+
+def kernel(spec: KernelSpec, device_index: int, smem_max: int = 0) -> Kernel:
+    """``spec`` loaded on device ``device_index`` (built and loaded on first use, then kept)."""
+    k = _kernels.get((spec, device_index))
+    if k is None:
+        k = _kernels[(spec, device_index)] = Kernel(spec, device_index, smem_max)
+    return k
+
+
+# torch's private getter of the current stream's raw handle (no torch.cuda.Stream object per call).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device_index: int) -> int:
+    """torch's current CUDA stream on the device, as a raw handle."""
+    if _raw_stream is None:
+        return torch.cuda.current_stream(device_index).cuda_stream
+    return _raw_stream(device_index)
+
+
+class on_device:
+    """``with on_device(index) as stream``: torch's current stream on CUDA device ``index``, with that device
+    current for the launches inside (only switched, and switched back, when another one is current)."""
+
+    __slots__ = ("index", "guard")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.guard = None
+
+    def __enter__(self) -> int:
+        if torch.cuda.current_device() != self.index:
+            self.guard = torch.cuda.device(self.index)
+            self.guard.__enter__()
+        return current_stream(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.guard is not None:
+            self.guard.__exit__(*exc)
+
+
+# OPS_ROUTE=graph sends every op through the MAX graph route (tests and the bitwise comparison use it).
+ROUTE = os.environ.get("OPS_ROUTE", "direct")
+
+
+@cache
+def _available(device_index: int) -> bool:
+    try:
+        import cuda.bindings.driver  # noqa: F401
+        import cuda.core  # noqa: F401
+    except ImportError:
+        return False
+    try:
+        target_for(torch.cuda.get_device_capability(device_index))
+    except NoBuildError:
+        return False
+    return True
+
+
+def available(device: torch.device) -> bool:
+    """Whether ops on ``device`` launch directly: a CUDA device of an architecture we build for, with
+    cuda-core and cuda-bindings installed, and ``OPS_ROUTE`` not ``graph``."""
+    return device.type == "cuda" and ROUTE != "graph" and _available(device.index or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``poe build-kernels``: compile every instantiation the ops launch by default, for a target."""
+    import argparse
+
+    from ops import layernorm_config, layernorm_linear_config
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--target", default="H100", choices=[t for t, _ in TARGETS.values()])
+    a = p.parse_args(argv)
+    specs = layernorm_config.all_specs() + layernorm_linear_config.all_specs()
+    built = build(specs, a.target)
+    print(f"{len(specs)} kernels for {a.target}: {built} built, {len(specs) - built} cached, in {ptx_dir(a.target)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""LayerNorm launch configurations: for a shape, which kernel instantiation runs, with which grid and block.
+
+The one source of truth for both routes: the direct launcher (``ops/direct.py``) launches what these
+functions return, and the MAX ops (``layernorm_fwd``, ``layernorm_bwd`` in ``ops/kernels/layernorm.mojo``)
+take the same choice as their compile-time parameters (``Launch.op_parameters``). Tuned on the H100:
+per row length, the fastest register configuration of fp32 and bf16 sweeps (results/bench_layernorm.md);
+the backward's row groups from an 11-shape H100 sweep (session 15, in the tuning constants below).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from ops.direct import KernelSpec
+
+WARP = 32
+VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)
+ROW_THREAD_BLOCK = 128   # ln_fwd_row_thread: rows per block (a thread per row)
+SMEM_BLOCK = 256         # ln_fwd_block_smem: threads per row
+REDUCE_COLS, REDUCE_SLICES = 32, 8   # ln_bwd_reduce: columns per block, threads per column
+MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle (H100 sweep)
+
+# Forward kernels, by the number the MAX op takes as its `kernel` parameter.
+FWD_KERNELS = ("ln_fwd_row_thread", "ln_fwd_block_smem", "ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster")
+BWD_KERNELS = ("ln_bwd_loop", "ln_bwd_regs")
+
+# Register configurations of the forward (ln_fwd_regs): (CH vectors per thread, WPR warps per row,
+# RPB rows per block); a row of up to CH * WPR * 32 vectors fits. Index = the "config:<i>" variant.
+FWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (8, 1, 4), (1, 8, 1), (2, 8, 1), (4, 8, 1), (4, 16, 1), (8, 16, 1),
+            (2, 16, 1), (1, 16, 1), (4, 4, 1), (8, 8, 1), (1, 32, 1), (2, 32, 1))
+# ... and with a cluster of CL blocks per row (ln_fwd_cluster, sm_90 and newer): (CH, WPR, CL), configs 15-17.
+FWD_CLUSTERS = ((2, 16, 2), (4, 16, 4), (4, 16, 8))
+# Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays.
+BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1))
+
+# The forward kernel progression (the kernel file's header says what each changes).
+VARIANTS = ("row_thread", "block_smem", "block_warp", "vector", "fast")
+
+# Backward: rows are dealt to `parts` row groups whose dgamma/dbeta partials ([parts, H] float32 each) a
+# second kernel reduces. Parts come as a whole number of groups per SM (a fractional wave leaves SMs idle).
+# Short rows want more groups per SM to keep loads in flight, until registers cap residency; each group
+# wants ~8 rows so its partials stay small next to what it reads. An H100 sweep of 11 shapes in fp32 and bf16
+# (session 15) put the best count at 16 KB of row bytes per SM, the row's bytes rounded up to a power of two,
+# at most 12 groups per SM.
+BWD_ROW_BYTES_PER_SM = 16384
+BWD_MAX_PER_SM = 12
+BWD_ROWS_PER_GROUP = 8
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: the instantiation's name and compile-time parameters (after dtype and act),
+    its grid (blocks, or clusters when ``cluster`` > 1) and threads per block."""
+
+    kernel: str
+    params: tuple[int, ...]
+    grid: tuple[int, int, int]
+    block: int
+    cluster: int = 1
+
+    def spec(self, dtype: torch.dtype, act: int) -> KernelSpec:
+        args = "pppppppppiii" if self.kernel.startswith("ln_bwd") else "ppppppiif"
+        return KernelSpec("layernorm", self.kernel, (dtype, act, *self.params), args)
+
+
+def vector_width(dtype: torch.dtype) -> int:
+    return VECTOR_BYTES // dtype.itemsize
+
+
+def fwd_capacity(config: int) -> int:
+    """Vectors per row that forward config ``config`` holds in registers (0 for an unknown one)."""
+    if 0 <= config < len(FWD_REGS):
+        ch, wpr, _ = FWD_REGS[config]
+        return ch * wpr * WARP
+    if 0 <= config - len(FWD_REGS) < len(FWD_CLUSTERS):
+        ch, wpr, cl = FWD_CLUSTERS[config - len(FWD_REGS)]
+        return ch * wpr * WARP * cl
+    return 0
+
+
+def vector_config(nv: int, vec: int, clusters: bool) -> int:
+    """A block (or, with ``clusters``, for long rows a cluster of blocks) per row; per row length, the
+    fastest config of H100 sweeps (fp32 and bf16; results/bench_layernorm.md); -1: none holds the row."""
+    if nv <= 256:
+        return 4
+    if nv <= 512:
+        return 5
+    if nv <= 1024:
+        return 9
+    # A 16-bit row of 1025-2048 vectors would take 32 values per thread in one block: a cluster
+    # of two blocks of 16 keeps the occupancy. Past 4096 vectors one block cannot hold the row.
+    if nv <= 2048:
+        return 15 if clusters and vec != 4 else 7
+    if nv <= 4096:
+        return 8
+    if clusters and nv <= 8192:
+        return 16
+    if clusters and nv <= 16384:
+        return 17
+    return -1
+
+
+def fast_config(nv: int, rows: int, vec: int, clusters: bool) -> int:
+    """Short rows and many of them: a warp per row, several rows per block; else as ``vector_config``."""
+    if rows >= MULTI_ROW_MIN_ROWS:
+        for config, capacity in ((0, 32), (1, 64), (2, 128)):
+            if nv <= capacity:
+                return config
+    return vector_config(nv, vec, clusters)
+
+
+def variant_config(variant: str) -> int | None:
+    """The forced register config of a ``"config:<i>"`` variant (benchmark sweeps); None for a named one."""
+    if variant in VARIANTS:
+        return None
+    if variant.startswith("config:") and variant[7:].isdigit() and fwd_capacity(int(variant[7:])):
+        return int(variant[7:])
+    raise ValueError(f"variant: {variant!r} is not one of {list(VARIANTS)} (or config:<i>, "
+                     f"i < {len(FWD_REGS) + len(FWD_CLUSTERS)})")
+
+
+def _loop(wpr: int, rpb: int, rows: int, kernel: str = "ln_fwd_loop") -> Launch:
+    return Launch(kernel, (wpr, rpb), (-(-rows // rpb), 1, 1), wpr * rpb * WARP)
+
+
+@cache
+def fwd_launch(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str = "fast",
+               clusters: bool = True) -> Launch:
+    """The forward launch for x [rows, h]. ``vec_ok``: h is a multiple of the vector width and x, y, gamma
+    and beta are 16-byte aligned; ``clusters``: the GPU has thread block clusters (sm_90+)."""
+    if variant == "row_thread":
+        return Launch("ln_fwd_row_thread", (), (-(-rows // ROW_THREAD_BLOCK), 1, 1), ROW_THREAD_BLOCK)
+    if variant == "block_smem":
+        return Launch("ln_fwd_block_smem", (), (rows, 1, 1), SMEM_BLOCK)
+    if variant == "block_warp":
+        return _loop(8, 1, rows)
+    vec = vector_width(dtype)
+    nv = h // vec
+    forced = variant_config(variant)
+    config = fast_config(nv, rows, vec, clusters) if variant == "fast" else vector_config(nv, vec, False)
+    if forced is not None and fwd_capacity(forced) >= nv and (clusters or forced < len(FWD_REGS)):
+        config = forced
+    if vec_ok and 0 <= config < len(FWD_REGS):
+        ch, wpr, rpb = FWD_REGS[config]
+        return Launch("ln_fwd_regs", (vec, ch, wpr, rpb), (-(-rows // rpb), 1, 1), wpr * rpb * WARP)
+    if vec_ok and config >= len(FWD_REGS):
+        ch, wpr, cl = FWD_CLUSTERS[config - len(FWD_REGS)]
+        return Launch("ln_fwd_cluster", (vec, ch, wpr, cl), (rows, 1, 1), wpr * WARP, cluster=cl)
+    return _loop(1, 8, rows) if h <= 1024 else _loop(16, 1, rows)
+
+
+def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: int) -> int:
+    """Row groups of the backward (CPU: one, it runs the rows in order)."""
+    if device.type != "cuda":
+        return 1
+    forced = os.environ.get("OPS_LN_BWD_PARTS")  # tuning knob for benchmarks
+    if forced:
+        return min(rows, int(forced))
+    row_bytes = 1 << (h * dtype.itemsize - 1).bit_length()
+    per_sm = min(BWD_MAX_PER_SM, max(1, BWD_ROW_BYTES_PER_SM // row_bytes),
+                 max(1, round(rows / (BWD_ROWS_PER_GROUP * sms))))
+    return min(rows, per_sm * sms)
+
+
+@cache
+def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool) -> Launch:
+    """The backward's row-group kernel for ``parts`` groups of rows of h (``vec_ok`` as in ``fwd_launch``,
+    for dx, dy, x, gamma and beta)."""
+    vec = vector_width(dtype)
+    nv = h // vec
+    for ch, wpr, rpb in BWD_REGS:
+        if vec_ok and nv <= ch * wpr * WARP:
+            return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (-(-parts // rpb), 1, 1), wpr * rpb * WARP)
+    return _loop(1, 8, parts, "ln_bwd_loop") if h <= 1024 else _loop(8, 1, parts, "ln_bwd_loop")
+
+
+def reduce_spec(dtype: torch.dtype) -> KernelSpec:
+    """The dgamma/dbeta column reduction's instantiation (grid: ``reduce_grid``, block REDUCE_COLS * SLICES)."""
+    return KernelSpec("layernorm", "ln_bwd_reduce", (dtype,), "ppppii")
+
+
+def reduce_grid(h: int) -> tuple[int, int, int]:
+    return (-(-h // REDUCE_COLS), 1, 1)
+
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ACTS = (0, 1, 2)
+
+
+def all_specs() -> list[KernelSpec]:
+    """Every instantiation the forward's variants and the backward launch at any shape on an sm_90
+    GPU, for ``poe build-kernels`` (found by asking the choice functions at every row-length bracket)."""
+    lengths = [2 ** e for e in range(16)] + [3 * 2 ** e for e in range(14)] + [65536, 131072]
+    specs: dict[KernelSpec, None] = {}
+    for dtype in DTYPES:
+        for act in ACTS:
+            for h in lengths:
+                for rows, vec_ok in ((1, True), (4096, True), (4096, False)):
+                    for variant in VARIANTS:
+                        specs[fwd_launch(rows, h, dtype, vec_ok, variant).spec(dtype, act)] = None
+                    specs[bwd_launch(rows, h, dtype, vec_ok).spec(dtype, act)] = None
+        specs[reduce_spec(dtype)] = None
+    return list(specs)
