@@ -194,7 +194,9 @@ class Kernel:
         ptx = path.read_text()
         Device(device_index).set_current()
         self.kernel = ObjectCode.from_ptx(ptx.encode(), name=spec.name).get_kernel(entry_name(ptx))
-        self.function = driver.CUfunction(int(self.kernel.handle))
+        # The library kernel's function in this device's primary context (torch's): launching a CUfunction
+        # skips the driver's per-launch lookup of a context-less CUkernel.
+        self.function = _unwrap(driver.cuKernelGetFunction(self.kernel.handle))
         if smem_max > 48 * 1024:
             _check(driver.cuKernelSetAttribute(
                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_max,
@@ -235,6 +237,12 @@ class Kernel:
                *values)
 
 
+def _unwrap(result: tuple) -> object:
+    """The value of a cuda-bindings ``(error, value)`` result, raising on an error."""
+    _check(result)
+    return result[1]
+
+
 def _check(result: tuple) -> None:
     err = result[0]
     if int(err) != 0:
@@ -264,6 +272,9 @@ def kernel(spec: KernelSpec, device_index: int, smem_max: int = 0) -> Kernel:
     return k
 
 
+# torch's private getter of the current device (torch.cuda.current_device() without its checks; CUDA is
+# initialised by the time a CUDA tensor reaches us).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 # torch's private getter of the current stream's raw handle (no torch.cuda.Stream object per call).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -286,7 +297,7 @@ class on_device:
         self.guard = None
 
     def __enter__(self) -> int:
-        if torch.cuda.current_device() != self.index:
+        if _current_device() != self.index:
             self.guard = torch.cuda.device(self.index)
             self.guard.__enter__()
         return current_stream(self.index)
@@ -324,12 +335,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``poe build-kernels``: compile every instantiation the ops launch by default, for a target."""
     import argparse
 
-    from ops import layernorm_config, layernorm_linear_config
+    from ops import layernorm_config
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--target", default="H100", choices=[t for t, _ in TARGETS.values()])
     a = p.parse_args(argv)
-    specs = layernorm_config.all_specs() + layernorm_linear_config.all_specs()
+    specs = layernorm_config.all_specs()
     built = build(specs, a.target)
     print(f"{len(specs)} kernels for {a.target}: {built} built, {len(specs) - built} cached, in {ptx_dir(a.target)}")
     return 0

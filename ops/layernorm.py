@@ -140,29 +140,42 @@ def _fwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str,
     return plan
 
 
-def _fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, variant: str,
-                act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward on validated contiguous CUDA x [..., h]: y like x, mean and rstd [...] (float32)."""
+def _fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, variant: str, act: int,
+                mean: int = 0, rstd: int = 0) -> torch.Tensor:
+    """y like x from the forward on validated contiguous CUDA x [..., h]; the rows' statistics go to the float32
+    buffers at addresses ``mean`` and ``rstd`` ([rows] each), or nowhere when ``mean`` is 0 (inference)."""
     h = x.shape[-1]
     rows = x.numel() // h if h else 0
     index = x.get_device()
-    vec_ok = _vec_ok(h, x.dtype, x, weight, bias)
-    plan = _fwd_plans.get((rows, h, x.dtype, vec_ok, variant, act, index))
+    dtype = x.dtype
+    vec_ok = not (h % _VECTOR[dtype] or (x.data_ptr() | weight.data_ptr() | bias.data_ptr()) & 15)
+    plan = _fwd_plans.get((rows, h, dtype, vec_ok, variant, act, index))
     if plan is None:
-        plan = _fwd_plan(rows, h, x.dtype, vec_ok, variant, act, index)
+        plan = _fwd_plan(rows, h, dtype, vec_ok, variant, act, index)
     kernel, grid, block, cluster = plan
-    y = _empty(x.shape, x.dtype, x.device)
-    # separate buffers: the custom ops' outputs must not alias each other
-    mean, rstd = _empty(x.shape[:-1], F32, x.device), _empty(x.shape[:-1], F32, x.device)
+    y = torch.empty_like(x)
+    if bridge.poison_outputs:
+        y.fill_(float("nan"))
     if rows:
-        args = (y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
-                rows, h, eps)
+        args = (y.data_ptr(), mean, rstd, x.data_ptr(), weight.data_ptr(), bias.data_ptr(), rows, h, eps)
         with direct.on_device(index) as stream:
             if cluster > 1:
                 kernel.launch_cluster(stream, grid[0], cluster, block, *args)
             else:
                 kernel.launch(stream, grid, block, 0, *args)
-    return y, mean, rstd
+    return y
+
+
+def _stats(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """A float32 [2, rows] buffer for the rows' mean and rstd (one allocation), and their two addresses."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    stats = torch.empty((2, rows), dtype=F32, device=x.device)
+    if bridge.poison_outputs:
+        stats.fill_(float("nan"))
+    return stats, stats.data_ptr(), stats.data_ptr() + 4 * rows
+
+
+_VECTOR = {dtype: config.vector_width(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 
 
 def _bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int, device: torch.device
@@ -177,26 +190,27 @@ def _bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, ind
     return plan
 
 
-def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
-                rstd: torch.Tensor, act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward on validated contiguous CUDA tensors: dx like x, dweight and dbias like weight."""
+def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: int, rstd: int,
+                act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward on validated contiguous CUDA tensors, the statistics at addresses ``mean`` and ``rstd``:
+    dx like x, dweight and dbias like weight."""
     h = x.shape[-1]
     rows = x.numel() // h if h else 0
     index = x.get_device()
-    vec_ok = _vec_ok(h, x.dtype, dy, x, weight, bias)
+    vec_ok = not (h % _VECTOR[x.dtype] or (dy.data_ptr() | x.data_ptr() | weight.data_ptr() | bias.data_ptr()) & 15)
     plan = _bwd_plans.get((rows, h, x.dtype, vec_ok, act, index))
     if plan is None:
         plan = _bwd_plan(rows, h, x.dtype, vec_ok, act, index, x.device)
     rows_kernel, grid, block, parts, reduce = plan
     dx = _empty(x.shape, x.dtype, x.device)
     dweight, dbias = _empty(weight.shape, weight.dtype, x.device), _empty(weight.shape, weight.dtype, x.device)
-    part_g, part_b = _empty((2, parts, h), F32, x.device).unbind(0)
+    part = _empty((2, parts, h), F32, x.device)
+    part_g, part_b = part.data_ptr(), part.data_ptr() + 4 * parts * h
     with direct.on_device(index) as stream:
-        rows_kernel.launch(stream, grid, block, 0, dx.data_ptr(), part_g.data_ptr(), part_b.data_ptr(),
-                           dy.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr(), mean.data_ptr(),
-                           rstd.data_ptr(), rows, h, parts)
+        rows_kernel.launch(stream, grid, block, 0, dx.data_ptr(), part_g, part_b, dy.data_ptr(), x.data_ptr(),
+                           weight.data_ptr(), bias.data_ptr(), mean, rstd, rows, h, parts)
         reduce.launch(stream, config.reduce_grid(h), config.REDUCE_COLS * config.REDUCE_SLICES, 0, dweight.data_ptr(),
-                      dbias.data_ptr(), part_g.data_ptr(), part_b.data_ptr(), parts, h)
+                      dbias.data_ptr(), part_g, part_b, parts, h)
     return dx, dweight, dbias
 
 
@@ -242,13 +256,12 @@ def check_eps(eps: float) -> None:
 def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                   variant: str = "fast", activation: str = "none") -> tuple[torch.Tensor, ...]:
     """y = act(LayerNorm(x)) [..., H] (x's dtype), mean and rstd [...] (float32)."""
-    validate(x, weight, bias)
-    _check_activation(activation)
-    check_eps(eps)
-    if variant != "fast":
-        config.variant_config(variant)   # a bad name is refused on every device
-    if direct.available(x.device):
-        return _fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation])
+    _check_call(x, weight, bias, eps, variant, activation)
+    if x.is_cuda and direct.available(x.device):
+        stats = x.shape[:-1]
+        mean, rstd = _empty(stats, F32, x.device), _empty(stats, F32, x.device)
+        y = _fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation], mean.data_ptr(), rstd.data_ptr())
+        return y, mean, rstd
     h = x.shape[-1]
     x2 = x.view(-1, h)
     launch = fwd_launch(x2, weight, bias, variant) if x.is_cuda else _CPU_LAUNCH
@@ -262,8 +275,8 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     if not (_valid(x, weight, bias) and _valid_bwd(dy, x, mean, rstd)):
         _check_bwd(dy, x, weight, bias, mean, rstd)
     _check_activation(activation)
-    if direct.available(x.device):
-        return _bwd_direct(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
+    if x.is_cuda and direct.available(x.device):
+        return _bwd_direct(dy, x, weight, bias, mean.data_ptr(), rstd.data_ptr(), ACTIVATIONS[activation])
     h = x.shape[-1]
     rows = x.numel() // h
     x2, dy2 = x.view(-1, h), dy.view(-1, h)
@@ -338,24 +351,56 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor, eps: float, variant: str, activation: str) -> torch.Tensor:
-        # Eager: the validated call launches directly; under torch.compile the custom op stands in for it.
-        fwd = torch.ops.mojo.layernorm_fwd if torch.compiler.is_compiling() else layernorm_fwd
-        y, mean, rstd = fwd(x, weight, bias, eps, variant, activation)
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
         ctx.activation = activation
+        if torch.compiler.is_compiling() or not (x.is_cuda and direct.available(x.device)):
+            # torch.compile traces the custom op; the CPU runs the graph route
+            fwd = torch.ops.mojo.layernorm_fwd if torch.compiler.is_compiling() else layernorm_fwd
+            y, mean, rstd = fwd(x, weight, bias, eps, variant, activation)
+            ctx.save_for_backward(x, weight, bias, mean, rstd)
+            return y
+        # Eager on a GPU: checks, then one launch; mean and rstd share one buffer the backward reads.
+        _check_call(x, weight, bias, eps, variant, activation)
+        stats, mean, rstd = _stats(x)
+        y = _fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation], mean, rstd)
+        ctx.save_for_backward(x, weight, bias, stats)
         return y
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        bwd = torch.ops.mojo.layernorm_bwd if torch.compiler.is_compiling() else layernorm_bwd
-        dx, dweight, dbias = bwd(dy.contiguous(), x, weight, bias, mean, rstd, ctx.activation)
+        x, weight, bias, *stats = ctx.saved_tensors
+        dy = dy.contiguous()
+        if len(stats) == 2:
+            bwd = torch.ops.mojo.layernorm_bwd if torch.compiler.is_compiling() else layernorm_bwd
+            dx, dweight, dbias = bwd(dy, x, weight, bias, *stats, ctx.activation)
+        else:
+            if not (isinstance(dy, torch.Tensor) and dy.dtype is x.dtype and dy.shape == x.shape):
+                check_tensor("dy", dy, dtypes=(x.dtype,))
+                raise ValueError(f"dy: shape {tuple(dy.shape)} does not match x {tuple(x.shape)}")
+            rows = stats[0].shape[1]
+            dx, dweight, dbias = _bwd_direct(dy, x, weight, bias, stats[0].data_ptr(), stats[0].data_ptr() + 4 * rows,
+                                             ACTIVATIONS[ctx.activation])
         return dx, dweight, dbias, None, None, None
+
+
+def _check_call(x: object, weight: object, bias: object, eps: float, variant: str, activation: str) -> None:
+    """Every check of a forward call (named errors)."""
+    validate(x, weight, bias)
+    _check_activation(activation)
+    check_eps(eps)
+    if variant != "fast":
+        config.variant_config(variant)
 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
               activation: str = "none", variant: str = "fast") -> torch.Tensor:
     """act(LayerNorm(x)) over the last dim with autograd; x [..., H], weight/bias [H]."""
+    if (isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (x.requires_grad or getattr(weight, "requires_grad", False)
+                                                  or getattr(bias, "requires_grad", False)))
+            and direct.available(x.device)):
+        # No gradient to come (inference): one launch that keeps no statistics, no autograd node.
+        _check_call(x, weight, bias, eps, variant, activation)
+        return _fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation])
     return LayerNormFunction.apply(x, weight, bias, eps, variant, activation)
 
 

@@ -45,7 +45,7 @@ from functools import cache
 import torch
 from torch import nn
 
-from ops import layernorm
+from ops import direct, layernorm
 from ops.bridge import LIBRARY, GraphOp, Out
 from ops.validate import check_same, check_size, check_tensor
 
@@ -405,10 +405,19 @@ class LayerNormLinearFunction(torch.autograd.Function):
         xn = None
         rows = x.numel() // max(x.shape[-1], 1)
         picked = pick_algo(algo, x.device, x.dtype, rows, weight.shape[0], x.shape[-1])
-        # Eager: the validated calls launch directly; under torch.compile the custom ops stand in for them.
+        ctx.eps = eps
         compiling = torch.compiler.is_compiling()
+        if picked == "unfused" and not compiling and x.is_cuda and direct.available(x.device):
+            # Eager on a GPU: our LayerNorm launched directly (its statistics in one buffer), then cuBLAS;
+            # xn is kept for dW as torch's own autograd keeps it.
+            validate(x, ln_weight, ln_bias, weight, bias)
+            layernorm.check_eps(eps)
+            stats, mean, rstd = layernorm._stats(x)
+            xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0, mean, rstd)
+            ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, stats)
+            return torch.nn.functional.linear(xn, weight, bias)
+        # Otherwise the validated calls (torch.compile: the custom ops standing in for them).
         if picked == "unfused":
-            # Our LayerNorm, then cuBLAS; xn is kept for dW as torch's own autograd keeps it.
             validate(x, ln_weight, ln_bias, weight, bias)
             ln_fwd = torch.ops.mojo.layernorm_fwd if compiling else layernorm.layernorm_fwd
             xn, mean, rstd = ln_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
@@ -418,22 +427,42 @@ class LayerNormLinearFunction(torch.autograd.Function):
             fwd = torch.ops.mojo.layernorm_linear_fwd if compiling else layernorm_linear_fwd
             y, mean, rstd = fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
         ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, mean, rstd)
-        ctx.eps = eps
         return y
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
-        x, xn, ln_weight, ln_bias, weight, mean, rstd = ctx.saved_tensors
+        x, xn, ln_weight, ln_bias, weight, *stats = ctx.saved_tensors
+        dy = dy.contiguous()
+        if len(stats) == 1:   # the eager GPU forward's one statistics buffer
+            return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0]), None, None)
+        mean, rstd = stats
         compiling = torch.compiler.is_compiling()
         if xn is None:
             ln_fwd = torch.ops.mojo.layernorm_fwd if compiling else layernorm.layernorm_fwd
             xn = ln_fwd(x, ln_weight, ln_bias, ctx.eps, "fast", "none")[0]
         if compiling:
-            grads = torch.ops.mojo.layernorm_linear_bwd(dy.contiguous(), x, xn, ln_weight, ln_bias, weight, mean,
-                                                        rstd)
+            grads = torch.ops.mojo.layernorm_linear_bwd(dy, x, xn, ln_weight, ln_bias, weight, mean, rstd)
         else:
-            grads = layernorm_linear_bwd(dy.contiguous(), x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
+            grads = layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
         return (*grads, None, None)
+
+
+def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                weight: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The backward of the eager GPU forward: cuBLAS for dW = dy^T xn and dxn = dy W, db = sum of dy, then our
+    LayerNorm backward launched directly on the saved statistics."""
+    n = weight.shape[0]
+    if not (isinstance(dy, torch.Tensor) and dy.dtype is x.dtype and dy.shape == (*x.shape[:-1], n)):
+        check_tensor("dy", dy, min_ndim=1, dtypes=(x.dtype,))
+        raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y {(*x.shape[:-1], n)}")
+    k = x.shape[-1]
+    dy2 = dy.view(-1, n)
+    dweight = dy2.T @ xn.view(-1, k)
+    dbias = dy2.sum(0, dtype=torch.float32).to(dy.dtype)
+    rows = stats.shape[1]
+    dx, dln_weight, dln_bias = layernorm._bwd_direct(dy @ weight, x, ln_weight, ln_bias, stats.data_ptr(),
+                                                     stats.data_ptr() + 4 * rows, 0)
+    return dx, dln_weight, dln_bias, dweight, dbias
 
 
 def autograd_algo(algo: str, tensors: tuple[object, ...]) -> str:
@@ -454,6 +483,17 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N] (algo: ``autograd_algo``)."""
     bias = _zero_bias(weight) if bias is None else bias
     tensors = (x, ln_weight, ln_bias, weight, bias)
+    if (isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors))
+            and direct.available(x.device)):
+        # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
+        validate(x, ln_weight, ln_bias, weight, bias)
+        layernorm.check_eps(eps)
+        k = x.shape[-1]
+        if pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
+            xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
+            return torch.nn.functional.linear(xn, weight, bias)
+        return layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)[0]
     return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
 
 

@@ -141,6 +141,14 @@ def shifted_stats(s1: Float32, s2: Float32, shift: Float32, n: Int, eps: Float32
 
 
 @always_inline
+def store_stats(mean_out: Ptr[F32], rstd_out: Ptr[F32], row: Int, mean: Float32, rstd: Float32):
+    """Keep a row's statistics for the backward; a null mean_out (inference) keeps none."""
+    if Int(mean_out) != 0:
+        mean_out[unsafe_offset=row] = mean
+        rstd_out[unsafe_offset=row] = rstd
+
+
+@always_inline
 def load_f32[dtype: DType](p: Ptr[dtype], i: Int) -> Float32:
     return p[unsafe_offset=i].cast[F32]()
 
@@ -304,8 +312,7 @@ def ln_fwd_row_thread[dtype: DType, act: Int](
     var st = shifted_stats(s1, s2, shift, n, eps)
     for i in range(n):
         store_normalized[dtype, act](y, x, gamma, beta, base, i, st[0], st[1])
-    mean_out[unsafe_offset=row] = st[0]
-    rstd_out[unsafe_offset=row] = st[1]
+    store_stats(mean_out, rstd_out, row, st[0], st[1])
 
 
 def ln_fwd_block_smem[dtype: DType, act: Int](
@@ -338,8 +345,7 @@ def ln_fwd_block_smem[dtype: DType, act: Int](
     for i in range(tid, n, SMEM_BLOCK):
         store_normalized[dtype, act](y, x, gamma, beta, base, i, st[0], st[1])
     if tid == 0:
-        mean_out[unsafe_offset=row] = st[0]
-        rstd_out[unsafe_offset=row] = st[1]
+        store_stats(mean_out, rstd_out, row, st[0], st[1])
 
 
 def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
@@ -371,8 +377,7 @@ def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
     for i in range(gt, n, GT):
         store_normalized[dtype, act](y, x, gamma, beta, base, i, st[0], st[1])
     if gt == 0:
-        mean_out[unsafe_offset=row] = st[0]
-        rstd_out[unsafe_offset=row] = st[1]
+        store_stats(mean_out, rstd_out, row, st[0], st[1])
 
 
 # ---------------------------------------------------------------- forward, register variants
@@ -405,8 +410,7 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         return
     store_normalized_slice[dtype, act, VEC, CH, GT, dtype](y, gamma, beta, v, mean, rstd, base, 0, gt, nv)
     if gt == 0:
-        mean_out[unsafe_offset=row] = mean
-        rstd_out[unsafe_offset=row] = rstd
+        store_stats(mean_out, rstd_out, row, mean, rstd)
 
 
 @always_inline
@@ -484,8 +488,7 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
             var z = (v.slice[VEC, offset=c * VEC]() - mean) * rstd * g + b
             y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
     if rank == 0 and gt == 0:
-        mean_out[unsafe_offset=row] = mean
-        rstd_out[unsafe_offset=row] = rstd
+        store_stats(mean_out, rstd_out, row, mean, rstd)
     cluster_wait()
 
 

@@ -1,0 +1,227 @@
+"""A GPT-2-small transformer (12 pre-LN blocks, d 768, 12 heads, bf16): torch modules against our drop-ins.
+
+Ours is the same model with the same weights, ``ln_1`` + qkv and ``ln_2`` + fc1 replaced by
+``FusedLayerNormLinear.from_torch`` and ``ln_f`` by ``LayerNorm.from_torch``; the two models' outputs (and,
+for training, their first step's loss) are compared before anything is timed. Per mode (eager, CUDA graph,
+torch.compile), phase (inference: one forward under ``no_grad``; training: forward, backward and an AdamW
+step, ``capturable=True`` so that a CUDA graph captures the whole step) and size (1x128 and 8x512 tokens):
+milliseconds per call, pipelined (back-to-back calls, one sync, divided; median of 5 runs), tokens per
+second, and ours over torch in the same mode. Writes results/bench_transformer.{csv,md,png}.
+
+    poe bench-transformer                          (needs a CUDA GPU)
+    python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from ops.layernorm import LayerNorm  # noqa: E402
+from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
+from ops.timing import commit, gpu_name, pipelined_us  # noqa: E402
+
+D, HEADS, BLOCKS = 768, 12, 12
+SIZES = ((1, 128), (8, 512))
+MODES = ("eager", "cuda_graph", "compile")
+FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
+OUT = ROOT / "results" / "bench_transformer"
+
+
+class Block(nn.Module):
+    """Pre-LN GPT-2 block: x + proj(attn(ln_1 + qkv)), then x + fc2(gelu(ln_2 + fc1))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_qkv = nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 3 * D))
+        self.proj = nn.Linear(D, D)
+        self.ln_fc1 = nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 4 * D))
+        self.fc2 = nn.Linear(4 * D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.ln_qkv(x).view(b, t, 3, HEADS, D // HEADS).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, D))
+        return x + self.fc2(F.gelu(self.ln_fc1(x), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    """BLOCKS blocks and a final LayerNorm over hidden states [B, T, D] (no embeddings, no head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.ln_f = nn.LayerNorm(D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+
+def ours_from(model: GPT) -> GPT:
+    """A copy of ``model`` with our drop-ins in place of its LayerNorms (same weights)."""
+    import copy
+
+    m = copy.deepcopy(model)
+    for block in m.blocks:
+        block.ln_qkv = FusedLayerNormLinear.from_torch(block.ln_qkv)
+        block.ln_fc1 = FusedLayerNormLinear.from_torch(block.ln_fc1)
+    m.ln_f = LayerNorm.from_torch(m.ln_f)
+    return m
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def infer_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], object]:
+    """One forward under no_grad as ``mode`` runs it."""
+    if mode == "compile":
+        compiled = torch.compile(model)
+        def fwd() -> object:
+            with torch.no_grad():
+                return compiled(x)
+        return fwd
+    if mode == "cuda_graph":
+        with torch.no_grad():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    model(x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(x)
+        return graph.replay
+    def eager() -> object:
+        with torch.no_grad():
+            return model(x)
+    return eager
+
+
+def train_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], object]:
+    """One training step (forward, mean-square loss, backward, AdamW) as ``mode`` runs it."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=mode == "cuda_graph", foreach=True)
+    fwd = torch.compile(model) if mode == "compile" else model
+
+    def step() -> torch.Tensor:
+        loss = fwd(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=mode != "cuda_graph")
+        return loss
+    if mode != "cuda_graph":
+        return step
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def time_ms(fn: Callable[[], object], calls: int) -> float:
+    for _ in range(3):
+        fn()
+    return pipelined_us(lambda _: fn(), [(torch.empty(1, device="cuda"),)], calls=calls) / 1e3
+
+
+def run(modes: list[str]) -> list[dict]:
+    rows = []
+    for b, t in SIZES:
+        torch.manual_seed(0)
+        ref_model = GPT().cuda().bfloat16()
+        x = torch.randn(b, t, D, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            err = rel_err(ours_from(ref_model)(x), ref_model(x))
+        assert err < 2e-2, f"ours differs from torch at {b}x{t}: relative error {err:.3g}"
+        print(f"{b}x{t}: outputs agree (relative error {err:.2e})", flush=True)
+        for mode in modes:
+            for phase in ("infer", "train"):
+                ms = {}
+                for impl in ("torch", "ours"):
+                    model = GPT().cuda().bfloat16()
+                    model.load_state_dict(ref_model.state_dict())
+                    model = ours_from(model) if impl == "ours" else model
+                    fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
+                    ms[impl] = time_ms(fn, calls=50 if phase == "infer" else 10)
+                    print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms", flush=True)
+                for impl in ("torch", "ours"):
+                    rows.append({"mode": mode, "phase": phase, "tokens": b * t, "impl": impl,
+                                 "ms": round(ms[impl], 4), "tokens_per_s": round(b * t / ms[impl] * 1e3),
+                                 "vs_torch": round(ms[impl] / ms["torch"], 3)})
+    return rows
+
+
+def write(rows: list[dict], modes: list[str]) -> None:
+    """The CSV (rows of modes not run now kept from the earlier report), the markdown table and the PNG."""
+    csv_path = OUT.with_suffix(".csv")
+    kept = []
+    if csv_path.exists():
+        lines = csv_path.read_text().splitlines()
+        kept = [r for r in csv.DictReader(lines[1:]) if r["mode"] not in modes]
+    rows = sorted(kept + rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
+    stamp = f"GPU: {gpu_name()}; commit {commit()}"
+    with open(csv_path, "w", newline="") as f:
+        f.write(f"# {stamp}\n")
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["# GPT-2-small transformer: torch modules against our drop-ins", "", stamp, "",
+             "bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of 5 runs); "
+             "train = forward + backward + AdamW. vs_torch = ours / torch in the same mode.", "",
+             "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
+    lines += ["| " + " | ".join(str(r[k]) for k in FIELDS) + " |" for r in rows]
+    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    try:
+        plot(rows, stamp)
+    except ImportError:
+        print("matplotlib missing: no PNG")
+
+
+def plot(rows: list[dict], stamp: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ours = [r for r in rows if r["impl"] == "ours"]
+    labels = [f"{r['mode']}\n{r['phase']} {r['tokens']}" for r in ours]
+    fig, ax = plt.subplots(figsize=(max(6, len(ours) * 0.9), 4))
+    ax.bar(range(len(ours)), [float(r["vs_torch"]) for r in ours])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(ours)), labels, fontsize=7)
+    ax.set_ylabel("ours / torch (time, lower is better)")
+    ax.set_title(f"GPT-2-small, bf16 - {stamp}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT.with_suffix(".png"), dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    modes = p.parse_args().modes.split(",")
+    if any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: each of {MODES}")
+    write(run(modes), modes)
+
+
+if __name__ == "__main__":
+    main()
