@@ -331,6 +331,12 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" and ROUTE != "graph" and _available(device.index or 0)
 
 
+def launches(x: torch.Tensor) -> bool:
+    """Whether a call on ``x`` launches directly now: ``x`` is on a device ``available`` names, and torch.compile
+    is not tracing (it traces the custom ops instead)."""
+    return x.is_cuda and not torch.compiler.is_compiling() and available(x.device)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``poe build-kernels``: compile every instantiation the ops launch by default, for a target."""
     import argparse

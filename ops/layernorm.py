@@ -23,12 +23,11 @@ from torch import nn
 from ops import bridge, direct
 from ops import layernorm_config as config
 from ops.bridge import LIBRARY, GraphOp, Out
-from ops.layernorm_config import VARIANTS, Launch
-from ops.validate import check_same, check_size, check_tensor
+from ops.layernorm_config import DTYPES, VARIANTS, Launch
+from ops.validate import check_grad, check_same, check_size, check_tensor
 
 __all__ = ["VARIANTS", "LayerNorm", "layernorm", "layernorm_bwd", "layernorm_fwd"]
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # "gelu" is the erf form (torch's default), "gelu_tanh" the tanh approximation.
 ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "gelu": 2}
 F32 = torch.float32
@@ -100,14 +99,19 @@ def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device) -> in
     return config.bwd_parts(rows, h, dtype, device, sm_count(device) if device.type == "cuda" else 1)
 
 
-def _aligned(*tensors: torch.Tensor) -> bool:
-    """Every tensor starts on a 16-byte boundary (the vector kernels' loads)."""
-    return not any(t.data_ptr() % config.VECTOR_BYTES for t in tensors)
-
-
 def _vec_ok(h: int, dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
-    """Rows of h split into whole 16-byte vectors and every tensor is 16-byte aligned."""
-    return h % config.vector_width(dtype) == 0 and _aligned(*tensors)
+    """Rows of h split into whole 16-byte vectors and every tensor is 16-byte aligned (the vector kernels' loads)."""
+    if h % config.VECTOR_WIDTH[dtype]:
+        return False
+    address = 0
+    for t in tensors:
+        address |= t.data_ptr()
+    return not address % config.VECTOR_BYTES
+
+
+def no_grad_to_come(*tensors: object) -> bool:
+    """Whether no gradient will be taken through a call on ``tensors`` (grad mode off, or none requires one)."""
+    return not (torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors))
 
 
 def _empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -126,7 +130,9 @@ def fwd_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, varia
 # What a direct call needs beyond its tensors, per (rows, h, dtype, vec_ok, variant, act, device index):
 # the loaded kernel and its grid, block and cluster size. Depends on shapes and dtypes only.
 _fwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, int]] = {}
-_bwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, int, direct.Kernel]] = {}
+# The backward's, per (parts, h, dtype, vec_ok, act, device index): parts is worked out at every call, so
+# OPS_LN_BWD_PARTS takes effect at once.
+_bwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]] = {}
 _PLANS_MAX = 4096
 
 
@@ -148,7 +154,7 @@ def _fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: 
     rows = x.numel() // h if h else 0
     index = x.get_device()
     dtype = x.dtype
-    vec_ok = not (h % _VECTOR[dtype] or (x.data_ptr() | weight.data_ptr() | bias.data_ptr()) & 15)
+    vec_ok = _vec_ok(h, dtype, x, weight, bias)
     plan = _fwd_plans.get((rows, h, dtype, vec_ok, variant, act, index))
     if plan is None:
         plan = _fwd_plan(rows, h, dtype, vec_ok, variant, act, index)
@@ -169,24 +175,23 @@ def _fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: 
 def _stats(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """A float32 [2, rows] buffer for the rows' mean and rstd (one allocation), and their two addresses."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    stats = torch.empty((2, rows), dtype=F32, device=x.device)
-    if bridge.poison_outputs:
-        stats.fill_(float("nan"))
-    return stats, stats.data_ptr(), stats.data_ptr() + 4 * rows
+    stats = _empty((2, rows), F32, x.device)
+    return stats, *stat_addresses(stats)
 
 
-_VECTOR = {dtype: config.vector_width(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
+def stat_addresses(stats: torch.Tensor) -> tuple[int, int]:
+    """The addresses of the mean and rstd rows of a ``_stats`` buffer."""
+    return stats.data_ptr(), stats.data_ptr() + 4 * stats.shape[1]
 
 
-def _bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int, device: torch.device
-              ) -> tuple[direct.Kernel, tuple[int, int, int], int, int, direct.Kernel]:
-    parts = bwd_parts(rows, h, dtype, device)
+def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int
+              ) -> tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]:
     launch = config.bwd_launch(parts, h, dtype, vec_ok)
     if len(_bwd_plans) >= _PLANS_MAX:
         _bwd_plans.clear()
-    plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block, parts,
+    plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
             direct.kernel(config.reduce_spec(dtype), index))
-    _bwd_plans[(rows, h, dtype, vec_ok, act, index)] = plan
+    _bwd_plans[(parts, h, dtype, vec_ok, act, index)] = plan
     return plan
 
 
@@ -197,11 +202,12 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
     h = x.shape[-1]
     rows = x.numel() // h if h else 0
     index = x.get_device()
-    vec_ok = not (h % _VECTOR[x.dtype] or (dy.data_ptr() | x.data_ptr() | weight.data_ptr() | bias.data_ptr()) & 15)
-    plan = _bwd_plans.get((rows, h, x.dtype, vec_ok, act, index))
+    vec_ok = _vec_ok(h, x.dtype, dy, x, weight, bias)
+    parts = bwd_parts(rows, h, x.dtype, x.device)
+    plan = _bwd_plans.get((parts, h, x.dtype, vec_ok, act, index))
     if plan is None:
-        plan = _bwd_plan(rows, h, x.dtype, vec_ok, act, index, x.device)
-    rows_kernel, grid, block, parts, reduce = plan
+        plan = _bwd_plan(parts, h, x.dtype, vec_ok, act, index)
+    rows_kernel, grid, block, reduce = plan
     dx = _empty(x.shape, x.dtype, x.device)
     dweight, dbias = _empty(weight.shape, weight.dtype, x.device), _empty(weight.shape, weight.dtype, x.device)
     part = _empty((2, parts, h), F32, x.device)
@@ -257,7 +263,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
                   variant: str = "fast", activation: str = "none") -> tuple[torch.Tensor, ...]:
     """y = act(LayerNorm(x)) [..., H] (x's dtype), mean and rstd [...] (float32)."""
     _check_call(x, weight, bias, eps, variant, activation)
-    if x.is_cuda and direct.available(x.device):
+    if direct.launches(x):
         stats = x.shape[:-1]
         mean, rstd = _empty(stats, F32, x.device), _empty(stats, F32, x.device)
         y = _fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation], mean.data_ptr(), rstd.data_ptr())
@@ -275,7 +281,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     if not (_valid(x, weight, bias) and _valid_bwd(dy, x, mean, rstd)):
         _check_bwd(dy, x, weight, bias, mean, rstd)
     _check_activation(activation)
-    if x.is_cuda and direct.available(x.device):
+    if direct.launches(x):
         return _bwd_direct(dy, x, weight, bias, mean.data_ptr(), rstd.data_ptr(), ACTIVATIONS[activation])
     h = x.shape[-1]
     rows = x.numel() // h
@@ -352,7 +358,7 @@ class LayerNormFunction(torch.autograd.Function):
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor, eps: float, variant: str, activation: str) -> torch.Tensor:
         ctx.activation = activation
-        if torch.compiler.is_compiling() or not (x.is_cuda and direct.available(x.device)):
+        if not direct.launches(x):
             # torch.compile traces the custom op; the CPU runs the graph route
             fwd = torch.ops.mojo.layernorm_fwd if torch.compiler.is_compiling() else layernorm_fwd
             y, mean, rstd = fwd(x, weight, bias, eps, variant, activation)
@@ -373,11 +379,8 @@ class LayerNormFunction(torch.autograd.Function):
             bwd = torch.ops.mojo.layernorm_bwd if torch.compiler.is_compiling() else layernorm_bwd
             dx, dweight, dbias = bwd(dy, x, weight, bias, *stats, ctx.activation)
         else:
-            if not (isinstance(dy, torch.Tensor) and dy.dtype is x.dtype and dy.shape == x.shape):
-                check_tensor("dy", dy, dtypes=(x.dtype,))
-                raise ValueError(f"dy: shape {tuple(dy.shape)} does not match x {tuple(x.shape)}")
-            rows = stats[0].shape[1]
-            dx, dweight, dbias = _bwd_direct(dy, x, weight, bias, stats[0].data_ptr(), stats[0].data_ptr() + 4 * rows,
+            check_grad("dy", dy, x.dtype, x.shape, "x")
+            dx, dweight, dbias = _bwd_direct(dy, x, weight, bias, *stat_addresses(stats[0]),
                                              ACTIVATIONS[ctx.activation])
         return dx, dweight, dbias, None, None, None
 
@@ -394,10 +397,7 @@ def _check_call(x: object, weight: object, bias: object, eps: float, variant: st
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
               activation: str = "none", variant: str = "fast") -> torch.Tensor:
     """act(LayerNorm(x)) over the last dim with autograd; x [..., H], weight/bias [H]."""
-    if (isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and (x.requires_grad or getattr(weight, "requires_grad", False)
-                                                  or getattr(bias, "requires_grad", False)))
-            and direct.available(x.device)):
+    if isinstance(x, torch.Tensor) and direct.launches(x) and no_grad_to_come(x, weight, bias):
         # No gradient to come (inference): one launch that keeps no statistics, no autograd node.
         _check_call(x, weight, bias, eps, variant, activation)
         return _fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation])

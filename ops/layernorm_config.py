@@ -67,8 +67,12 @@ class Launch:
         return KernelSpec("layernorm", self.kernel, (dtype, act, *self.params), args)
 
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+VECTOR_WIDTH = {dtype: VECTOR_BYTES // dtype.itemsize for dtype in DTYPES}   # elements per 16-byte vector
+
+
 def vector_width(dtype: torch.dtype) -> int:
-    return VECTOR_BYTES // dtype.itemsize
+    return VECTOR_WIDTH[dtype]
 
 
 def fwd_capacity(config: int) -> int:
@@ -187,7 +191,6 @@ def reduce_grid(h: int) -> tuple[int, int, int]:
     return (-(-h // REDUCE_COLS), 1, 1)
 
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTS = (0, 1, 2)
 
 

@@ -47,7 +47,7 @@ from torch import nn
 
 from ops import direct, layernorm
 from ops.bridge import LIBRARY, GraphOp, Out
-from ops.validate import check_same, check_size, check_tensor
+from ops.validate import check_grad, check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "sm90", "unfused")
@@ -407,7 +407,7 @@ class LayerNormLinearFunction(torch.autograd.Function):
         picked = pick_algo(algo, x.device, x.dtype, rows, weight.shape[0], x.shape[-1])
         ctx.eps = eps
         compiling = torch.compiler.is_compiling()
-        if picked == "unfused" and not compiling and x.is_cuda and direct.available(x.device):
+        if picked == "unfused" and direct.launches(x):
             # Eager on a GPU: our LayerNorm launched directly (its statistics in one buffer), then cuBLAS;
             # xn is kept for dW as torch's own autograd keeps it.
             validate(x, ln_weight, ln_bias, weight, bias)
@@ -451,17 +451,13 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: 
                 weight: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The backward of the eager GPU forward: cuBLAS for dW = dy^T xn and dxn = dy W, db = sum of dy, then our
     LayerNorm backward launched directly on the saved statistics."""
-    n = weight.shape[0]
-    if not (isinstance(dy, torch.Tensor) and dy.dtype is x.dtype and dy.shape == (*x.shape[:-1], n)):
-        check_tensor("dy", dy, min_ndim=1, dtypes=(x.dtype,))
-        raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y {(*x.shape[:-1], n)}")
-    k = x.shape[-1]
+    n, k = weight.shape
+    check_grad("dy", dy, x.dtype, (*x.shape[:-1], n), "y")
     dy2 = dy.view(-1, n)
     dweight = dy2.T @ xn.view(-1, k)
     dbias = dy2.sum(0, dtype=torch.float32).to(dy.dtype)
-    rows = stats.shape[1]
-    dx, dln_weight, dln_bias = layernorm._bwd_direct(dy @ weight, x, ln_weight, ln_bias, stats.data_ptr(),
-                                                     stats.data_ptr() + 4 * rows, 0)
+    dx, dln_weight, dln_bias = layernorm._bwd_direct(dy @ weight, x, ln_weight, ln_bias,
+                                                     *layernorm.stat_addresses(stats), 0)
     return dx, dln_weight, dln_bias, dweight, dbias
 
 
@@ -483,9 +479,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N] (algo: ``autograd_algo``)."""
     bias = _zero_bias(weight) if bias is None else bias
     tensors = (x, ln_weight, ln_bias, weight, bias)
-    if (isinstance(x, torch.Tensor) and x.is_cuda and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors))
-            and direct.available(x.device)):
+    if isinstance(x, torch.Tensor) and direct.launches(x) and layernorm.no_grad_to_come(*tensors):
         # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
         validate(x, ln_weight, ln_bias, weight, bias)
         layernorm.check_eps(eps)

@@ -54,3 +54,11 @@ def check_size(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -
     if t.shape[dim] != expected:
         raise ValueError(f"{name}: size {t.shape[dim]} at dim {dim} does not match {what} ({expected}); "
                          f"shape {tuple(t.shape)}")
+
+
+def check_grad(name: str, grad: object, dtype: torch.dtype, shape: tuple[int, ...] | torch.Size, what: str) -> None:
+    """An upstream gradient must be a tensor of ``dtype`` and ``shape`` (that of ``what``, the forward's output)."""
+    if isinstance(grad, torch.Tensor) and grad.dtype is dtype and grad.shape == shape:
+        return
+    check_tensor(name, grad, dtypes=(dtype,))
+    raise ValueError(f"{name}: shape {tuple(grad.shape)} does not match {what} {tuple(shape)}")

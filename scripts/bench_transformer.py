@@ -29,7 +29,7 @@ from torch import nn  # noqa: E402
 
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
-from ops.timing import commit, gpu_name, pipelined_us  # noqa: E402
+from ops.timing import commit, gpu_name, pipelined_us, write_report  # noqa: E402
 
 D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
@@ -171,25 +171,16 @@ def run(modes: list[str]) -> list[dict]:
 
 
 def write(rows: list[dict], modes: list[str]) -> None:
-    """The CSV (rows of modes not run now kept from the earlier report), the markdown table and the PNG."""
+    """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
     csv_path = OUT.with_suffix(".csv")
     kept = []
     if csv_path.exists():
-        lines = csv_path.read_text().splitlines()
-        kept = [r for r in csv.DictReader(lines[1:]) if r["mode"] not in modes]
+        kept = [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r["mode"] not in modes]
     rows = sorted(kept + rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
     stamp = f"GPU: {gpu_name()}; commit {commit()}"
-    with open(csv_path, "w", newline="") as f:
-        f.write(f"# {stamp}\n")
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    lines = ["# GPT-2-small transformer: torch modules against our drop-ins", "", stamp, "",
-             "bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of 5 runs); "
-             "train = forward + backward + AdamW. vs_torch = ours / torch in the same mode.", "",
-             "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
-    lines += ["| " + " | ".join(str(r[k]) for k in FIELDS) + " |" for r in rows]
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
+                 "bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of 5 runs); "
+                 "train = forward + backward + AdamW. vs_torch = ours / torch in the same mode.")
     try:
         plot(rows, stamp)
     except ImportError:
