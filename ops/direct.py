@@ -27,7 +27,7 @@ import struct
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -305,6 +305,125 @@ class on_device:
     def __exit__(self, *exc: object) -> None:
         if self.guard is not None:
             self.guard.__exit__(*exc)
+
+
+# --------------------------------------------------------------------------
+# The C++ host side (ops/csrc/direct.cpp): the eager calls' allocation, launch and autograd node in C++.
+# --------------------------------------------------------------------------
+
+NATIVE_SOURCE = Path(__file__).resolve().parent / "csrc" / "direct.cpp"
+
+
+class NativeBuildError(RuntimeError):
+    """The C++ launcher could not be built here (no compiler, or the compile failed)."""
+
+
+class NativeOps:
+    """The loaded C++ entries (``torch.ops.mojo_direct``), or None in each while they are not loaded.
+
+    ``layernorm`` and ``layernorm_linear`` are the ops' bound callables (no Python frame per call); they
+    return None for a call they do not take (see the .cpp's header), and the caller runs its Python route.
+    """
+
+    layernorm: object = None
+    layernorm_linear: object = None
+    ops: object = None
+
+
+NATIVE = NativeOps()
+_native_tried = False
+
+
+def native_library_path() -> Path:
+    """Where the C++ library built from ``NATIVE_SOURCE`` for this torch lives (named by the source's digest,
+    torch's version and C++ ABI: torch's C++ API is not stable across versions, so it is built per torch)."""
+    key = hashlib.sha256(NATIVE_SOURCE.read_bytes())
+    key.update(f"{torch.__version__}-{torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
+    return _cache_dir() / "native" / key.hexdigest()[:24] / "mojo_direct.so"
+
+
+def build_native(quiet: bool = False) -> Path:
+    """Compile ``NATIVE_SOURCE`` against the installed torch (about 15 s, once per source and torch version).
+
+    Raises:
+        NativeBuildError: no C++ compiler, or the compile failed (its output in the message).
+    """
+    import shutil
+    import subprocess
+
+    from torch.utils import cpp_extension
+
+    path = native_library_path()
+    if path.is_file():
+        return path
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        raise NativeBuildError("no C++ compiler (c++ or g++ on PATH, or CXX)")
+    libs = cpp_extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = [compiler, "-O2", "-std=c++20", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+           *(f"-I{d}" for d in cpp_extension.include_paths()), str(NATIVE_SOURCE),
+           *(f"-L{d}" for d in libs), "-lc10", "-ltorch_cpu", "-ltorch", *(f"-Wl,-rpath,{d}" for d in libs), "-ldl"]
+    if not quiet:
+        print(f"ops: building the C++ launcher {NATIVE_SOURCE.name} (once per torch version) ...", file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(f".{os.getpid()}.tmp")
+    proc = subprocess.run([*cmd, "-o", str(staging)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise NativeBuildError(f"building {NATIVE_SOURCE} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    os.replace(staging, path)
+    return path
+
+
+def load_native() -> NativeOps:
+    """Build (if needed) and load the C++ entries into ``NATIVE``; tried once per process. Where it cannot be
+    built (no compiler) or ``OPS_NATIVE=0``, ``NATIVE``'s entries stay None and the Python route runs
+    (a warning says why)."""
+    global _native_tried
+    with _build_lock:
+        if _native_tried:
+            return NATIVE
+        _native_tried = True
+        if os.environ.get("OPS_NATIVE", "1") == "0":
+            return NATIVE
+        try:
+            torch.ops.load_library(str(build_native()))
+        except (NativeBuildError, OSError, RuntimeError) as e:
+            import warnings
+
+            warnings.warn(f"ops: the C++ launcher is not available, calls take the Python route: {e}", stacklevel=2)
+            return NATIVE
+        ops = torch.ops.mojo_direct
+        NATIVE.ops = ops
+        from ops import bridge
+
+        ops.set_poison(bool(bridge.poison_outputs))
+        # the overloads' own callables: no OpOverload.__call__ frame per call
+        NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
+        NATIVE.layernorm_linear = getattr(ops.layernorm_linear.default, "_op", ops.layernorm_linear.default)
+    return NATIVE
+
+
+PLANS_MAX = 4096   # plans kept per table (a model with ever new shapes must not grow them without end)
+_native_keys: set[tuple] = set()
+
+
+def remember(key: tuple, register: Callable[[object], None]) -> None:
+    """Hand a plan to the C++ tables once: ``register(torch.ops.mojo_direct)`` unless ``key`` (tagged by table)
+    was handed over before. At PLANS_MAX keys both sides are cleared together, so they stay in step."""
+    if NATIVE.ops is None or key in _native_keys:
+        return
+    if len(_native_keys) >= PLANS_MAX:
+        _native_keys.clear()
+        NATIVE.ops.clear_plans()
+    _native_keys.add(key)
+    register(NATIVE.ops)
+
+
+def set_poison(on: bool) -> None:
+    """Whether the C++ entries fill their outputs with NaN first (tests; ``bridge.poison_outputs`` for Python)."""
+    if NATIVE.ops is not None:
+        NATIVE.ops.set_poison(on)
 
 
 # OPS_ROUTE=graph sends every op through the MAX graph route (tests and the bitwise comparison use it).

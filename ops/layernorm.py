@@ -14,6 +14,7 @@ Kernels: ``ops/kernels/layernorm.mojo`` (registered ``layernorm_fwd`` and
 
 from __future__ import annotations
 
+import os
 import struct
 from functools import cache
 
@@ -133,7 +134,7 @@ _fwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, int]] = 
 # The backward's, per (parts, h, dtype, vec_ok, act, device index): parts is worked out at every call, so
 # OPS_LN_BWD_PARTS takes effect at once.
 _bwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]] = {}
-_PLANS_MAX = 4096
+_PLANS_MAX = direct.PLANS_MAX
 
 
 def _fwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str, act: int,
@@ -143,6 +144,7 @@ def _fwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str,
         _fwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block, launch.cluster)
     _fwd_plans[(rows, h, dtype, vec_ok, variant, act, index)] = plan
+    direct.load_native()
     return plan
 
 
@@ -159,6 +161,9 @@ def _fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: 
     if plan is None:
         plan = _fwd_plan(rows, h, dtype, vec_ok, variant, act, index)
     kernel, grid, block, cluster = plan
+    if variant == "fast":   # the C++ entries take the default variant
+        direct.remember(("ln_fwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_fwd_plan(
+            rows, h, dtype, vec_ok, act, index, int(kernel.function), grid, block, cluster))
     y = torch.empty_like(x)
     if bridge.poison_outputs:
         y.fill_(float("nan"))
@@ -195,6 +200,18 @@ def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, in
     return plan
 
 
+def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int, parts: int,
+                     plan: tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]) -> None:
+    """Hand a backward plan to the C++ entries (keyed by rows: they do not work out the row groups), unless
+    OPS_LN_BWD_PARTS forces the groups (those calls stay on this route)."""
+    if os.environ.get("OPS_LN_BWD_PARTS"):
+        return
+    rows_kernel, grid, block, reduce = plan
+    direct.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
+        rows, h, dtype, vec_ok, act, index, int(rows_kernel.function), grid, block, parts, int(reduce.function),
+        config.reduce_grid(h), config.REDUCE_COLS * config.REDUCE_SLICES))
+
+
 def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: int, rstd: int,
                 act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward on validated contiguous CUDA tensors, the statistics at addresses ``mean`` and ``rstd``:
@@ -207,6 +224,7 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
     plan = _bwd_plans.get((parts, h, x.dtype, vec_ok, act, index))
     if plan is None:
         plan = _bwd_plan(parts, h, x.dtype, vec_ok, act, index)
+    _native_bwd_plan(rows, h, x.dtype, vec_ok, act, index, parts, plan)
     rows_kernel, grid, block, reduce = plan
     dx = _empty(x.shape, x.dtype, x.device)
     dweight, dbias = _empty(weight.shape, weight.dtype, x.device), _empty(weight.shape, weight.dtype, x.device)
@@ -349,6 +367,58 @@ def _(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)
 
 
+# ---------------------------------------------------------------- what torch.compile's graphs call
+
+def fwd_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, variant: str = "fast",
+             activation: str = "none") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layernorm_fwd`` in eager; under torch.compile the op its graph calls: on CUDA the C++ op
+    ``torch.ops.mojo_direct.layernorm_fwd`` (no Python per call; default variant), else the torch.library op."""
+    if not torch.compiler.is_compiling():
+        return layernorm_fwd(x, weight, bias, eps, variant, activation)
+    if x.is_cuda and variant == "fast" and activation in ACTIVATIONS and _native_ops_traceable():
+        return torch.ops.mojo_direct.layernorm_fwd(x, weight, bias, eps, ACTIVATIONS[activation])
+    return torch.ops.mojo.layernorm_fwd(x, weight, bias, eps, variant, activation)
+
+
+def bwd_call(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
+             rstd: torch.Tensor, activation: str = "none") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layernorm_bwd`` in eager; under torch.compile the op its graph calls (as ``fwd_call``)."""
+    if not torch.compiler.is_compiling():
+        return layernorm_bwd(dy, x, weight, bias, mean, rstd, activation)
+    if x.is_cuda and activation in ACTIVATIONS and _native_ops_traceable():
+        return torch.ops.mojo_direct.layernorm_bwd(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
+    return torch.ops.mojo.layernorm_bwd(dy, x, weight, bias, mean, rstd, activation)
+
+
+_fakes_registered = False
+
+
+@torch.compiler.assume_constant_result
+def _native_ops_traceable() -> bool:
+    """Whether the C++ ops are loaded, with fake implementations for tracing (asked when dynamo traces; the
+    first time, it builds and loads them)."""
+    global _fakes_registered
+    if direct.load_native().ops is None:
+        return False
+    if not _fakes_registered:
+        _fakes_registered = True
+        torch.library.register_fake("mojo_direct::layernorm_fwd")(_fake_fwd)
+        torch.library.register_fake("mojo_direct::layernorm_bwd")(_fake_bwd)
+    return True
+
+
+def _fake_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, act: int) -> tuple:
+    validate(x, weight, bias)
+    check_eps(eps)
+    stats = x.new_empty(x.shape[:-1], dtype=F32)
+    return torch.empty_like(x), stats, torch.empty_like(stats)
+
+
+def _fake_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
+              rstd: torch.Tensor, act: int) -> tuple:
+    return torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)
+
+
 # ---------------------------------------------------------------- autograd and nn.Module
 
 class LayerNormFunction(torch.autograd.Function):
@@ -359,9 +429,8 @@ class LayerNormFunction(torch.autograd.Function):
                 bias: torch.Tensor, eps: float, variant: str, activation: str) -> torch.Tensor:
         ctx.activation = activation
         if not direct.launches(x):
-            # torch.compile traces the custom op; the CPU runs the graph route
-            fwd = torch.ops.mojo.layernorm_fwd if torch.compiler.is_compiling() else layernorm_fwd
-            y, mean, rstd = fwd(x, weight, bias, eps, variant, activation)
+            # torch.compile traces an op (fwd_call); the CPU runs the graph route
+            y, mean, rstd = fwd_call(x, weight, bias, eps, variant, activation)
             ctx.save_for_backward(x, weight, bias, mean, rstd)
             return y
         # Eager on a GPU: checks, then one launch; mean and rstd share one buffer the backward reads.
@@ -376,8 +445,7 @@ class LayerNormFunction(torch.autograd.Function):
         x, weight, bias, *stats = ctx.saved_tensors
         dy = dy.contiguous()
         if len(stats) == 2:
-            bwd = torch.ops.mojo.layernorm_bwd if torch.compiler.is_compiling() else layernorm_bwd
-            dx, dweight, dbias = bwd(dy, x, weight, bias, *stats, ctx.activation)
+            dx, dweight, dbias = bwd_call(dy, x, weight, bias, *stats, ctx.activation)
         else:
             check_grad("dy", dy, x.dtype, x.shape, "x")
             dx, dweight, dbias = _bwd_direct(dy, x, weight, bias, *stat_addresses(stats[0]),
@@ -397,6 +465,13 @@ def _check_call(x: object, weight: object, bias: object, eps: float, variant: st
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
               activation: str = "none", variant: str = "fast") -> torch.Tensor:
     """act(LayerNorm(x)) over the last dim with autograd; x [..., H], weight/bias [H]."""
+    native = direct.NATIVE.layernorm
+    if (native is not None and variant == "fast" and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS
+            and not torch.compiler.is_compiling()):
+        y = native(x, weight, bias, eps, ACTIVATIONS[activation])
+        if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
+            return y
     if isinstance(x, torch.Tensor) and direct.launches(x) and no_grad_to_come(x, weight, bias):
         # No gradient to come (inference): one launch that keeps no statistics, no autograd node.
         _check_call(x, weight, bias, eps, variant, activation)

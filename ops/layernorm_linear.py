@@ -51,6 +51,7 @@ from ops.validate import check_grad, check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "sm90", "unfused")
+ALGO_IDS = {a: i for i, a in enumerate(ALGOS)}   # the C++ entry's algo argument
 FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
 FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
 # fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md at 4b7006f, with the fold cached
@@ -166,9 +167,21 @@ def _sm90_index(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
+@torch.compiler.assume_constant_result
+def _sm90_traceable(index: int) -> bool:
+    """``_sm90_index`` as a constant to torch.compile (its device query would break the graph)."""
+    return _sm90_index(index)
+
+
+@torch.compiler.assume_constant_result
+def _sms_traceable(index: int) -> int:
+    """The SM count of CUDA device ``index``, a constant to torch.compile."""
+    return layernorm.sm_count(torch.device("cuda", index))
+
+
 def is_sm90(device: torch.device) -> bool:
     """Whether ``device`` is an sm_90 (Hopper) GPU (asked once per device)."""
-    return device.type == "cuda" and torch.cuda.is_available() and _sm90_index(device.index or 0)
+    return device.type == "cuda" and torch.cuda.is_available() and _sm90_traceable(device.index or 0)
 
 
 def sm90_unsupported(x2: torch.Tensor, weight: torch.Tensor) -> str | None:
@@ -279,7 +292,7 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
         return algo
     if device.type != "cuda":
         return "unfused"
-    if dtype == torch.bfloat16 and is_sm90(device) and sm90_region(rows, n, k, layernorm.sm_count(device)):
+    if dtype == torch.bfloat16 and is_sm90(device) and sm90_region(rows, n, k, _sms_traceable(device.index or 0)):
         return "sm90"
     if dtype == torch.float32:
         fused = n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
@@ -400,9 +413,10 @@ class LayerNormLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, ln_weight: torch.Tensor,
-                ln_bias: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                ln_bias: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                 algo: str) -> torch.Tensor:
         xn = None
+        ctx.has_bias = bias is not None
         rows = x.numel() // max(x.shape[-1], 1)
         picked = pick_algo(algo, x.device, x.dtype, rows, weight.shape[0], x.shape[-1])
         ctx.eps = eps
@@ -419,13 +433,12 @@ class LayerNormLinearFunction(torch.autograd.Function):
         # Otherwise the validated calls (torch.compile: the custom ops standing in for them).
         if picked == "unfused":
             validate(x, ln_weight, ln_bias, weight, bias)
-            ln_fwd = torch.ops.mojo.layernorm_fwd if compiling else layernorm.layernorm_fwd
-            xn, mean, rstd = ln_fwd(x, ln_weight, ln_bias, eps, "fast", "none")
+            xn, mean, rstd = layernorm.fwd_call(x, ln_weight, ln_bias, eps)
             y = torch.nn.functional.linear(xn, weight, bias)
         else:
             # algo itself, so that auto's own fallbacks (layernorm_linear_fwd) still apply
             fwd = torch.ops.mojo.layernorm_linear_fwd if compiling else layernorm_linear_fwd
-            y, mean, rstd = fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)
+            y, mean, rstd = fwd(x, ln_weight, ln_bias, weight, _zero_bias(weight) if bias is None else bias, eps, algo)
         ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, mean, rstd)
         return y
 
@@ -434,17 +447,21 @@ class LayerNormLinearFunction(torch.autograd.Function):
         x, xn, ln_weight, ln_bias, weight, *stats = ctx.saved_tensors
         dy = dy.contiguous()
         if len(stats) == 1:   # the eager GPU forward's one statistics buffer
-            return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0]), None, None)
+            *grads, dbias = _bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0])
+            return (*grads, dbias if ctx.has_bias else None, None, None)
         mean, rstd = stats
-        compiling = torch.compiler.is_compiling()
         if xn is None:
-            ln_fwd = torch.ops.mojo.layernorm_fwd if compiling else layernorm.layernorm_fwd
-            xn = ln_fwd(x, ln_weight, ln_bias, ctx.eps, "fast", "none")[0]
-        if compiling:
-            grads = torch.ops.mojo.layernorm_linear_bwd(dy, x, xn, ln_weight, ln_bias, weight, mean, rstd)
+            xn = layernorm.fwd_call(x, ln_weight, ln_bias, ctx.eps)[0]
+        if torch.compiler.is_compiling():
+            # the backward as torch ops (cuBLAS GEMMs inductor sees) and our LayerNorm backward's op
+            n, k = weight.shape
+            dy2 = dy.view(-1, n)
+            dxn = (dy2 @ weight).view(x.shape)
+            grads = (*layernorm.bwd_call(dxn, x, ln_weight, ln_bias, mean, rstd), dy2.T @ xn.view(-1, k),
+                     dy2.sum(0, dtype=torch.float32).to(dy.dtype))
         else:
             grads = layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
-        return (*grads, None, None)
+        return (*grads[:4], grads[4] if ctx.has_bias else None, None, None)
 
 
 def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
@@ -477,18 +494,41 @@ def autograd_algo(algo: str, tensors: tuple[object, ...]) -> str:
 def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto") -> torch.Tensor:
     """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N] (algo: ``autograd_algo``)."""
-    bias = _zero_bias(weight) if bias is None else bias
+    native = direct.NATIVE.layernorm_linear
+    if (native is not None and isinstance(x, torch.Tensor) and isinstance(ln_weight, torch.Tensor)
+            and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS
+            and not torch.compiler.is_compiling()):
+        y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
+        if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
+            return y
     tensors = (x, ln_weight, ln_bias, weight, bias)
-    if isinstance(x, torch.Tensor) and direct.launches(x) and layernorm.no_grad_to_come(*tensors):
-        # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
-        validate(x, ln_weight, ln_bias, weight, bias)
-        layernorm.check_eps(eps)
-        k = x.shape[-1]
-        if pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
-            xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
-            return torch.nn.functional.linear(xn, weight, bias)
-        return layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)[0]
-    return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
+    if not (isinstance(x, torch.Tensor) and direct.launches(x)):
+        return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
+    if not layernorm.no_grad_to_come(*tensors):
+        y = LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
+        _remember_algo(x, weight, algo, True, pick_algo(autograd_algo(algo, tensors), x.device, x.dtype,
+                                                        x.numel() // x.shape[-1], weight.shape[0], x.shape[-1]))
+        return y
+    # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
+    validate(*tensors)
+    layernorm.check_eps(eps)
+    k = x.shape[-1]
+    picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k)
+    if picked != "unfused":
+        return layernorm_linear_fwd(*tensors, eps, algo)[0]
+    xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
+    _remember_algo(x, weight, algo, False, picked)
+    return torch.nn.functional.linear(xn, weight, bias)
+
+
+def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:
+    """Tell the C++ entry whether ``algo`` on this shape (with or without a gradient to come) is "unfused",
+    the one it runs (ops/direct.py: remember)."""
+    k, n = x.shape[-1], weight.shape[0]
+    rows, dtype, index, code = x.numel() // k, x.dtype, x.get_device(), ALGO_IDS.get(algo, -1)
+    direct.remember(("linear", rows, k, n, dtype, index, code, grad), lambda native: native.set_linear_algo(
+        rows, k, n, dtype, index, code, grad, picked == "unfused"))
 
 
 class FusedLayerNormLinear(nn.Sequential):

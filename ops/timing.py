@@ -107,6 +107,24 @@ def pipelined_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.
     return statistics.median(runs)
 
 
+def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,
+                           device: torch.device | str = "cuda") -> dict[str, float]:
+    """``pipelined_us`` of several contenders, their runs interleaved (A, B, A, B, ...) so that a drift in the
+    host's speed (a noisy machine) falls on all of them alike; per contender the median of ``repeats`` runs of
+    ``calls`` back-to-back calls with one synchronisation, in microseconds per call."""
+    device = torch.device(device)
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            _sync(device)
+            runs[name].append((time.perf_counter() - t0) * 1e6 / calls)
+    return {name: statistics.median(r) for name, r in runs.items()}
+
+
 def kernel_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]], iters: int = 50) -> float:
     """Median over ``iters`` calls of the device time CUPTI records for one call's kernels (the union of
     their busy intervals), cycling through ``input_sets``; a marker kernel goes before each call."""

@@ -5,7 +5,8 @@ Ours is the same model with the same weights, ``ln_1`` + qkv and ``ln_2`` + fc1 
 for training, their first step's loss) are compared before anything is timed. Per mode (eager, CUDA graph,
 torch.compile), phase (inference: one forward under ``no_grad``; training: forward, backward and an AdamW
 step, ``capturable=True`` so that a CUDA graph captures the whole step) and size (1x128 and 8x512 tokens):
-milliseconds per call, pipelined (back-to-back calls, one sync, divided; median of 5 runs), tokens per
+milliseconds per call, pipelined (back-to-back calls, one sync, divided; median of 11 runs, torch's and
+ours interleaved so that the host's drift falls on both), tokens per
 second, and ours over torch in the same mode. Writes results/bench_transformer.{csv,md,png}.
 
     poe bench-transformer                          (needs a CUDA GPU)
@@ -29,11 +30,12 @@ from torch import nn  # noqa: E402
 
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
-from ops.timing import commit, gpu_name, pipelined_us, write_report  # noqa: E402
+from ops.timing import commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
 
 D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
 MODES = ("eager", "cuda_graph", "compile")
+REPEATS = 11   # interleaved runs per contender (median): the GPU machine's host speed drifts
 FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
 OUT = ROOT / "results" / "bench_transformer"
 
@@ -137,12 +139,6 @@ def train_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], obj
     return graph.replay
 
 
-def time_ms(fn: Callable[[], object], calls: int) -> float:
-    for _ in range(3):
-        fn()
-    return pipelined_us(lambda _: fn(), [(torch.empty(1, device="cuda"),)], calls=calls) / 1e3
-
-
 def run(modes: list[str]) -> list[dict]:
     rows = []
     for b, t in SIZES:
@@ -155,13 +151,17 @@ def run(modes: list[str]) -> list[dict]:
         print(f"{b}x{t}: outputs agree (relative error {err:.2e})", flush=True)
         for mode in modes:
             for phase in ("infer", "train"):
-                ms = {}
+                fns = {}
                 for impl in ("torch", "ours"):
                     model = GPT().cuda().bfloat16()
                     model.load_state_dict(ref_model.state_dict())
                     model = ours_from(model) if impl == "ours" else model
-                    fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
-                    ms[impl] = time_ms(fn, calls=50 if phase == "infer" else 10)
+                    fns[impl] = (infer_call if phase == "infer" else train_call)(model, x, mode)
+                    for _ in range(3):
+                        fns[impl]()
+                us = pipelined_side_by_side(fns, calls=50 if phase == "infer" else 10, repeats=REPEATS)
+                ms = {impl: v / 1e3 for impl, v in us.items()}
+                for impl in ("torch", "ours"):
                     print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms", flush=True)
                 for impl in ("torch", "ours"):
                     rows.append({"mode": mode, "phase": phase, "tokens": b * t, "impl": impl,
@@ -179,7 +179,8 @@ def write(rows: list[dict], modes: list[str]) -> None:
     rows = sorted(kept + rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
     stamp = f"GPU: {gpu_name()}; commit {commit()}"
     write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
-                 "bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of 5 runs); "
+                 f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {REPEATS} runs, "
+                 "torch's and ours interleaved); "
                  "train = forward + backward + AdamW. vs_torch = ours / torch in the same mode.")
     try:
         plot(rows, stamp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops import bridge
+from ops import bridge, direct
 
 HAS_GPU = torch.cuda.is_available()
 DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]
@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def poison_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every output starts as NaN in tests, so an unwritten element always fails."""
     monkeypatch.setattr(bridge, "poison_outputs", True)
+    direct.set_poison(True)   # the C++ entries' own switch (set again at their loading from bridge's)
 
 
 @pytest.fixture(params=DEVICES)

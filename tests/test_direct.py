@@ -68,3 +68,183 @@ def test_argument_layout() -> None:
     """Pointers 8-aligned, Int32/Float32 4-aligned, TMA descriptors 64-aligned, as the PTX params are."""
     fmt, offsets, size = direct._layout("pif t".replace(" ", ""))
     assert offsets == [0, 8, 12, 64] and size == 192
+
+
+# ---------------------------------------------------------------- the C++ entries (ops/csrc/direct.cpp)
+
+def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
+    """The C++ library builds against the installed torch (CI has a compiler) and loads; its entries return None
+    (the Python route runs) for CPU tensors, and its plan tables fill and clear."""
+    native = direct.load_native()
+    assert native.ops is not None, "the C++ launcher did not build (see the warning)"
+    x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
+    assert native.layernorm(x, w, b, 1e-5, 0) is None
+    assert native.layernorm_linear(x, w, b, torch.randn(3, 8), None, 1e-5, 0) is None
+    native.ops.clear_plans()
+    native.ops.set_fwd_plan(4, 8, torch.bfloat16, True, 0, 0, 1, [1, 1, 1], 32, 1)
+    native.ops.set_linear_algo(4, 8, 3, torch.bfloat16, 0, 0, False, True)
+    assert native.ops.plan_counts() == [1, 0, 1]
+    native.ops.clear_plans()
+    assert native.ops.plan_counts() == [0, 0, 0]
+
+
+def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``remember`` hands each plan over once, and at PLANS_MAX clears Python's record and the C++ tables
+    together (a plan Python believes handed over is never missing there)."""
+    native = direct.load_native().ops
+    native.clear_plans()
+    direct._native_keys.clear()
+    monkeypatch.setattr(direct, "PLANS_MAX", 2)
+    calls = []
+
+    def register(rows: int) -> object:
+        return lambda ops: (calls.append(rows), ops.set_fwd_plan(rows, 8, torch.float32, True, 0, 0, 1, [1, 1, 1],
+                                                                 32, 1))
+    for rows in (1, 2, 1, 2):
+        direct.remember(("ln_fwd", rows), register(rows))
+    assert calls == [1, 2] and native.plan_counts()[0] == 2
+    direct.remember(("ln_fwd", 3), register(3))   # the third: both sides cleared, then 3 kept
+    assert native.plan_counts()[0] == 1 and direct._native_keys == {("ln_fwd", 3)}
+    native.clear_plans()
+    direct._native_keys.clear()
+
+
+def test_native_library_follows_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edited C++ source (or another torch) gets another library path: an old build is never loaded for it."""
+    before = direct.native_library_path()
+    src = tmp_path / "direct.cpp"
+    src.write_text(direct.NATIVE_SOURCE.read_text() + "\n// edited\n")
+    monkeypatch.setattr(direct, "NATIVE_SOURCE", src)
+    edited = direct.native_library_path()
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    assert len({before, edited, direct.native_library_path()}) == 3
+
+
+# ---------------------------------------------------------------- on the GPU: the C++ route
+
+GPU_SHAPES = [(1, 7), (37, 1000), (4, 768), (2, 64, 1023), (3, 4096), (5, 12288)]
+
+
+def _grads(y: torch.Tensor, inputs: list[torch.Tensor], dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (y, *torch.autograd.grad(y, inputs, dy))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", config.DTYPES)
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_gpu_native_layernorm_is_the_python_route(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """After a shape's first call (the Python route, which hands over the plan) the C++ entry takes the call and
+    gives bitwise the Python route's output and gradients (the same kernels), with and without GELU; without a
+    gradient to come too. Rows of 12288 bf16 take a clustered launch."""
+    from ops.layernorm import ACTIVATIONS, LayerNormFunction, layernorm
+
+    torch.manual_seed(0)
+    h = shape[-1]
+    x = (torch.randn(shape, device="cuda") * 3 + 1).to(dtype).requires_grad_()
+    w, b = (torch.randn(h, device="cuda").to(dtype).requires_grad_() for _ in range(2))
+    dy = torch.randn(shape, device="cuda").to(dtype)
+    for activation in ("none", "gelu"):
+        python = _grads(LayerNormFunction.apply(x, w, b, 1e-5, "fast", activation), [x, w, b], dy)
+        layernorm(x, w, b, 1e-5, activation)   # the Python route; plans handed over
+        assert direct.NATIVE.layernorm(x, w, b, 1e-5, ACTIVATIONS[activation]) is not None
+        native = _grads(layernorm(x, w, b, 1e-5, activation), [x, w, b], dy)
+        for name, got, want in zip(("y", "dx", "dweight", "dbias"), native, python, strict=True):
+            assert torch.equal(got, want), f"{activation} {name}"
+        with torch.no_grad():
+            assert torch.equal(layernorm(x, w, b, 1e-5, activation), python[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows_k_n", [(7, 37, 5), (128, 768, 2304), (300, 1023, 64)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpu_native_layernorm_linear_is_the_python_route(dtype: torch.dtype, rows_k_n: tuple[int, int, int],
+                                                         bias: bool) -> None:
+    """The unfused LayerNorm+Linear through the C++ entry: bitwise the Python route's output and five gradients
+    (four without a bias), and its inference output."""
+    from ops.layernorm_linear import ALGO_IDS, FusedLayerNormLinear, LayerNormLinearFunction
+
+    rows, k, n = rows_k_n
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.LayerNorm(k), torch.nn.Linear(k, n, bias=bias)).to("cuda", dtype)
+    m = FusedLayerNormLinear.from_torch(seq, algo="unfused")
+    ln, lin = m[0], m[1]
+    x = torch.randn(rows, k, device="cuda", dtype=dtype, requires_grad=True)
+    dy = torch.randn(rows, n, device="cuda", dtype=dtype)
+    inputs = [x, *m.parameters()]
+    python = _grads(LayerNormLinearFunction.apply(x, ln.weight, ln.bias, lin.weight, lin.bias, ln.eps, "unfused"),
+                    inputs, dy)
+    m(x)   # the Python route; plans handed over
+    assert direct.NATIVE.layernorm_linear(x, ln.weight, ln.bias, lin.weight, lin.bias, ln.eps,
+                                          ALGO_IDS["unfused"]) is not None
+    native = _grads(m(x), inputs, dy)
+    for i, (got, want) in enumerate(zip(native, python, strict=True)):
+        assert torch.equal(got, want), f"output {i}"
+    with torch.no_grad():
+        m(x)
+        assert torch.equal(m(x), python[0])
+
+
+def _small_model(dtype: torch.dtype) -> torch.nn.Module:
+    from ops.layernorm import LayerNorm
+    from ops.layernorm_linear import FusedLayerNormLinear
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(FusedLayerNormLinear(96, 192), torch.nn.GELU(), FusedLayerNormLinear(192, 96),
+                               LayerNorm(96)).to("cuda", dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_forward_and_backward() -> None:
+    """``torch.cuda.graph`` captures a forward and backward through our modules; replayed on new input it gives
+    what eager gives on that input."""
+    model = _small_model(torch.bfloat16)
+    x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):   # warm-up: plans made, the C++ entries take the calls
+            model(x).float().sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    with torch.cuda.graph(graph):
+        y = model(x)
+        y.float().sum().backward()
+    new = torch.randn_like(x)
+    with torch.no_grad():
+        x.copy_(new)
+    graph.replay()
+    got = (y.clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters()))
+    x2 = new.clone().requires_grad_()
+    model.zero_grad(set_to_none=True)
+    y2 = model(x2)
+    y2.float().sum().backward()
+    want = (y2, x2.grad, *(p.grad for p in model.parameters()))
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), f"output {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_compile_fullgraph(mode: str) -> None:
+    """``torch.compile(fullgraph=True)`` of a model with our modules (no graph break: the device queries are
+    constants to dynamo, the ops its graphs call are the C++ ones), forward and backward as in eager."""
+    model = _small_model(torch.bfloat16)
+    x = torch.randn(2, 32, 96, device="cuda", dtype=torch.bfloat16)
+    eager_x = x.clone().requires_grad_()
+    want_y = model(eager_x)
+    want_y.float().pow(2).mean().backward()
+    want = (want_y, eager_x.grad, *(p.grad for p in model.parameters()))
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        cx = x.clone().requires_grad_()
+        y = compiled(cx)
+        y.float().pow(2).mean().backward()
+    got = (y, cx.grad, *(p.grad for p in model.parameters()))
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2, msg=f"output {i}")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), want_y.detach(), rtol=2e-2, atol=2e-2)

@@ -1,0 +1,490 @@
+// The direct launcher's host side in C++ (ops/direct.py builds and loads it): LayerNorm (+GELU) and the
+// unfused LayerNorm+Linear as torch operators with C++ autograd, so that an eager call costs what a torch
+// op costs (allocation, launch and the backward's autograd node in C++, no Python per call).
+//
+// It decides nothing: Python (ops/layernorm_config.py through ops/layernorm.py) chooses every launch and
+// hands each choice to the plan tables below (set_fwd_plan, set_bwd_plan, set_linear_algo) the first time
+// it sees a shape. An op returns an undefined tensor (None in Python) for any call it does not take: no
+// plan yet, a tensor that is strided, empty, on the CPU or of another dtype, an eps that is not positive.
+// Python then runs its own route, with its named errors, and registers the plan for the next call.
+// The backward falls back to the Python custom op mojo::layernorm_bwd through the dispatcher.
+// Kernels are launched with the driver's cuLaunchKernel(Ex), found with dlsym (no CUDA headers needed),
+// on torch's current stream of the tensors' device.
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---------------------------------------------------------------- the driver API, by dlsym
+
+using CUfunction = void*;
+using CUstream = void*;
+using CUcontext = void*;
+using LaunchKernel = int (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**);
+constexpr int CUDA_ERROR_INVALID_CONTEXT = 201;
+constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+
+struct LaunchAttribute {  // CUlaunchAttribute
+  int id;
+  char pad[4];
+  union {
+    struct { unsigned x, y, z; } cluster;
+    char bytes[64];
+  } value;
+};
+
+struct LaunchConfig {  // CUlaunchConfig
+  unsigned grid[3];
+  unsigned block[3];
+  unsigned smem;
+  CUstream stream;
+  LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+
+using LaunchKernelEx = int (*)(const LaunchConfig*, CUfunction, void**, void**);
+
+struct Driver {
+  LaunchKernel launch = nullptr;
+  LaunchKernelEx launch_ex = nullptr;
+  int (*device_get)(int*, int) = nullptr;
+  int (*primary_ctx_retain)(CUcontext*, int) = nullptr;
+  int (*ctx_set_current)(CUcontext) = nullptr;
+  int (*error_string)(int, const char**) = nullptr;
+
+  Driver() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (lib == nullptr) return;
+    launch = reinterpret_cast<LaunchKernel>(dlsym(lib, "cuLaunchKernel"));
+    launch_ex = reinterpret_cast<LaunchKernelEx>(dlsym(lib, "cuLaunchKernelEx"));
+    device_get = reinterpret_cast<int (*)(int*, int)>(dlsym(lib, "cuDeviceGet"));
+    primary_ctx_retain = reinterpret_cast<int (*)(CUcontext*, int)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    ctx_set_current = reinterpret_cast<int (*)(CUcontext)>(dlsym(lib, "cuCtxSetCurrent"));
+    error_string = reinterpret_cast<int (*)(int, const char**)>(dlsym(lib, "cuGetErrorString"));
+  }
+};
+
+const Driver& driver() {
+  static const Driver d;
+  TORCH_CHECK(d.launch != nullptr && d.launch_ex != nullptr, "mojo_direct: libcuda.so.1 not found");
+  return d;
+}
+
+// Make the device's primary context (torch's) current on this thread, for a thread torch has not made it
+// current on yet.
+void set_primary_context(int index) {
+  const Driver& d = driver();
+  int dev = 0;
+  CUcontext ctx = nullptr;
+  if (d.device_get(&dev, index) == 0 && d.primary_ctx_retain(&ctx, dev) == 0) d.ctx_set_current(ctx);
+}
+
+void check(int err) {
+  if (err == 0) return;
+  const char* text = nullptr;
+  if (driver().error_string != nullptr) driver().error_string(err, &text);
+  TORCH_CHECK(false, "mojo_direct: CUDA driver error ", err, ": ", text ? text : "unknown");
+}
+
+// One launch on torch's current stream of `device`; clusters > 1 launches grid[0] clusters of that many blocks.
+void launch(const at::Device& device, CUfunction f, const std::array<unsigned, 3>& grid, unsigned block,
+            unsigned clusters, void** params) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  CUstream stream = impl->getStreamNativeHandle(impl->getStream(device));
+  auto once = [&]() {
+    if (clusters <= 1) return driver().launch(f, grid[0], grid[1], grid[2], block, 1, 1, 0, stream, params, nullptr);
+    LaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.cluster = {clusters, 1, 1};
+    LaunchConfig cfg{{grid[0] * clusters, grid[1], grid[2]}, {block, 1, 1}, 0, stream, &attr, 1};
+    return driver().launch_ex(&cfg, f, params, nullptr);
+  };
+  int err = once();
+  if (err == CUDA_ERROR_INVALID_CONTEXT) {
+    set_primary_context(device.index());
+    err = once();
+  }
+  check(err);
+}
+
+// ---------------------------------------------------------------- plan tables (filled from Python)
+
+using Key = std::array<int64_t, 8>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+struct FwdPlan {
+  CUfunction kernel;
+  std::array<unsigned, 3> grid;
+  unsigned block, cluster;
+};
+
+struct BwdPlan {
+  CUfunction rows_kernel;
+  std::array<unsigned, 3> grid;
+  unsigned block;
+  int64_t parts;
+  CUfunction reduce_kernel;
+  std::array<unsigned, 3> reduce_grid;
+  unsigned reduce_block;
+};
+
+// Python keeps a record of what it handed over and clears both together (ops/direct.py: NativePlans).
+std::mutex plans_lock;
+std::unordered_map<Key, FwdPlan, KeyHash> fwd_plans;
+std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;
+std::unordered_map<Key, bool, KeyHash> linear_unfused;  // auto's (or the named) algo is "unfused"
+bool poison = false;   // tests: every output starts as NaN, so an unwritten element never passes
+
+Key fwd_key(int64_t rows, int64_t h, at::ScalarType dtype, bool vec_ok, int64_t act, int64_t device) {
+  return {rows, h, static_cast<int64_t>(dtype), vec_ok, act, device, 0, 0};
+}
+
+template <class Map>
+std::optional<typename Map::mapped_type> find(Map& map, const Key& key) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  auto it = map.find(key);
+  if (it == map.end()) return std::nullopt;
+  return it->second;
+}
+
+constexpr int64_t VECTOR_BYTES = 16;
+
+bool vec_ok(int64_t h, std::initializer_list<const Tensor*> tensors) {
+  const int64_t width = VECTOR_BYTES / static_cast<int64_t>((*tensors.begin())->element_size());
+  if (h % width) return false;
+  uintptr_t address = 0;
+  for (const Tensor* t : tensors) address |= reinterpret_cast<uintptr_t>(t->data_ptr());
+  return address % VECTOR_BYTES == 0;
+}
+
+Tensor empty(at::IntArrayRef shape, const at::TensorOptions& options) {
+  Tensor t = at::empty(shape, options);
+  if (poison) t.fill_(std::numeric_limits<double>::quiet_NaN());
+  return t;
+}
+
+bool supported(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
+}
+
+// What the C++ route takes: non-empty contiguous CUDA tensors of one supported dtype on one device, weight and
+// bias [H] with H x's last dim (Python's layernorm._valid), and a positive eps.
+bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0)) return false;
+  const auto dtype = x.scalar_type();
+  const int64_t h = x.size(-1);
+  return supported(dtype) && w.scalar_type() == dtype && b.scalar_type() == dtype && w.device() == x.device() &&
+         b.device() == x.device() && w.dim() == 1 && b.dim() == 1 && w.size(0) == h && b.size(0) == h &&
+         x.is_contiguous() && w.is_contiguous() && b.is_contiguous();
+}
+
+// ---------------------------------------------------------------- LayerNorm forward and backward
+
+// y like x; the rows' statistics into float32 [rows] buffers at mean and rstd, or nowhere when mean is null.
+Tensor ln_fwd(const FwdPlan& plan, const Tensor& x, const Tensor& w, const Tensor& b, double eps, void* mean,
+              void* rstd) {
+  const int64_t h = x.size(-1);
+  int32_t rows = static_cast<int32_t>(x.numel() / h), h32 = static_cast<int32_t>(h);
+  float eps32 = static_cast<float>(eps);
+  Tensor y = empty(x.sizes(), x.options());
+  void* yp = y.data_ptr();
+  void* xp = x.data_ptr();
+  void* wp = w.data_ptr();
+  void* bp = b.data_ptr();
+  void* params[] = {&yp, &mean, &rstd, &xp, &wp, &bp, &rows, &h32, &eps32};
+  launch(x.device(), plan.kernel, plan.grid, plan.block, plan.cluster, params);
+  return y;
+}
+
+std::optional<FwdPlan> fwd_plan(const Tensor& x, const Tensor& w, const Tensor& b, int64_t act) {
+  const int64_t h = x.size(-1);
+  return find(fwd_plans, fwd_key(x.numel() / h, h, x.scalar_type(), vec_ok(h, {&x, &w, &b}), act, x.get_device()));
+}
+
+const char* ACTIVATIONS[] = {"none", "gelu_tanh", "gelu"};   // layernorm.ACTIVATIONS, by number
+
+using Triple = std::tuple<Tensor, Tensor, Tensor>;
+
+// The Python route's forward and backward (the torch.library ops of ops/layernorm.py), for a call this file
+// does not take: they validate (named errors), launch, and register the plan for the next call.
+Triple ln_fwd_python(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mojo::layernorm_fwd", "")
+                       .typed<Triple(const Tensor&, const Tensor&, const Tensor&, double, c10::string_view,
+                                     c10::string_view)>();
+  return op.call(x, w, b, eps, "fast", ACTIVATIONS[act]);
+}
+
+Triple ln_bwd_python(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
+                     const Tensor& rstd, int64_t act) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mojo::layernorm_bwd", "")
+                       .typed<Triple(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, c10::string_view)>();
+  const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
+  return op.call(dy, x, w, b, mean.view(stat_shape), rstd.view(stat_shape), ACTIVATIONS[act]);
+}
+
+// dx, dweight, dbias from dy (like x) and the forward's statistics (float32, a value per row each).
+Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
+              const Tensor& rstd, int64_t act) {
+  const Tensor dy = dy_in.contiguous();
+  const int64_t h = x.size(-1);
+  const int64_t rows = x.numel() / h;
+  const char* forced = std::getenv("OPS_LN_BWD_PARTS");   // the benchmarks' tuning knob: Python's route
+  std::optional<BwdPlan> plan;
+  if (!(forced && *forced) && x.is_cuda() && x.numel() > 0 && x.is_contiguous() && dy.sizes() == x.sizes() &&
+      dy.scalar_type() == x.scalar_type() && mean.is_contiguous() && rstd.is_contiguous())
+    plan = find(bwd_plans, fwd_key(rows, h, x.scalar_type(), vec_ok(h, {&dy, &x, &w, &b}), act, x.get_device()));
+  if (!plan) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
+  Tensor dx = empty(x.sizes(), x.options());
+  Tensor dw = empty(w.sizes(), w.options()), db = empty(b.sizes(), b.options());
+  Tensor part = empty({2, plan->parts, h}, x.options().dtype(at::kFloat));
+  void* dxp = dx.data_ptr();
+  void* part_g = part.data_ptr();
+  void* part_b = static_cast<float*>(part_g) + plan->parts * h;
+  void* dyp = dy.data_ptr();
+  void* xp = x.data_ptr();
+  void* wp = w.data_ptr();
+  void* bp = b.data_ptr();
+  void* mean_p = mean.data_ptr();
+  void* rstd_p = rstd.data_ptr();
+  int32_t rows32 = static_cast<int32_t>(rows), h32 = static_cast<int32_t>(h);
+  int32_t parts32 = static_cast<int32_t>(plan->parts);
+  void* row_params[] = {&dxp, &part_g, &part_b, &dyp, &xp, &wp, &bp, &mean_p, &rstd_p, &rows32, &h32, &parts32};
+  c10::DeviceGuard guard(x.device());
+  launch(x.device(), plan->rows_kernel, plan->grid, plan->block, 1, row_params);
+  void* dwp = dw.data_ptr();
+  void* dbp = db.data_ptr();
+  void* reduce_params[] = {&dwp, &dbp, &part_g, &part_b, &parts32, &h32};
+  launch(x.device(), plan->reduce_kernel, plan->reduce_grid, plan->reduce_block, 1, reduce_params);
+  return {dx, dw, db};
+}
+
+// One float32 [2, rows] buffer for the rows' mean and rstd (one allocation), and its two rows.
+Triple stats_for(const Tensor& x) {
+  Tensor stats = empty({2, x.numel() / x.size(-1)}, x.options().dtype(at::kFloat));
+  return {stats, stats[0], stats[1]};
+}
+
+bool grad_to_come(std::initializer_list<const Tensor*> tensors) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const Tensor* t : tensors)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                        int64_t act, const FwdPlan* plan) {
+    auto [stats, mean, rstd] = stats_for(x);
+    Tensor y = ln_fwd(*plan, x, w, b, eps, mean.data_ptr(), rstd.data_ptr());
+    ctx->save_for_backward({x, w, b, stats});
+    ctx->saved_data["act"] = act;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3][0], saved[3][1],
+                               ctx->saved_data["act"].toInt());
+    return {dx, dw, db, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// act(LayerNorm(x)) with autograd, or undefined for a call the Python route takes.
+Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  if (!takes(x, w, b, eps)) return Tensor();
+  auto plan = fwd_plan(x, w, b, act);
+  if (!plan) return Tensor();
+  c10::DeviceGuard guard(x.device());
+  if (!grad_to_come({&x, &w, &b})) return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
+  return LayerNormFn::apply(x, w, b, eps, act, &*plan);
+}
+
+// ---------------------------------------------------------------- LayerNorm + Linear (unfused)
+
+struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                        const std::optional<Tensor>& bias, double eps, const FwdPlan* plan) {
+    auto [stats, mean, rstd] = stats_for(x);
+    Tensor xn = ln_fwd(*plan, x, lnw, lnb, eps, mean.data_ptr(), rstd.data_ptr());
+    ctx->save_for_backward({x, xn, lnw, lnb, w, stats});
+    ctx->saved_data["bias"] = bias.has_value() && bias->defined();
+    return at::linear(xn, w, bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const Tensor &x = s[0], &xn = s[1], &w = s[4];
+    const int64_t n = w.size(0), k = w.size(1);
+    Tensor dy2 = grads[0].contiguous().view({-1, n});
+    Tensor dw = ctx->needs_input_grad(3) ? dy2.t().mm(xn.view({-1, k})) : Tensor();
+    Tensor db = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(4)
+                    ? dy2.sum(0, false, at::kFloat).to(dy2.scalar_type())
+                    : Tensor();
+    auto [dx, dlnw, dlnb] = ln_bwd(dy2.mm(w).view(x.sizes()), x, s[2], s[3], s[5][0], s[5][1], 0);
+    return {dx, dlnw, dlnb, dw, db, Tensor(), Tensor()};
+  }
+};
+
+Key linear_key(const Tensor& x, const Tensor& w, int64_t algo, bool grad) {
+  const int64_t k = x.size(-1);
+  return {x.numel() / k, k, w.size(0), static_cast<int64_t>(x.scalar_type()), x.get_device(), algo, grad, 1};
+}
+
+bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
+  const auto dtype = x.scalar_type();
+  if (w.scalar_type() != dtype || w.device() != x.device() || w.dim() != 2 || w.size(1) != x.size(-1) ||
+      w.size(0) == 0 || !w.is_contiguous())
+    return false;
+  if (!bias.has_value() || !bias->defined()) return true;
+  return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
+         bias->size(0) == w.size(0) && bias->is_contiguous();
+}
+
+// Linear(LayerNorm(x)) with autograd where ``algo`` (an index into layernorm_linear.ALGOS) resolves to
+// "unfused" (set_linear_algo), or undefined for a call the Python route takes.
+Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                        const std::optional<Tensor>& bias, double eps, int64_t algo) {
+  if (!takes(x, lnw, lnb, eps) || !linear_takes(x, w, bias)) return Tensor();
+  const bool grad = grad_to_come({&x, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
+  auto unfused = find(linear_unfused, linear_key(x, w, algo, grad));
+  if (!unfused || !*unfused) return Tensor();
+  auto plan = fwd_plan(x, lnw, lnb, 0);
+  if (!plan) return Tensor();
+  c10::DeviceGuard guard(x.device());
+  if (!grad) return at::linear(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
+  return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan);
+}
+
+// ---------------------------------------------------------------- the ops torch.compile's graphs call
+
+// The forward as an op without autograd (torch.compile traces ops/layernorm.py's autograd.Function around
+// it): y, mean, rstd; a call without a plan here goes to the Python route's op.
+Triple layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  std::optional<FwdPlan> plan;
+  if (takes(x, w, b, eps)) plan = fwd_plan(x, w, b, act);
+  if (!plan) return ln_fwd_python(x, w, b, eps, act);
+  c10::DeviceGuard guard(x.device());
+  const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
+  Tensor mean = empty(stat_shape, x.options().dtype(at::kFloat));
+  Tensor rstd = empty(stat_shape, x.options().dtype(at::kFloat));
+  Tensor y = ln_fwd(*plan, x, w, b, eps, mean.data_ptr(), rstd.data_ptr());
+  return {y, mean, rstd};
+}
+
+Triple layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
+                     const Tensor& rstd, int64_t act) {
+  if (!takes(x, w, b, 1.0)) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
+  return ln_bwd(dy, x, w, b, mean, rstd, act);
+}
+
+// ---------------------------------------------------------------- plan registration (from Python)
+
+std::array<unsigned, 3> dims(at::IntArrayRef v) {
+  TORCH_CHECK(v.size() == 3, "mojo_direct: a grid has 3 dims");
+  return {static_cast<unsigned>(v[0]), static_cast<unsigned>(v[1]), static_cast<unsigned>(v[2])};
+}
+
+CUfunction function(int64_t address) { return reinterpret_cast<CUfunction>(static_cast<uintptr_t>(address)); }
+
+void set_fwd_plan(int64_t rows, int64_t h, at::ScalarType dtype, bool vec, int64_t act, int64_t device,
+                  int64_t kernel, at::IntArrayRef grid, int64_t block, int64_t cluster) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  fwd_plans[fwd_key(rows, h, dtype, vec, act, device)] =
+      FwdPlan{function(kernel), dims(grid), static_cast<unsigned>(block), static_cast<unsigned>(cluster)};
+}
+
+void set_bwd_plan(int64_t rows, int64_t h, at::ScalarType dtype, bool vec, int64_t act, int64_t device,
+                  int64_t kernel, at::IntArrayRef grid, int64_t block, int64_t parts, int64_t reduce_kernel,
+                  at::IntArrayRef reduce_grid, int64_t reduce_block) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  bwd_plans[fwd_key(rows, h, dtype, vec, act, device)] =
+      BwdPlan{function(kernel),        dims(grid),        static_cast<unsigned>(block),       parts,
+              function(reduce_kernel), dims(reduce_grid), static_cast<unsigned>(reduce_block)};
+}
+
+void set_linear_algo(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo,
+                     bool grad, bool unfused) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  linear_unfused[{rows, k, n, static_cast<int64_t>(dtype), device, algo, grad, 1}] = unfused;
+}
+
+void clear_plans() {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  fwd_plans.clear();
+  bwd_plans.clear();
+  linear_unfused.clear();
+}
+
+std::vector<int64_t> plan_counts() {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  return {static_cast<int64_t>(fwd_plans.size()), static_cast<int64_t>(bwd_plans.size()),
+          static_cast<int64_t>(linear_unfused.size())};
+}
+
+void set_poison(bool on) { poison = on; }
+
+}  // namespace
+
+TORCH_LIBRARY(mojo_direct, m) {
+  m.def("layernorm(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
+  m.def("layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
+        "int algo) -> Tensor");
+  m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
+  m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, int act) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("set_fwd_plan(int rows, int h, ScalarType dtype, bool vec_ok, int act, int device, int kernel, int[] grid, "
+        "int block, int cluster) -> ()", &set_fwd_plan);
+  m.def("set_bwd_plan(int rows, int h, ScalarType dtype, bool vec_ok, int act, int device, int kernel, int[] grid, "
+        "int block, int parts, int reduce_kernel, int[] reduce_grid, int reduce_block) -> ()", &set_bwd_plan);
+  m.def("set_linear_algo(int rows, int k, int n, ScalarType dtype, int device, int algo, bool grad, bool unfused) "
+        "-> ()", &set_linear_algo);
+  m.def("clear_plans() -> ()", &clear_plans);
+  m.def("plan_counts() -> int[]", &plan_counts);
+  m.def("set_poison(bool on) -> ()", &set_poison);
+}
+
+// The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
+// the backend kernels, with no grad to come.
+TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
+  m.impl("layernorm", &layernorm);
+  m.impl("layernorm_linear", &layernorm_linear);
+}
+
+TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
+  m.impl("layernorm", &layernorm);
+  m.impl("layernorm_linear", &layernorm_linear);
+}
+
+TORCH_LIBRARY_IMPL(mojo_direct, CUDA, m) {
+  m.impl("layernorm_fwd", &layernorm_fwd);
+  m.impl("layernorm_bwd", &layernorm_bwd);
+}
