@@ -380,6 +380,15 @@ def fwd_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: flo
     return torch.ops.mojo.layernorm_fwd(x, weight, bias, eps, variant, activation)
 
 
+def infer_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, variant: str = "fast",
+               activation: str = "none") -> torch.Tensor:
+    """y alone, as ``fwd_call`` runs it; on CUDA under torch.compile the C++ op that keeps no statistics."""
+    if (torch.compiler.is_compiling() and x.is_cuda and variant == "fast" and activation in ACTIVATIONS
+            and _native_ops_traceable()):
+        return torch.ops.mojo_direct.layernorm_infer(x, weight, bias, eps, ACTIVATIONS[activation])
+    return fwd_call(x, weight, bias, eps, variant, activation)[0]
+
+
 def bwd_call(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
              rstd: torch.Tensor, activation: str = "none") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``layernorm_bwd`` in eager; under torch.compile the op its graph calls (as ``fwd_call``)."""
@@ -403,6 +412,7 @@ def _native_ops_traceable() -> bool:
     if not _fakes_registered:
         _fakes_registered = True
         torch.library.register_fake("mojo_direct::layernorm_fwd")(_fake_fwd)
+        torch.library.register_fake("mojo_direct::layernorm_infer")(_fake_infer)
         torch.library.register_fake("mojo_direct::layernorm_bwd")(_fake_bwd)
     return True
 
@@ -412,6 +422,10 @@ def _fake_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     check_eps(eps)
     stats = x.new_empty(x.shape[:-1], dtype=F32)
     return torch.empty_like(x), stats, torch.empty_like(stats)
+
+
+def _fake_infer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, act: int) -> torch.Tensor:
+    return _fake_fwd(x, weight, bias, eps, act)[0]
 
 
 def _fake_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
@@ -472,6 +486,9 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
             return y
+    if torch.compiler.is_compiling() and no_grad_to_come(x, weight, bias):
+        _check_call(x, weight, bias, eps, variant, activation)
+        return infer_call(x, weight, bias, eps, variant, activation)
     if isinstance(x, torch.Tensor) and direct.launches(x) and no_grad_to_come(x, weight, bias):
         # No gradient to come (inference): one launch that keeps no statistics, no autograd node.
         _check_call(x, weight, bias, eps, variant, activation)

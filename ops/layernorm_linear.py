@@ -371,7 +371,7 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
         if xn.shape != x.shape:
             raise ValueError(f"xn: shape {tuple(xn.shape)} does not match x {tuple(x.shape)}")
     dweight = dy2.T @ xn.view(-1, k)
-    dbias = dy2.sum(0, dtype=torch.float32).to(dy.dtype)
+    dbias = dy2.sum(0)
     dxn = dy2 @ weight
     dx, dln_weight, dln_bias = layernorm.layernorm_bwd(dxn, x2, ln_weight, ln_bias, mean.view(-1), rstd.view(-1))
     return dx.view(x.shape), dln_weight, dln_bias, dweight, dbias
@@ -458,7 +458,7 @@ class LayerNormLinearFunction(torch.autograd.Function):
             dy2 = dy.view(-1, n)
             dxn = (dy2 @ weight).view(x.shape)
             grads = (*layernorm.bwd_call(dxn, x, ln_weight, ln_bias, mean, rstd), dy2.T @ xn.view(-1, k),
-                     dy2.sum(0, dtype=torch.float32).to(dy.dtype))
+                     dy2.sum(0))
         else:
             grads = layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
         return (*grads[:4], grads[4] if ctx.has_bias else None, None, None)
@@ -472,7 +472,7 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: 
     check_grad("dy", dy, x.dtype, (*x.shape[:-1], n), "y")
     dy2 = dy.view(-1, n)
     dweight = dy2.T @ xn.view(-1, k)
-    dbias = dy2.sum(0, dtype=torch.float32).to(dy.dtype)
+    dbias = dy2.sum(0)
     dx, dln_weight, dln_bias = layernorm._bwd_direct(dy @ weight, x, ln_weight, ln_bias,
                                                      *layernorm.stat_addresses(stats), 0)
     return dx, dln_weight, dln_bias, dweight, dbias
@@ -503,6 +503,8 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
             return y
     tensors = (x, ln_weight, ln_bias, weight, bias)
+    if torch.compiler.is_compiling() and layernorm.no_grad_to_come(*tensors):
+        return _infer_traced(x, ln_weight, ln_bias, weight, bias, eps, algo)
     if not (isinstance(x, torch.Tensor) and direct.launches(x)):
         return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
     if not layernorm.no_grad_to_come(*tensors):
@@ -520,6 +522,18 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
     _remember_algo(x, weight, algo, False, picked)
     return torch.nn.functional.linear(xn, weight, bias)
+
+
+def _infer_traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
+    """Inference as torch.compile traces it: no autograd node and, unfused, no statistics."""
+    validate(x, ln_weight, ln_bias, weight, bias)
+    layernorm.check_eps(eps)
+    k = x.shape[-1]
+    if pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
+        return torch.nn.functional.linear(layernorm.infer_call(x, ln_weight, ln_bias, eps), weight, bias)
+    bias = _zero_bias(weight) if bias is None else bias
+    return torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)[0]
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:

@@ -347,7 +347,7 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
     Tensor dy2 = grads[0].contiguous().view({-1, n});
     Tensor dw = ctx->needs_input_grad(3) ? dy2.t().mm(xn.view({-1, k})) : Tensor();
     Tensor db = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(4)
-                    ? dy2.sum(0, false, at::kFloat).to(dy2.scalar_type())
+                    ? dy2.sum(0)
                     : Tensor();
     auto [dx, dlnw, dlnb] = ln_bwd(dy2.mm(w).view(x.sizes()), x, s[2], s[3], s[5][0], s[5][1], 0);
     return {dx, dlnw, dlnb, dw, db, Tensor(), Tensor()};
@@ -398,6 +398,15 @@ Triple layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double e
   Tensor rstd = empty(stat_shape, x.options().dtype(at::kFloat));
   Tensor y = ln_fwd(*plan, x, w, b, eps, mean.data_ptr(), rstd.data_ptr());
   return {y, mean, rstd};
+}
+
+// The forward without statistics (inference under torch.compile): y.
+Tensor layernorm_infer(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  std::optional<FwdPlan> plan;
+  if (takes(x, w, b, eps)) plan = fwd_plan(x, w, b, act);
+  if (!plan) return std::get<0>(ln_fwd_python(x, w, b, eps, act));
+  c10::DeviceGuard guard(x.device());
+  return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
 }
 
 Triple layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
@@ -459,6 +468,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
         "int algo) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
+  m.def("layernorm_infer(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
   m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, int act) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("set_fwd_plan(int rows, int h, ScalarType dtype, bool vec_ok, int act, int device, int kernel, int[] grid, "
@@ -486,5 +496,6 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
 
 TORCH_LIBRARY_IMPL(mojo_direct, CUDA, m) {
   m.impl("layernorm_fwd", &layernorm_fwd);
+  m.impl("layernorm_infer", &layernorm_infer);
   m.impl("layernorm_bwd", &layernorm_bwd);
 }
