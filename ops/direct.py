@@ -326,6 +326,7 @@ class NativeOps:
     """
 
     layernorm: object = None
+    layernorm_with_stats: object = None
     layernorm_linear: object = None
     ops: object = None
 
@@ -400,6 +401,8 @@ def load_native() -> NativeOps:
         ops.set_poison(bool(bridge.poison_outputs))
         # the overloads' own callables: no OpOverload.__call__ frame per call
         NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
+        NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
+                                              ops.layernorm_with_stats.default)
         NATIVE.layernorm_linear = getattr(ops.layernorm_linear.default, "_op", ops.layernorm_linear.default)
     return NATIVE
 

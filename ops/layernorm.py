@@ -280,6 +280,13 @@ def check_eps(eps: float) -> None:
 def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                   variant: str = "fast", activation: str = "none") -> tuple[torch.Tensor, ...]:
     """y = act(LayerNorm(x)) [..., H] (x's dtype), mean and rstd [...] (float32)."""
+    native = direct.NATIVE.layernorm_with_stats
+    if (native is not None and variant == "fast" and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS
+            and not torch.compiler.is_compiling()):
+        out = native(x, weight, bias, eps, ACTIVATIONS[activation])
+        if out:   # empty: a call the C++ entry does not take (see ops/csrc/direct.cpp)
+            return tuple(out)
     _check_call(x, weight, bias, eps, variant, activation)
     if direct.launches(x):
         stats = x.shape[:-1]

@@ -136,7 +136,7 @@ def test_gpu_native_layernorm_is_the_python_route(dtype: torch.dtype, shape: tup
     """After a shape's first call (the Python route, which hands over the plan) the C++ entry takes the call and
     gives bitwise the Python route's output and gradients (the same kernels), with and without GELU; without a
     gradient to come too. Rows of 12288 bf16 take a clustered launch."""
-    from ops.layernorm import ACTIVATIONS, LayerNormFunction, layernorm
+    from ops.layernorm import ACTIVATIONS, LayerNormFunction, layernorm, layernorm_bwd, layernorm_fwd
 
     torch.manual_seed(0)
     h = shape[-1]
@@ -152,6 +152,11 @@ def test_gpu_native_layernorm_is_the_python_route(dtype: torch.dtype, shape: tup
             assert torch.equal(got, want), f"{activation} {name}"
         with torch.no_grad():
             assert torch.equal(layernorm(x, w, b, 1e-5, activation), python[0])
+            # the validated call (y, mean, rstd): the C++ entry too, with the statistics the backward reads
+            assert direct.NATIVE.layernorm_with_stats(x, w, b, 1e-5, ACTIVATIONS[activation])
+            y, mean, rstd = layernorm_fwd(x, w, b, 1e-5, "fast", activation)
+            assert torch.equal(y, python[0])
+            assert torch.equal(layernorm_bwd(dy, x, w, b, mean, rstd, activation)[0], python[1])
 
 
 @pytest.mark.gpu

@@ -388,16 +388,28 @@ Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, c
 
 // The forward as an op without autograd (torch.compile traces ops/layernorm.py's autograd.Function around
 // it): y, mean, rstd; a call without a plan here goes to the Python route's op.
-Triple layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+std::optional<Triple> ln_fwd_stats(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
   std::optional<FwdPlan> plan;
   if (takes(x, w, b, eps)) plan = fwd_plan(x, w, b, act);
-  if (!plan) return ln_fwd_python(x, w, b, eps, act);
+  if (!plan) return std::nullopt;
   c10::DeviceGuard guard(x.device());
   const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
   Tensor mean = empty(stat_shape, x.options().dtype(at::kFloat));
   Tensor rstd = empty(stat_shape, x.options().dtype(at::kFloat));
   Tensor y = ln_fwd(*plan, x, w, b, eps, mean.data_ptr(), rstd.data_ptr());
-  return {y, mean, rstd};
+  return Triple{y, mean, rstd};
+}
+
+Triple layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  auto out = ln_fwd_stats(x, w, b, eps, act);
+  return out ? *out : ln_fwd_python(x, w, b, eps, act);
+}
+
+// ops/layernorm.py's layernorm_fwd (y, mean, rstd) in eager: the three, or none for a call Python takes.
+std::vector<Tensor> layernorm_with_stats(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  auto out = ln_fwd_stats(x, w, b, eps, act);
+  if (!out) return {};
+  return {std::get<0>(*out), std::get<1>(*out), std::get<2>(*out)};
 }
 
 // The forward without statistics (inference under torch.compile): y.
@@ -468,6 +480,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
         "int algo) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
+  m.def("layernorm_with_stats(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor[]");
   m.def("layernorm_infer(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
   m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, int act) "
         "-> (Tensor, Tensor, Tensor)");
@@ -490,6 +503,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
+  m.impl("layernorm_with_stats", &layernorm_with_stats);
   m.impl("layernorm", &layernorm);
   m.impl("layernorm_linear", &layernorm_linear);
 }
