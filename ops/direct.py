@@ -471,6 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = layernorm_config.all_specs()
     built = build(specs, a.target)
     print(f"{len(specs)} kernels for {a.target}: {built} built, {len(specs) - built} cached, in {ptx_dir(a.target)}")
+    try:
+        print(f"C++ launcher: {build_native()}")
+    except NativeBuildError as e:
+        print(f"C++ launcher not built (calls take the Python route): {e}")
     return 0
 
 
