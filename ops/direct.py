@@ -261,6 +261,7 @@ def _invalid_context() -> object:
 
 
 _INVALID_CONTEXT = _invalid_context()
+# Loaded kernels are kept for the process: the C++ plan tables hold their CUfunctions as raw pointers.
 _kernels: dict[tuple[KernelSpec, int], Kernel] = {}
 
 

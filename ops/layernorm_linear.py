@@ -362,7 +362,7 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
     if dy.shape != (*x.shape[:-1], weight.shape[0]):
         raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y {(*x.shape[:-1], weight.shape[0])}")
     k = x.shape[-1]
-    x2, dy2 = x.view(-1, k), dy.view(-1, weight.shape[0])
+    x2 = x.view(-1, k)
     if xn is None:
         xn = layernorm.layernorm_fwd(x2, ln_weight, ln_bias, eps)[0]
     else:
@@ -370,11 +370,17 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
         check_same({"x": x, "xn": xn})
         if xn.shape != x.shape:
             raise ValueError(f"xn: shape {tuple(xn.shape)} does not match x {tuple(x.shape)}")
-    dweight = dy2.T @ xn.view(-1, k)
-    dbias = dy2.sum(0)
-    dxn = dy2 @ weight
+    dxn, dweight, dbias = _linear_grads(dy, xn.view(-1, k), weight)
     dx, dln_weight, dln_bias = layernorm.layernorm_bwd(dxn, x2, ln_weight, ln_bias, mean.view(-1), rstd.view(-1))
     return dx.view(x.shape), dln_weight, dln_bias, dweight, dbias
+
+
+def _linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The Linear's part of every backward path (ops/csrc/direct.cpp's too): from contiguous dy [..., N] and xn
+    [..., K], dxn = dy W (shaped like xn) and dW = dy^T xn by cuBLAS, db = dy's column sums."""
+    n, k = weight.shape
+    dy2 = dy.view(-1, n)
+    return (dy2 @ weight).view(xn.shape), dy2.T @ xn.reshape(-1, k), dy2.sum(0)
 
 
 # ---------------------------------------------------------------- torch.library
@@ -454,11 +460,8 @@ class LayerNormLinearFunction(torch.autograd.Function):
             xn = layernorm.fwd_call(x, ln_weight, ln_bias, ctx.eps)[0]
         if torch.compiler.is_compiling():
             # the backward as torch ops (cuBLAS GEMMs inductor sees) and our LayerNorm backward's op
-            n, k = weight.shape
-            dy2 = dy.view(-1, n)
-            dxn = (dy2 @ weight).view(x.shape)
-            grads = (*layernorm.bwd_call(dxn, x, ln_weight, ln_bias, mean, rstd), dy2.T @ xn.view(-1, k),
-                     dy2.sum(0))
+            dxn, dweight, dbias = _linear_grads(dy, xn, weight)
+            grads = (*layernorm.bwd_call(dxn, x, ln_weight, ln_bias, mean, rstd), dweight, dbias)
         else:
             grads = layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
         return (*grads[:4], grads[4] if ctx.has_bias else None, None, None)
@@ -468,13 +471,9 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: 
                 weight: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The backward of the eager GPU forward: cuBLAS for dW = dy^T xn and dxn = dy W, db = sum of dy, then our
     LayerNorm backward launched directly on the saved statistics."""
-    n, k = weight.shape
-    check_grad("dy", dy, x.dtype, (*x.shape[:-1], n), "y")
-    dy2 = dy.view(-1, n)
-    dweight = dy2.T @ xn.view(-1, k)
-    dbias = dy2.sum(0)
-    dx, dln_weight, dln_bias = layernorm._bwd_direct(dy @ weight, x, ln_weight, ln_bias,
-                                                     *layernorm.stat_addresses(stats), 0)
+    check_grad("dy", dy, x.dtype, (*x.shape[:-1], weight.shape[0]), "y")
+    dxn, dweight, dbias = _linear_grads(dy, xn, weight)
+    dx, dln_weight, dln_bias = layernorm._bwd_direct(dxn, x, ln_weight, ln_bias, *layernorm.stat_addresses(stats), 0)
     return dx, dln_weight, dln_bias, dweight, dbias
 
 
@@ -508,9 +507,10 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     if not (isinstance(x, torch.Tensor) and direct.launches(x)):
         return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
     if not layernorm.no_grad_to_come(*tensors):
-        y = LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
-        _remember_algo(x, weight, algo, True, pick_algo(autograd_algo(algo, tensors), x.device, x.dtype,
-                                                        x.numel() // x.shape[-1], weight.shape[0], x.shape[-1]))
+        runs = autograd_algo(algo, tensors)
+        y = LayerNormLinearFunction.apply(*tensors, eps, runs)
+        _remember_algo(x, weight, algo, True, pick_algo(runs, x.device, x.dtype, x.numel() // x.shape[-1],
+                                                        weight.shape[0], x.shape[-1]))
         return y
     # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
     validate(*tensors)

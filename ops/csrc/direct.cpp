@@ -224,7 +224,9 @@ Tensor ln_fwd(const FwdPlan& plan, const Tensor& x, const Tensor& w, const Tenso
   return y;
 }
 
-std::optional<FwdPlan> fwd_plan(const Tensor& x, const Tensor& w, const Tensor& b, int64_t act) {
+// The forward's plan for a call the C++ route takes (``takes``), or none (the call goes to Python).
+std::optional<FwdPlan> fwd_plan(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  if (!takes(x, w, b, eps)) return std::nullopt;
   const int64_t h = x.size(-1);
   return find(fwd_plans, fwd_key(x.numel() / h, h, x.scalar_type(), vec_ok(h, {&x, &w, &b}), act, x.get_device()));
 }
@@ -322,8 +324,7 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
 
 // act(LayerNorm(x)) with autograd, or undefined for a call the Python route takes.
 Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
-  if (!takes(x, w, b, eps)) return Tensor();
-  auto plan = fwd_plan(x, w, b, act);
+  auto plan = fwd_plan(x, w, b, eps, act);
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
   if (!grad_to_come({&x, &w, &b})) return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
@@ -379,7 +380,7 @@ Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, c
   const bool grad = grad_to_come({&x, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
   auto unfused = find(linear_unfused, linear_key(x, w, algo, grad));
   if (!unfused || !*unfused) return Tensor();
-  auto plan = fwd_plan(x, lnw, lnb, 0);
+  auto plan = fwd_plan(x, lnw, lnb, eps, 0);
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
   if (!grad) return at::linear(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
@@ -391,8 +392,7 @@ Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, c
 // The forward as an op without autograd (torch.compile traces ops/layernorm.py's autograd.Function around
 // it): y, mean, rstd; a call without a plan here goes to the Python route's op.
 std::optional<Triple> ln_fwd_stats(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
-  std::optional<FwdPlan> plan;
-  if (takes(x, w, b, eps)) plan = fwd_plan(x, w, b, act);
+  auto plan = fwd_plan(x, w, b, eps, act);
   if (!plan) return std::nullopt;
   c10::DeviceGuard guard(x.device());
   const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
@@ -416,8 +416,7 @@ std::vector<Tensor> layernorm_with_stats(const Tensor& x, const Tensor& w, const
 
 // The forward without statistics (inference under torch.compile): y.
 Tensor layernorm_infer(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
-  std::optional<FwdPlan> plan;
-  if (takes(x, w, b, eps)) plan = fwd_plan(x, w, b, act);
+  auto plan = fwd_plan(x, w, b, eps, act);
   if (!plan) return std::get<0>(ln_fwd_python(x, w, b, eps, act));
   c10::DeviceGuard guard(x.device());
   return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
