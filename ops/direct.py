@@ -329,6 +329,7 @@ class NativeOps:
     layernorm: object = None
     layernorm_with_stats: object = None
     layernorm_linear: object = None
+    layernorm_linear_with_stats: object = None
     ops: object = None
 
 
@@ -405,6 +406,8 @@ def load_native() -> NativeOps:
         NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
                                               ops.layernorm_with_stats.default)
         NATIVE.layernorm_linear = getattr(ops.layernorm_linear.default, "_op", ops.layernorm_linear.default)
+        NATIVE.layernorm_linear_with_stats = getattr(ops.layernorm_linear_with_stats.default, "_op",
+                                                     ops.layernorm_linear_with_stats.default)
     return NATIVE
 
 
@@ -464,12 +467,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``poe build-kernels``: compile every instantiation the ops launch by default, for a target."""
     import argparse
 
-    from ops import layernorm_config
+    from ops import layernorm_config, layernorm_linear_config
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--target", default="H100", choices=[t for t, _ in TARGETS.values()])
     a = p.parse_args(argv)
-    specs = layernorm_config.all_specs()
+    specs = layernorm_config.all_specs() + layernorm_linear_config.all_specs()
     built = build(specs, a.target)
     print(f"{len(specs)} kernels for {a.target}: {built} built, {len(specs) - built} cached, in {ptx_dir(a.target)}")
     try:

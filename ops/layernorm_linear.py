@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from ops import direct, layernorm
+from ops import layernorm_linear_config as config
 from ops.bridge import LIBRARY, GraphOp, Out
 from ops.validate import check_grad, check_same, check_size, check_tensor
 
@@ -58,7 +59,7 @@ FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill 
 # per weight version; the sweep is due a rerun with the per-call fold): the tensor-core kernel
 # beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
 FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
-FUSED_BM, FUSED_BN = 64, 64  # rows and columns per block of the fused kernel (SK_BM, SK_BN in the .mojo)
+FUSED_BM, FUSED_BN = config.SK_BM, config.SK_BN  # rows and columns per block of the fused kernel
 # k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
 # fp32 best near 256-1024 blocks, at 4b7006f the bf16 one; each split adds a [rows, n] fp32 partial.
 SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
@@ -78,7 +79,7 @@ SM90_MIN_N, SM90_MAX_N = 768, 3072
 # (results/bench_layernorm_linear_sm90.md and bench_layernorm_linear.md at 8aa98c9: 16384 x 1024 -> 3072,
 # runs of 12, 183.4 against 176.5 us; 16384 x 4096 -> 3072 694.4 against 620.5; version 5 had won both);
 # shorter runs, or x within that, won at every region shape of the sweep.
-SM90_TILE = (128, 256)   # the kernel's WG_BM x WG_BN
+SM90_TILE = (config.WG_BM, config.WG_BN)   # the Hopper kernel's output tile
 SM90_SHORT_RUN = 4
 SM90_RUN_MAX_X = 16384 * 768
 
@@ -101,19 +102,7 @@ def fwd_op(eps: float) -> GraphOp:
     )
 
 
-def output_tiles(rows: int, n: int) -> int:
-    """How many FUSED_BM x FUSED_BN output tiles the fused kernel's grid covers."""
-    return -(-rows // FUSED_BM) * -(-n // FUSED_BN)
-
-
-def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
-    """Per-split scratch lengths of the fused kernel: float32 keeps [rows, n] products and [rows, 2]
-    row sums; fp16/bf16 keep every 64 x 64 output tile's own (4096 products, 64 x 2 row sums), the
-    layout its last block per tile reads back. Column sums need none: ``folded`` holds them."""
-    if dtype == torch.float32:
-        return {"part_acc": rows * n, "part_rows": 2 * rows}
-    tiles = output_tiles(rows, n)
-    return {"part_acc": tiles * FUSED_BM * FUSED_BN, "part_rows": 2 * FUSED_BM * tiles}
+output_tiles, scratch_sizes = config.output_tiles, config.scratch_sizes
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -256,6 +245,42 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
     return y, mean, rstd
 
 
+def _fused_direct(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor, eps: float, algo: str, picked: str) -> tuple[torch.Tensor, ...] | None:
+    """(y, mean, rstd) of the "fused" or "sm90" forward (``picked``, what ``algo`` resolved to) on validated x
+    through the C++ entry, handing it the shape's plan first; None where that route does not run (no C++
+    library, OPS_ROUTE=graph, a call it does not take): the graph route runs then."""
+    entry = direct.NATIVE.layernorm_linear_with_stats
+    if entry is None or not direct.launches(x):
+        return None
+    args = (x, ln_weight, ln_bias, weight, bias, float(eps), ALGO_IDS[algo])
+    out = entry(*args)
+    if not out:
+        _register_fused(x, ln_weight, ln_bias, weight, algo, picked)
+        out = entry(*args)
+    return tuple(out) if out else None
+
+
+def _register_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor, algo: str,
+                    picked: str) -> None:
+    """Hand the C++ entry the launches of ``picked`` at x's shape and alignment (ops/layernorm_linear_config.py)."""
+    k, n = x.shape[-1], weight.shape[0]
+    rows, dtype, index = x.numel() // k, x.dtype, x.get_device()
+    mask = config.align_mask(x, ln_weight, ln_bias, weight)
+    counters = None
+    if picked == "sm90":
+        plan = config.sm90_plan(rows, k, n, dtype, mask, layernorm.sm_count(x.device))
+    else:
+        plan = config.fused_plan(rows, k, n, dtype, mask, fused_splits(rows, k, n, x.device, dtype))
+        if plan.kind == config.KIND_FUSED16:
+            counters = tile_counters(x.device, output_tiles(rows, n))
+    kernels = [int(direct.kernel(s.spec, index, s.smem).function) for s in plan.steps]
+    grids = [g for s in plan.steps for g in s.grid]
+    direct.remember(("fused", rows, k, n, dtype, index, ALGO_IDS[algo], mask), lambda native: native.set_fused_plan(
+        rows, k, n, dtype, index, ALGO_IDS[algo], mask, plan.kind, kernels, grids, [s.block for s in plan.steps],
+        [s.smem for s in plan.steps], list(plan.sizes), counters, _zero_bias(weight)))
+
+
 def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None) -> None:
     """Raise ValueError/TypeError naming the first bad argument (bias None: not checked)."""
     if layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias):
@@ -339,6 +364,8 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
         if algo != "auto":
             raise ValueError(f"algo: 'sm90' {why}")
         picked = "unfused"   # auto never raises: an x view that is not 16-byte aligned takes cuBLAS
+    if (out := _fused_direct(x, ln_weight, ln_bias, weight, bias, eps, algo, picked)) is not None:
+        return out
     if picked == "fused":
         y, mean, rstd = fused_fwd(x2, ln_weight, ln_bias, weight, bias, eps)
     elif picked == "sm90":

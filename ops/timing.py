@@ -34,6 +34,7 @@ SPIN_CYCLES = 10_000_000
 # The marker between profiled calls: long enough to show up, short enough not to matter.
 MARK_CYCLES = 1_000
 PIPELINE = 200   # calls per pipelined run
+PIPELINE_BUDGET_US = 200_000   # measure(): a pipelined run of slow calls is cut to about this long
 REPEATS = 5      # pipelined runs (median)
 MARK_KERNEL = "spin_kernel"  # the name of the kernel torch.cuda._sleep launches
 _NOT_WORK = re.compile("annotation|sync")  # CUPTI device records that are not kernels, memsets or copies
@@ -87,8 +88,17 @@ def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tenso
         host_times.append((time.perf_counter() - t0) * 1e6)
     _sync(device)
     kernel = kernel_us(fn, input_sets, iters) if kernels and device.type == "cuda" else None
-    return Timing(statistics.median(device_times), statistics.median(host_times), iters, kernel,
-                  pipelined_us(fn, input_sets))
+    device_us = statistics.median(device_times)
+    # slow calls get shorter pipelined runs (about PIPELINE_BUDGET_US each), never fewer than 20 calls
+    calls = max(20, min(PIPELINE, int(PIPELINE_BUDGET_US / max(device_us, 1.0))))
+    return Timing(device_us, statistics.median(host_times), iters, kernel, pipelined_us(fn, input_sets, calls))
+
+
+def call_fields(t: Timing, baseline: Timing) -> dict[str, float]:
+    """The report columns of how a call feels to a user: pipelined and host time per call, and the pipelined
+    ratio to ``baseline`` (torch eager), the headline of every benchmark."""
+    return {"pipe_us": round(t.pipelined_us, 2), "host_us": round(t.host_us, 2),
+            "pipe_vs_torch": round(t.pipelined_us / baseline.pipelined_us, 3)}
 
 
 def pipelined_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]],

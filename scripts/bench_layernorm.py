@@ -1,7 +1,11 @@
-"""LayerNorm on the GPU: our kernels (every variant) vs torch, forward, backward and LN+GELU.
+"""LayerNorm on the GPU: ours vs torch eager, torch.compile and Liger-Kernel, forward, backward and LN+GELU.
 
-Per row of the report: device microseconds (CUDA events, median, inputs
-rotated past the L2 cache), GB/s counting the bytes that must move (forward:
+Per row of the report, the headline first: pipelined time per call (back-to-back calls with their
+allocations, one synchronisation, divided; median of repeats), its ratio to torch eager, and host time per
+call. "ours" is the public ``layernorm`` (what our ``LayerNorm`` module runs), "ours:<variant>" the
+validated ``layernorm_fwd`` of each kernel variant; "liger" is Liger-Kernel's ``LigerLayerNormFunction``
+(its backward: ``layer_norm_backward``), timed where it is installed. Then device microseconds (CUDA events,
+median, inputs rotated past the L2 cache), GB/s counting the bytes that must move (forward:
 read x, write y; backward: read x and dy, write dx), % of the measured
 device copy bandwidth, and the ratio to torch eager (and torch.compile); then
 the same call's kernel time by CUPTI (torch.profiler), its GB/s and its ratio
@@ -34,6 +38,7 @@ from ops.timing import (  # noqa: E402
     Timing,
     appended,
     bench_args,
+    call_fields,
     commit,
     gpu_name,
     measure,
@@ -52,8 +57,8 @@ LONG_ROWS = ((4096, 16384), (512, 32768), (32, 65536))  # fast: a cluster of blo
 BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
 GELU_SHAPES = ((4096, 768), (16384, 4096))
 ROTATE_BYTES = 256 << 20  # input sets per shape cover at least this much (H100 L2: 50 MB)
-FIELDS = ("kind", "impl", "dtype", "M", "H", "us", "GBps", "pct_copy", "vs_torch", "vs_compile",
-          "kernel_us", "kernel_GBps", "kernel_vs_torch")
+FIELDS = ("kind", "impl", "dtype", "M", "H", "pipe_us", "pipe_vs_torch", "host_us", "us", "GBps", "pct_copy",
+          "vs_torch", "vs_compile", "kernel_us", "kernel_GBps", "kernel_vs_torch")
 
 
 def copy_gbps() -> float:
@@ -86,11 +91,21 @@ def row(kind: str, impl: str, dtype: torch.dtype, m: int, h: int, t: Timing, nby
         copy: float, torch_t: Timing, compile_t: Timing | None = None) -> dict:
     gbps = nbytes / t.device_us / 1e3
     return {"kind": kind, "impl": impl, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
-            "us": round(t.device_us, 2), "GBps": round(gbps, 1), "pct_copy": round(100 * gbps / copy, 1),
+            **call_fields(t, torch_t), "us": round(t.device_us, 2), "GBps": round(gbps, 1),
+            "pct_copy": round(100 * gbps / copy, 1),
             "vs_torch": round(t.device_us / torch_t.device_us, 3),
             "vs_compile": None if compile_t is None else round(t.device_us / compile_t.device_us, 3),
             "kernel_us": round(t.kernel_us, 2), "kernel_GBps": round(nbytes / t.kernel_us / 1e3, 1),
             "kernel_vs_torch": round(t.kernel_us / torch_t.kernel_us, 3)}
+
+
+def liger() -> object | None:
+    """Liger-Kernel's layer_norm module (forward function, backward function), or None where it is not installed."""
+    try:
+        from liger_kernel.ops import layer_norm
+    except ImportError:
+        return None
+    return layer_norm
 
 
 def checked(fn: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, activation: str, what: str) -> None:
@@ -125,13 +140,19 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
         if compiled is not None:
             t_comp = timed(compiled, sets, iters)
             rows.append(row(kind, "torch.compile", dtype, m, h, t_comp, nbytes, copy, t_torch, t_comp))
+        extra = [("ours", lambda x, w, b: L.layernorm(x, w, b, activation=activation))]
+        if (lg := liger()) is not None and activation == "none":
+            extra.append(("liger", lambda x, w, b: lg.LigerLayerNormFunction.apply(x, w, b, 1e-5)))
+        for name, fn in extra:
+            checked(fn, *sets[0], activation, name)
+            rows.append(row(kind, name, dtype, m, h, timed(fn, sets, iters), nbytes, copy, t_torch, t_comp))
         for v in variants:
             def ours(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: str = v) -> torch.Tensor:
                 return L.layernorm_fwd(x, w, b, variant=v, activation=activation)[0]
             checked(ours, *sets[0], activation, f"variant {v}")
             t = timed(ours, sets, iters if v in ("vector", "fast") else 5, warmup=2)
             rows.append(row(kind, f"ours:{v}", dtype, m, h, t, nbytes, copy, t_torch, t_comp))
-        print(" | ".join(f"{r['impl']} {r['us']}us {r['GBps']}GB/s" for r in rows if (r["M"], r["H"]) == (m, h)),
+        print(" | ".join(f"{r['impl']} {r['pipe_us']}us {r['GBps']}GB/s" for r in rows if (r["M"], r["H"]) == (m, h)),
               flush=True)
         del sets
     return rows
@@ -160,8 +181,14 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: floa
         rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch))
         t = timed(lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd, activation), sets, iters)
         rows.append(row(kind, "ours:fast", dtype, m, h, t, nbytes, copy, t_torch))
-        print(" | ".join(f"{r['kind']} {r['impl']} M={m} H={h} {r['us']}us {r['GBps']}GB/s" for r in rows[-2:]),
-              flush=True)
+        if (lg := liger()) is not None and activation == "none":
+            stats = {id(s[0]): lg.layer_norm_forward(*s[:3], 1e-5)[2:4] for s in sets}
+
+            def liger_bwd(x, w, b, dy, mean, rstd, stats=stats):
+                return lg.layer_norm_backward(dy, x, w, b, *stats[id(x)])
+            rows.append(row(kind, "liger", dtype, m, h, timed(liger_bwd, sets, iters), nbytes, copy, t_torch))
+        print(" | ".join(f"{r['kind']} {r['impl']} M={m} H={h} {r['pipe_us']}us {r['GBps']}GB/s"
+                         for r in rows if (r["M"], r["H"], r["kind"]) == (m, h, kind)), flush=True)
     return rows
 
 
@@ -181,7 +208,11 @@ def write(rows: list[dict], copy: float, kept: str = "") -> None:
     """The report (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
     stamp = f"GPU: {gpu_name()}; commit {commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
     write_report(OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
-                 "Device time per call (CUDA events, median, inputs rotated past L2). GB/s counts x read + y write "
+                 "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
+                 "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
+                 "the host's time per call. ours: the public layernorm; ours:<variant>: layernorm_fwd of that "
+                 "kernel variant; liger: Liger-Kernel. Device time per call (CUDA events, median, inputs rotated past "
+                 "L2). GB/s counts x read + y write "
                  "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager. impl `copy` is torch's "
                  "device copy of the same tensor (x read + y write), the ceiling at that size. kernel_*: the same "
                  "call's kernels alone, by CUPTI (torch.profiler; median over as many calls, each call's busy time "
@@ -193,7 +224,7 @@ def plot() -> None:
     """GB/s of torch vs ours per forward shape, one panel per dtype, from the committed CSV."""
     plot_forward(OUT / "bench_layernorm.csv", OUT / "bench_layernorm.png", "LayerNorm forward", "GBps",
                  "GB/s (x read + y write)", ("M", "H"), "{}x{}",
-                 ("copy", "torch", "torch.compile", "ours:vector", "ours:fast"))
+                 ("copy", "torch", "torch.compile", "liger", "ours"))
 
 
 def main() -> int:

@@ -1,11 +1,13 @@
-"""Linear(LayerNorm(x)) on the GPU: torch eager, torch.compile, our unfused pipeline, our fused op.
+"""Linear(LayerNorm(x)) on the GPU: torch eager, torch.compile and ours, as a user calls them.
 
-Per row: device microseconds (CUDA events, median, inputs rotated past the
-L2 cache), TFLOP/s (2*M*N*K per forward), the ratio to torch eager
-F.linear(F.layer_norm(x)), the peak memory one call allocates, and the
-call's kernel time by CUPTI (torch.profiler) with its ratio to torch's. TF32 is
-off. Every contender is checked against the float64 reference first.
-Backward rows time all five gradients (torch autograd vs ours).
+Per row, the headline first: pipelined time per call (back-to-back calls with their allocations, one
+synchronisation, divided; median of repeats) and its ratio to torch eager F.linear(F.layer_norm(x)), host
+time per call; then device microseconds (CUDA events, median, inputs rotated past the L2 cache), TFLOP/s
+(2*M*N*K per forward), the peak memory one call allocates, and the call's kernel time by CUPTI
+(torch.profiler). "ours" is the public ``layernorm_linear`` (what ``FusedLayerNormLinear`` runs; algo auto),
+"ours:<algo>" the same call with that algo forced. Liger-Kernel has no LayerNorm+Linear op. TF32 is off.
+Every contender is checked against the float64 reference first. Backward rows time all five gradients
+(torch autograd vs ours); train rows a whole forward and backward from leaves that need gradients.
 Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm-linear            (needs a CUDA GPU)
@@ -38,6 +40,7 @@ from ops.timing import (  # noqa: E402
     Timing,
     appended,
     bench_args,
+    call_fields,
     commit,
     gpu_name,
     measure,
@@ -57,8 +60,8 @@ SPLIT_SHAPES = ((4096, 4096, 64), (4096, 4096, 128), (4096, 768, 64), (16384, 10
 SPLIT_COUNTS = (1, 2, 4, 8, 16)
 SM90_SHAPES = ((4096, 768, 3072), (16384, 768, 3072), (4096, 1024, 4096), (4096, 4096, 4096))
 ROTATE_BYTES = 256 << 20
-FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "us", "TFLOPs", "vs_torch", "peak_MB", "kernel_us",
-          "kernel_vs_torch")
+FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "pipe_us", "pipe_vs_torch", "host_us", "us", "TFLOPs", "vs_torch",
+          "peak_MB", "kernel_us", "kernel_vs_torch")
 Sets = list[tuple[torch.Tensor, ...]]
 
 
@@ -81,8 +84,9 @@ def torch_eager(x, g, b, w, bias, dy=None):
 
 
 def ours(algo: str) -> Callable:
+    """The public call (no gradient to come: the inputs need none)."""
     def run(x, g, b, w, bias, dy=None):
-        return LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)[0]
+        return LL.layernorm_linear(x, g, b, w, bias, algo=algo)
     return run
 
 
@@ -108,7 +112,7 @@ def row(kind: str, impl: str, s: tuple, t: Timing, torch_t: Timing, mb: float) -
     (m, k), n = x.shape, w.shape[0]
     flops = 2 * m * n * k * (2 if kind == "bwd" else 1)
     return {"kind": kind, "impl": impl, "dtype": str(x.dtype).removeprefix("torch."), "M": m, "K": k, "N": n,
-            "us": round(t.device_us, 2), "TFLOPs": round(flops / t.device_us / 1e6, 2),
+            **call_fields(t, torch_t), "us": round(t.device_us, 2), "TFLOPs": round(flops / t.device_us / 1e6, 2),
             "vs_torch": round(t.device_us / torch_t.device_us, 3), "peak_MB": round(mb, 1),
             "kernel_us": round(t.kernel_us, 2), "kernel_vs_torch": round(t.kernel_us / torch_t.kernel_us, 3)}
 
@@ -129,14 +133,14 @@ def time_contenders(dtype: torch.dtype, shape: tuple[int, int, int],
         t = measure(fn, sets, iters_for(m, k, n), kernels=True)
         t_torch = t_torch or t
         rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
-    print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in rows), flush=True)
+    print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows), flush=True)
     return rows
 
 
 def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int, int]], with_compile: bool) -> list[dict]:
     compiled = torch.compile(torch_eager, dynamic=True) if with_compile else None
     contenders = [("torch", torch_eager)] + ([("torch.compile", compiled)] if compiled else [])
-    contenders += [(f"ours:{a}", ours(a)) for a in ("unfused", "fused", "auto")]
+    contenders += [("ours", ours("auto"))] + [(f"ours:{a}", ours(a)) for a in ("unfused", "fused")]
     return [r for shape in shapes for r in time_contenders(dtype, shape, lambda _: contenders)]
 
 
@@ -202,7 +206,27 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> li
             t_torch = t_torch or t
             rows.append(row("bwd", impl, sets[0], t, t_torch, peak_mb(run_grads, graphs[0])))
             del graphs
-        print(f"bwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['us']}us" for r in rows[-2:]),
+        print(f"bwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows[-2:]),
+              flush=True)
+    return rows
+
+
+def bench_train(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[dict]:
+    """A training step of the op: forward from leaves that need gradients, then all five gradients."""
+    def step(fwd: Callable) -> Callable:
+        def run(x, g, b, w, bias, dy):
+            leaves = tuple(t.requires_grad_() for t in (x, g, b, w, bias))
+            return torch.autograd.grad(fwd(*leaves), leaves, dy)
+        return run
+    rows = []
+    for m, k, n in shapes:
+        sets = [tuple(t.detach() for t in s) for s in input_sets(m, k, n, dtype)[:4]]
+        t_torch = None
+        for impl, fwd in (("torch", torch_eager), ("ours", LL.layernorm_linear)):
+            t = measure(step(fwd), sets, iters_for(m, k, n), kernels=True)
+            t_torch = t_torch or t
+            rows.append(row("train", impl, sets[0], t, t_torch, peak_mb(step(fwd), sets[0])))
+        print(f"train {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows[-2:]),
               flush=True)
     return rows
 
@@ -211,6 +235,9 @@ def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = ""
     """The report ``stem`` (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
     write_report(OUT / stem, rows, FIELDS, f"GPU: {gpu_name()}; commit {commit()}; TF32 off{kept}",
                  "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
+                 "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
+                 "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
+                 "the host's time per call. ours: the public layernorm_linear (algo auto; ours:<algo> forces one). "
                  "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
                  "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
                  "(backward: torch autograd). peak_MB: memory one call allocates at its peak. kernel_us: the "
@@ -222,7 +249,7 @@ def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = ""
 def plot() -> None:
     """Forward time relative to torch eager per shape, one panel per dtype, from the committed CSV."""
     plot_forward(OUT / "bench_layernorm_linear.csv", OUT / "bench_layernorm_linear.png", "LayerNorm+Linear forward",
-                 "vs_torch", "time / torch eager", ("M", "K", "N"), "{}x{}->{}", log=True)
+                 "pipe_vs_torch", "pipelined time / torch eager", ("M", "K", "N"), "{}x{}->{}", log=True)
 
 
 def main() -> int:
@@ -250,6 +277,7 @@ def main() -> int:
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         rows += bench_forward(dtype, grid, not args.no_compile)
         rows += bench_backward(dtype, list(TARGETS))
+        rows += bench_train(dtype, list(TARGETS))
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
         rows, kept = appended(OUT / "bench_layernorm_linear.csv", args.dtypes, rows)

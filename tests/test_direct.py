@@ -10,6 +10,7 @@ import torch
 
 from ops import bridge, direct
 from ops import layernorm_config as config
+from ops import layernorm_linear_config as lnl_config
 
 SPEC = config.reduce_spec(torch.float32)
 
@@ -58,6 +59,40 @@ def test_every_default_kernel_has_a_spec() -> None:
     assert all(f"def {s.name}[" in source for s in specs)
 
 
+# The constants ops/layernorm_linear_config.py mirrors, as the kernel sources define them.
+MIRRORED = {"layernorm_linear": ("SK_THREADS", "SK_BM", "SK_BN", "SK_GROUP", "MMA_STAGES", "MMA_BK", "MMA_SMEM_BYTES",
+                                 "FIN_ROWS", "FIN_COLS", "FOLD_THREADS"),
+            "layernorm_linear_sm90": ("PREP_WARPS", "WG_BM", "WG_BN", "WG_BK", "WG_STAGES", "WG_THREADS", "WG_ROWS",
+                                      "WG_BOX", "WG_EXT_COLS", "WG_SMEM_BYTES")}
+
+
+def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:
+    """ops/layernorm_linear_config.py launches what the Mojo host code launches: its constants equal the kernel
+    sources' (printed by Mojo itself), and every fused and Hopper instantiation builds to PTX whose entry takes
+    the arguments its spec lists (pointers, 32-bit scalars, 128-byte TMA descriptors aligned to 64)."""
+    from mojo.run import subprocess_run_mojo
+
+    names = [(module, name) for module, names in MIRRORED.items() for name in names]
+    program = cache / "constants.mojo"
+    program.parent.mkdir(parents=True)
+    program.write_text("".join(f"from kernels.{m} import {n}\n" for m, n in names)
+                       + "\ndef main():\n" + "".join(f"    print({n})\n" for _, n in names))
+    proc = subprocess_run_mojo(["run", "-I", str(bridge.LIBRARY.parent), str(program)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert dict(zip([n for _, n in names], map(int, proc.stdout.split()), strict=True)) == {
+        n: getattr(lnl_config, n) for _, n in names}
+    specs = lnl_config.all_specs()
+    assert direct.build(specs, "H100", quiet=True) == len(specs)
+    for spec in specs:
+        ptx = direct.ptx_path(spec, "H100").read_text()
+        head = ptx[ptx.index(".visible .entry"):]
+        params = head[:head.index(")")]
+        assert params.count(".param .u64") == spec.args.count("p"), spec.expr
+        assert params.count(".param .b32") + params.count(".param .f32") == spec.args.count("i") + spec.args.count(
+            "f"), spec.expr
+        assert params.count(".param .align 64 .b8") == spec.args.count("t"), spec.expr
+
+
 def test_unknown_architecture_has_no_build() -> None:
     with pytest.raises(direct.NoBuildError, match="sm_75"):
         direct.target_for((7, 5))
@@ -83,9 +118,14 @@ def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     native.ops.clear_plans()
     native.ops.set_fwd_plan(4, 8, torch.bfloat16, True, 0, 0, 1, [1, 1, 1], 32, 1)
     native.ops.set_linear_algo(4, 8, 3, torch.bfloat16, 0, 0, False, True)
-    assert native.ops.plan_counts() == [1, 0, 1]
+    native.ops.set_fused_plan(4, 8, 3, torch.bfloat16, 0, 0, 31, lnl_config.KIND_FUSED16, [1, 2], [1, 1, 1, 2, 1, 1],
+                              [256, 128], [0, 1024], [1, 64, 4096, 128, 1], None, torch.zeros(3))
+    with pytest.raises(RuntimeError, match="inconsistent"):
+        native.ops.set_fused_plan(4, 8, 3, torch.bfloat16, 0, 0, 31, 1, [1, 2], [1, 1, 1], [256], [0], [], None,
+                                  torch.zeros(3))
+    assert native.ops.plan_counts() == [1, 0, 1, 1]
     native.ops.clear_plans()
-    assert native.ops.plan_counts() == [0, 0, 0]
+    assert native.ops.plan_counts() == [0, 0, 0, 0]
 
 
 def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,6 +228,75 @@ def test_gpu_native_layernorm_linear_is_the_python_route(dtype: torch.dtype, row
     with torch.no_grad():
         m(x)
         assert torch.equal(m(x), python[0])
+
+
+FUSED_CASES = [("fused", torch.float32, (300, 1023, 64)), ("fused", torch.float32, (2, 3, 256, 5)),
+               ("fused", torch.bfloat16, (2, 1024, 2048, 64)), ("fused", torch.float16, (129, 768, 37)),
+               ("sm90", torch.bfloat16, (300, 768, 264)), ("sm90", torch.bfloat16, (2, 2048, 1024, 768))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo,dtype,shape", FUSED_CASES)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_gpu_fused_forwards_are_the_graph_route(algo: str, dtype: torch.dtype, shape: tuple[int, ...],
+                                                offset: int) -> None:
+    """The fused and Hopper forwards through the C++ entry (plans from ops/layernorm_linear_config.py) give
+    bitwise what the MAX ops give (their Mojo host code's own launches): y, mean and rstd, with and without a
+    bias, on 16-byte-aligned x and on x one element off (the unaligned variants; the Hopper kernel takes
+    aligned x only); and the module's inference output is that y."""
+    from ops import layernorm_linear as LL
+
+    if algo == "sm90" and not LL.is_sm90(torch.device("cuda")):
+        pytest.skip("needs an sm_90 GPU")
+    if algo == "sm90" and offset:
+        pytest.skip("the Hopper kernel takes 16-byte-aligned x only")
+    torch.manual_seed(0)
+    *lead, k, n = shape
+    x = (torch.randn(torch.Size(lead).numel() * k + offset, device="cuda") * 2 + 3).to(dtype)[offset:].view(*lead, k)
+    seq = torch.nn.Sequential(torch.nn.LayerNorm(k), torch.nn.Linear(k, n)).to("cuda", dtype)
+    with torch.no_grad():
+        for p in seq.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ln, lin = seq[0], seq[1]
+    graph_fwd = LL.fused_fwd if algo == "fused" else LL.sm90_fwd
+    for bias in (lin.bias, None):
+        full = LL._zero_bias(lin.weight) if bias is None else bias
+        want = [t.view(*lead, -1) for t in graph_fwd(x.view(-1, k), ln.weight, ln.bias, lin.weight, full, ln.eps)]
+        got = LL.layernorm_linear_fwd(x, ln.weight, ln.bias, lin.weight, bias, ln.eps, algo)
+        assert direct.NATIVE.layernorm_linear_with_stats(x, ln.weight, ln.bias, lin.weight, full, ln.eps,
+                                                         LL.ALGO_IDS[algo]), "the C++ entry did not take the call"
+        for name, a, b in zip(("y", "mean", "rstd"), got, want, strict=True):
+            assert torch.equal(a, b.view(a.shape)), name
+        with torch.no_grad():
+            assert torch.equal(LL.layernorm_linear(x, ln.weight, ln.bias, lin.weight, bias, ln.eps, algo), got[0])
+            assert direct.NATIVE.layernorm_linear(x, ln.weight, ln.bias, lin.weight, bias, ln.eps,
+                                                  LL.ALGO_IDS[algo]) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["fused", "sm90"])
+def test_gpu_cuda_graph_fused_inference(algo: str) -> None:
+    """A captured inference forward of the fused or Hopper op (C++ entry) replays right on new input."""
+    from ops import layernorm_linear as LL
+
+    if algo == "sm90" and not LL.is_sm90(torch.device("cuda")):
+        pytest.skip("needs an sm_90 GPU")
+    torch.manual_seed(0)
+    m = LL.FusedLayerNormLinear(2048, 64, algo=algo).to("cuda", torch.bfloat16)
+    x = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                m(x)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            y = m(x)
+        x.copy_(torch.randn_like(x) * 4 + 1)
+        graph.replay()
+        assert torch.equal(y, m(x))
 
 
 def _small_model(dtype: torch.dtype) -> torch.nn.Module:

@@ -65,6 +65,15 @@ struct LaunchConfig {  // CUlaunchConfig
 
 using LaunchKernelEx = int (*)(const LaunchConfig*, CUfunction, void**, void**);
 
+struct alignas(64) TensorMap {  // CUtensorMap: 128 opaque bytes the driver fills
+  uint64_t opaque[16];
+};
+
+// cuTensorMapEncodeTiled(map, data type, rank, address, dims, strides, box, element strides, interleave,
+// swizzle, L2 promotion, out-of-bounds fill)
+using TensorMapEncodeTiled = int (*)(TensorMap*, int, unsigned, void*, const uint64_t*, const uint64_t*,
+                                     const unsigned*, const unsigned*, int, int, int, int);
+
 struct Driver {
   LaunchKernel launch = nullptr;
   LaunchKernelEx launch_ex = nullptr;
@@ -72,6 +81,7 @@ struct Driver {
   int (*primary_ctx_retain)(CUcontext*, int) = nullptr;
   int (*ctx_set_current)(CUcontext) = nullptr;
   int (*error_string)(int, const char**) = nullptr;
+  TensorMapEncodeTiled encode_tiled = nullptr;
 
   Driver() {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -82,6 +92,7 @@ struct Driver {
     primary_ctx_retain = reinterpret_cast<int (*)(CUcontext*, int)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
     ctx_set_current = reinterpret_cast<int (*)(CUcontext)>(dlsym(lib, "cuCtxSetCurrent"));
     error_string = reinterpret_cast<int (*)(int, const char**)>(dlsym(lib, "cuGetErrorString"));
+    encode_tiled = reinterpret_cast<TensorMapEncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
   }
 };
 
@@ -109,15 +120,16 @@ void check(int err) {
 
 // One launch on torch's current stream of `device`; clusters > 1 launches grid[0] clusters of that many blocks.
 void launch(const at::Device& device, CUfunction f, const std::array<unsigned, 3>& grid, unsigned block,
-            unsigned clusters, void** params) {
+            unsigned clusters, void** params, unsigned smem = 0) {
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   CUstream stream = impl->getStreamNativeHandle(impl->getStream(device));
   auto once = [&]() {
-    if (clusters <= 1) return driver().launch(f, grid[0], grid[1], grid[2], block, 1, 1, 0, stream, params, nullptr);
+    if (clusters <= 1)
+      return driver().launch(f, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, params, nullptr);
     LaunchAttribute attr{};
     attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     attr.value.cluster = {clusters, 1, 1};
-    LaunchConfig cfg{{grid[0] * clusters, grid[1], grid[2]}, {block, 1, 1}, 0, stream, &attr, 1};
+    LaunchConfig cfg{{grid[0] * clusters, grid[1], grid[2]}, {block, 1, 1}, smem, stream, &attr, 1};
     return driver().launch_ex(&cfg, f, params, nullptr);
   };
   int err = once();
@@ -156,11 +168,29 @@ struct BwdPlan {
   unsigned reduce_block;
 };
 
+// A fused or Hopper LayerNorm+Linear forward (ops/layernorm_linear_config.py: FusedPlan): its launches in order,
+// kind-specific sizes, and the tensors it reuses (the 16-bit kernel's tile counters, a zero bias).
+struct Step {
+  CUfunction kernel;
+  std::array<unsigned, 3> grid;
+  unsigned block, smem;
+};
+
+struct FusedPlan {
+  int64_t kind;
+  std::vector<Step> steps;
+  std::vector<int64_t> sizes;
+  Tensor counters, zero_bias;
+};
+
+constexpr int64_t KIND_FUSED16 = 1, KIND_FUSED32 = 2, KIND_SM90 = 3;
+
 // Python keeps a record of what it handed over and clears both together (ops/direct.py: NativePlans).
 std::mutex plans_lock;
 std::unordered_map<Key, FwdPlan, KeyHash> fwd_plans;
 std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;
 std::unordered_map<Key, bool, KeyHash> linear_unfused;  // auto's (or the named) algo is "unfused"
+std::unordered_map<Key, FusedPlan, KeyHash> fused_plans;
 bool poison = false;   // tests: every output starts as NaN, so an unwritten element never passes
 
 Key fwd_key(int64_t rows, int64_t h, at::ScalarType dtype, bool vec_ok, int64_t act, int64_t device) {
@@ -372,6 +402,114 @@ bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>&
          bias->size(0) == w.size(0) && bias->is_contiguous();
 }
 
+// ---------------------------------------------------------------- LayerNorm + Linear (fused and Hopper forwards)
+
+// The alignment facts the kernels' host code branches on (ops/layernorm_linear_config.py: align_mask).
+int64_t align_mask(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w) {
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % VECTOR_BYTES == 0; };
+  const int64_t width = VECTOR_BYTES / static_cast<int64_t>(x.element_size());
+  return int64_t(x.size(-1) % width == 0) | int64_t(aligned(x)) << 1 | int64_t(aligned(w)) << 2 |
+         int64_t(aligned(lnw)) << 3 | int64_t(aligned(lnb)) << 4;
+}
+
+Key fused_key(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w, int64_t algo) {
+  const int64_t k = x.size(-1);
+  return {x.numel() / k, k, w.size(0), static_cast<int64_t>(x.scalar_type()), x.get_device(), algo,
+          align_mask(x, lnw, lnb, w), 2};
+}
+
+void run(const at::Device& device, const Step& step, void** params) {
+  launch(device, step.kernel, step.grid, step.block, 1, params, step.smem);
+}
+
+// A 2-D row-major tensor map of a 16-bit [rows, cols] array at `address`, boxes of box_rows x box_cols.
+TensorMap tensor_map(void* address, int64_t rows, int64_t cols, int64_t box_rows, int64_t box_cols, int64_t dtype,
+                     int swizzle) {
+  TORCH_CHECK(driver().encode_tiled != nullptr, "mojo_direct: the driver has no cuTensorMapEncodeTiled");
+  TensorMap map{};
+  const uint64_t dims[2] = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)};
+  const uint64_t strides[1] = {static_cast<uint64_t>(cols) * 2};
+  const unsigned box[2] = {static_cast<unsigned>(box_cols), static_cast<unsigned>(box_rows)};
+  const unsigned ones[2] = {1, 1};
+  check(driver().encode_tiled(&map, static_cast<int>(dtype), 2, address, dims, strides, box, ones, 0, swizzle, 0, 0));
+  return map;
+}
+
+constexpr int SWIZZLE_NONE = 0, SWIZZLE_128B = 3;
+
+// y [..., n], mean and rstd [...] (float32, rows of one [2, rows] buffer) by the plan's kernels, on contiguous
+// x [..., k], lnw, lnb [k], w [n, k] and bias [n] (the plan's zeros when undefined).
+Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                     const std::optional<Tensor>& bias_in, double eps) {
+  const int64_t k = x.size(-1), n = w.size(0), rows = x.numel() / k;
+  const Tensor& bias = bias_in.has_value() && bias_in->defined() ? *bias_in : plan.zero_bias;
+  auto shape = x.sizes().vec();
+  shape.back() = n;
+  Tensor y = empty(shape, x.options());
+  auto [stats, mean, rstd] = stats_for(x);
+  void *yp = y.data_ptr(), *mp = mean.data_ptr(), *rp = rstd.data_ptr(), *xp = x.data_ptr();
+  void *gp = lnw.data_ptr(), *bp = lnb.data_ptr(), *wp = w.data_ptr(), *biasp = bias.data_ptr();
+  int32_t rows32 = static_cast<int32_t>(rows), k32 = static_cast<int32_t>(k), n32 = static_cast<int32_t>(n);
+  float eps32 = static_cast<float>(eps);
+  const auto& z = plan.sizes;
+  const at::Device device = x.device();
+  if (plan.kind == KIND_SM90) {
+    // wg = w * gamma [n, k] and the fold's ext rows [n, z[8]], one scratch allocation
+    Tensor scratch = at::empty({n * k + n * z[8]}, x.options());
+    void* wgp = scratch.data_ptr();
+    void* extp = static_cast<char*>(wgp) + n * k * x.element_size();
+    void* prep[] = {&wgp, &extp, &wp, &gp, &bp, &biasp, &k32, &n32};
+    run(device, plan.steps[0], prep);
+    const int64_t dtype = z[9];
+    TensorMap xm = tensor_map(xp, rows, k, z[0], z[1], dtype, SWIZZLE_128B);
+    TensorMap wm = tensor_map(wgp, n, k, z[2], z[3], dtype, SWIZZLE_128B);
+    TensorMap ym = tensor_map(yp, rows, n, z[4], z[5], dtype, SWIZZLE_128B);
+    TensorMap em = tensor_map(extp, n / 8, 8 * z[8], z[6], z[7], dtype, SWIZZLE_NONE);
+    void* main[] = {&xm, &wm, &ym, &em, &mp, &rp, &rows32, &k32, &n32, &eps32};
+    run(device, plan.steps[1], main);
+    return {y, mean, rstd};
+  }
+  // fold [2, n], then the per-split partial products and row sums: one float32 scratch allocation
+  const int64_t splits = z[0], acc_len = splits * z[2], rows_len = splits * z[3];
+  Tensor scratch = at::empty({2 * n + acc_len + rows_len}, x.options().dtype(at::kFloat));
+  float* fold = scratch.data_ptr<float>();
+  void *foldp = fold, *accp = fold + 2 * n, *partp = fold + 2 * n + acc_len;
+  int32_t chunk32 = static_cast<int32_t>(z[1]), splits32 = static_cast<int32_t>(splits);
+  int32_t vec32 = static_cast<int32_t>(z[4]);
+  void* fold_params[] = {&foldp, &wp, &gp, &bp, &biasp, &k32, &n32};
+  run(device, plan.steps[0], fold_params);
+  if (plan.kind == KIND_FUSED16) {
+    void* cp = plan.counters.data_ptr();
+    void* params[] = {&yp, &mp, &rp, &foldp, &accp, &partp, &cp, &xp, &gp, &wp, &rows32, &k32, &n32, &chunk32, &eps32};
+    run(device, plan.steps[1], params);
+  } else {
+    void* params[] = {&accp, &partp, &mp, &xp, &gp, &wp, &rows32, &k32, &n32, &chunk32, &vec32};
+    run(device, plan.steps[1], params);
+    void* finish[] = {&yp, &mp, &rp, &foldp, &accp, &partp, &rows32, &k32, &n32, &splits32, &eps32};
+    run(device, plan.steps[2], finish);
+  }
+  return {y, mean, rstd};
+}
+
+std::optional<FusedPlan> fused_plan(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                                    const std::optional<Tensor>& bias, double eps, int64_t algo) {
+  if (!takes(x, lnw, lnb, eps) || !linear_takes(x, w, bias)) return std::nullopt;
+  return find(fused_plans, fused_key(x, lnw, lnb, w, algo));
+}
+
+// ops/layernorm_linear.py's layernorm_linear_fwd (y, mean, rstd) where ``algo`` resolves to "fused" or "sm90"
+// and Python handed over the plan; none for a call Python takes.
+std::vector<Tensor> layernorm_linear_with_stats(const Tensor& x, const Tensor& lnw, const Tensor& lnb,
+                                                const Tensor& w, const std::optional<Tensor>& bias, double eps,
+                                                int64_t algo) {
+  auto plan = fused_plan(x, lnw, lnb, w, bias, eps, algo);
+  if (!plan) return {};
+  c10::DeviceGuard guard(x.device());
+  auto [y, mean, rstd] = fused_forward(*plan, x, lnw, lnb, w, bias, eps);
+  const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
+  return {y, mean.view(stat_shape), rstd.view(stat_shape)};
+}
+
 // Linear(LayerNorm(x)) with autograd where ``algo`` (an index into layernorm_linear.ALGOS) resolves to
 // "unfused" (set_linear_algo), or undefined for a call the Python route takes.
 Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
@@ -379,7 +517,13 @@ Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, c
   if (!takes(x, lnw, lnb, eps) || !linear_takes(x, w, bias)) return Tensor();
   const bool grad = grad_to_come({&x, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
   auto unfused = find(linear_unfused, linear_key(x, w, algo, grad));
-  if (!unfused || !*unfused) return Tensor();
+  if (!unfused || !*unfused) {
+    if (grad) return Tensor();   // fused and Hopper forwards with a gradient to come: Python's autograd
+    auto fused = find(fused_plans, fused_key(x, lnw, lnb, w, algo));
+    if (!fused) return Tensor();
+    c10::DeviceGuard guard(x.device());
+    return std::get<0>(fused_forward(*fused, x, lnw, lnb, w, bias, eps));
+  }
   auto plan = fwd_plan(x, lnw, lnb, eps, 0);
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
@@ -459,8 +603,23 @@ void set_linear_algo(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, i
   linear_unfused[{rows, k, n, static_cast<int64_t>(dtype), device, algo, grad, 1}] = unfused;
 }
 
+void set_fused_plan(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo,
+                    int64_t mask, int64_t kind, at::IntArrayRef kernels, at::IntArrayRef grids,
+                    at::IntArrayRef blocks, at::IntArrayRef smem, at::IntArrayRef sizes,
+                    const std::optional<Tensor>& counters, const Tensor& zero_bias) {
+  TORCH_CHECK(grids.size() == 3 * kernels.size() && blocks.size() == kernels.size() &&
+                  smem.size() == kernels.size(), "mojo_direct: set_fused_plan: inconsistent lengths");
+  FusedPlan plan{kind, {}, sizes.vec(), counters.value_or(Tensor()), zero_bias};
+  for (size_t i = 0; i < kernels.size(); ++i)
+    plan.steps.push_back(Step{function(kernels[i]), dims(grids.slice(3 * i, 3)), static_cast<unsigned>(blocks[i]),
+                              static_cast<unsigned>(smem[i])});
+  std::lock_guard<std::mutex> guard(plans_lock);
+  fused_plans[{rows, k, n, static_cast<int64_t>(dtype), device, algo, mask, 2}] = std::move(plan);
+}
+
 void clear_plans() {
   std::lock_guard<std::mutex> guard(plans_lock);
+  fused_plans.clear();
   fwd_plans.clear();
   bwd_plans.clear();
   linear_unfused.clear();
@@ -469,7 +628,7 @@ void clear_plans() {
 std::vector<int64_t> plan_counts() {
   std::lock_guard<std::mutex> guard(plans_lock);
   return {static_cast<int64_t>(fwd_plans.size()), static_cast<int64_t>(bwd_plans.size()),
-          static_cast<int64_t>(linear_unfused.size())};
+          static_cast<int64_t>(linear_unfused.size()), static_cast<int64_t>(fused_plans.size())};
 }
 
 void set_poison(bool on) { poison = on; }
@@ -482,6 +641,8 @@ TORCH_LIBRARY(mojo_direct, m) {
         "int algo) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
   m.def("layernorm_with_stats(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor[]");
+  m.def("layernorm_linear_with_stats(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
+        "float eps, int algo) -> Tensor[]");
   m.def("layernorm_infer(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
   m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, int act) "
         "-> (Tensor, Tensor, Tensor)");
@@ -491,6 +652,9 @@ TORCH_LIBRARY(mojo_direct, m) {
         "int block, int parts, int reduce_kernel, int[] reduce_grid, int reduce_block) -> ()", &set_bwd_plan);
   m.def("set_linear_algo(int rows, int k, int n, ScalarType dtype, int device, int algo, bool grad, bool unfused) "
         "-> ()", &set_linear_algo);
+  m.def("set_fused_plan(int rows, int k, int n, ScalarType dtype, int device, int algo, int mask, int kind, "
+        "int[] kernels, int[] grids, int[] blocks, int[] smem, int[] sizes, "
+        "Tensor? counters, Tensor zero_bias) -> ()", &set_fused_plan);
   m.def("clear_plans() -> ()", &clear_plans);
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);
@@ -505,6 +669,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
 
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("layernorm_with_stats", &layernorm_with_stats);
+  m.impl("layernorm_linear_with_stats", &layernorm_linear_with_stats);
   m.impl("layernorm", &layernorm);
   m.impl("layernorm_linear", &layernorm_linear);
 }
