@@ -437,6 +437,9 @@ TensorMap tensor_map(void* address, int64_t rows, int64_t cols, int64_t box_rows
 
 constexpr int SWIZZLE_NONE = 0, SWIZZLE_128B = 3;
 
+// A scratch part's length rounded up to 64 elements (256 bytes of float32 or more), so the next part is aligned.
+int64_t padded(int64_t len) { return (len + 63) / 64 * 64; }
+
 // y [..., n], mean and rstd [...] (float32, rows of one [2, rows] buffer) by the plan's kernels, on contiguous
 // x [..., k], lnw, lnb [k], w [n, k] and bias [n] (the plan's zeros when undefined).
 Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
@@ -455,9 +458,10 @@ Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, 
   const at::Device device = x.device();
   if (plan.kind == KIND_SM90) {
     // wg = w * gamma [n, k] and the fold's ext rows [n, z[8]], one scratch allocation
-    Tensor scratch = at::empty({n * k + n * z[8]}, x.options());
+    const int64_t wg_len = padded(n * k);
+    Tensor scratch = at::empty({wg_len + n * z[8]}, x.options());
     void* wgp = scratch.data_ptr();
-    void* extp = static_cast<char*>(wgp) + n * k * x.element_size();
+    void* extp = static_cast<char*>(wgp) + wg_len * x.element_size();
     void* prep[] = {&wgp, &extp, &wp, &gp, &bp, &biasp, &k32, &n32};
     run(device, plan.steps[0], prep);
     const int64_t dtype = z[9];
@@ -469,11 +473,12 @@ Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, 
     run(device, plan.steps[1], main);
     return {y, mean, rstd};
   }
-  // fold [2, n], then the per-split partial products and row sums: one float32 scratch allocation
-  const int64_t splits = z[0], acc_len = splits * z[2], rows_len = splits * z[3];
-  Tensor scratch = at::empty({2 * n + acc_len + rows_len}, x.options().dtype(at::kFloat));
+  // fold [2, n], then the per-split partial products and row sums: one float32 scratch allocation, each part
+  // starting on a 256-byte boundary (the kernels store vectors)
+  const int64_t splits = z[0], fold_len = padded(2 * n), acc_len = padded(splits * z[2]);
+  Tensor scratch = at::empty({fold_len + acc_len + splits * z[3]}, x.options().dtype(at::kFloat));
   float* fold = scratch.data_ptr<float>();
-  void *foldp = fold, *accp = fold + 2 * n, *partp = fold + 2 * n + acc_len;
+  void *foldp = fold, *accp = fold + fold_len, *partp = fold + fold_len + acc_len;
   int32_t chunk32 = static_cast<int32_t>(z[1]), splits32 = static_cast<int32_t>(splits);
   int32_t vec32 = static_cast<int32_t>(z[4]);
   void* fold_params[] = {&foldp, &wp, &gp, &bp, &biasp, &k32, &n32};
