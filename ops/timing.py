@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import itertools
 import re
 import statistics
 import time
@@ -57,8 +59,9 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]],
-            iters: int = 50, warmup: int = 5, kernels: bool = False) -> Timing:
-    """Time ``fn(*inputs)`` cycling through ``input_sets``; with ``kernels`` (CUDA only) also its kernel time.
+            iters: int = 50, warmup: int = 5, kernels: bool = False, pipelined: bool = True) -> Timing:
+    """Time ``fn(*inputs)`` cycling through ``input_sets``; with ``kernels`` (CUDA only) also its kernel time;
+    with ``pipelined`` its pipelined time too (``side_by_side`` times several contenders' interleaved instead).
     The warm-up runs every input set at least once, so first-use costs (compiles, a set's first allocation)
     stay out of the timing; what an op derives from the weights it derives in every call, timed ones too."""
     device = input_sets[0][0].device
@@ -89,9 +92,31 @@ def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tenso
     _sync(device)
     kernel = kernel_us(fn, input_sets, iters) if kernels and device.type == "cuda" else None
     device_us = statistics.median(device_times)
-    # slow calls get shorter pipelined runs (about PIPELINE_BUDGET_US each), never fewer than 20 calls
-    calls = max(20, min(PIPELINE, int(PIPELINE_BUDGET_US / max(device_us, 1.0))))
-    return Timing(device_us, statistics.median(host_times), iters, kernel, pipelined_us(fn, input_sets, calls))
+    pipe = pipelined_us(fn, input_sets, pipeline_calls(device_us)) if pipelined else None
+    return Timing(device_us, statistics.median(host_times), iters, kernel, pipe)
+
+
+def pipeline_calls(device_us: float) -> int:
+    """Calls per pipelined run: PIPELINE, fewer for slow calls (a run of about PIPELINE_BUDGET_US), at least 20."""
+    return max(20, min(PIPELINE, int(PIPELINE_BUDGET_US / max(device_us, 1.0))))
+
+
+def side_by_side(contenders: Sequence[tuple], iters: int = 50, kernels: bool = False) -> dict[str, Timing]:
+    """``measure`` each contender, ``(name, fn, input sets)`` or ``(name, fn, input sets, iters)``, for device,
+    host and kernel time, then their pipelined times with the contenders' runs interleaved
+    (``pipelined_side_by_side``: a drift in the host's speed falls on all alike), median of REPEATS runs each."""
+    timings = {c[0]: measure(c[1], c[2], c[3] if len(c) > 3 else iters, kernels=kernels, pipelined=False)
+               for c in contenders}
+    cycling = {c[0]: _cycling(c[1], c[2]) for c in contenders}
+    calls = pipeline_calls(max(t.device_us for t in timings.values()))
+    pipe = pipelined_side_by_side(cycling, calls, REPEATS, contenders[0][2][0][0].device)
+    return {name: dataclasses.replace(t, pipelined_us=pipe[name]) for name, t in timings.items()}
+
+
+def _cycling(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]]) -> Callable[[], object]:
+    """``fn`` as a call without arguments that takes the next input set each time."""
+    sets = itertools.cycle(input_sets)
+    return lambda: fn(*next(sets))
 
 
 def call_fields(t: Timing, baseline: Timing) -> dict[str, float]:

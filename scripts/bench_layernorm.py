@@ -44,6 +44,7 @@ from ops.timing import (  # noqa: E402
     measure,
     plot_forward,
     save_plot,
+    side_by_side,
     write_report,
 )
 from ops.tolerance import compare  # noqa: E402
@@ -80,11 +81,6 @@ def input_sets(m: int, h: int, dtype: torch.dtype, with_dy: bool = False) -> lis
         b = (0.1 * torch.randn(h, device="cuda")).to(dtype)
         sets.append((x, w, b, torch.randn_like(x)) if with_dy else (x, w, b))
     return sets
-
-
-def timed(fn: Callable, sets: list, iters: int, warmup: int = 5) -> Timing:
-    """Events and CUPTI kernel time of one contender."""
-    return measure(fn, sets, iters, warmup, kernels=True)
 
 
 def row(kind: str, impl: str, dtype: torch.dtype, m: int, h: int, t: Timing, nbytes: int,
@@ -128,33 +124,30 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
     rows = []
     for m, h in shapes:
         sets = input_sets(m, h, dtype)
-        nbytes = 2 * m * h * dtype.itemsize
-        t_torch = timed(torch_fn, sets, iters)
-        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch))
+        contenders: list[tuple] = [("torch", torch_fn, sets)]
         if with_copy and activation == "none":  # the ceiling at this size: a plain copy of the same bytes
-            outs = [(x, torch.empty_like(x)) for x, _, _ in sets]
-            rows.append(row(kind, "copy", dtype, m, h, timed(lambda x, y: y.copy_(x), outs, iters), nbytes, copy,
-                            t_torch))
-            del outs
-        t_comp = None
+            contenders.append(("copy", lambda x, y: y.copy_(x), [(x, torch.empty_like(x)) for x, _, _ in sets]))
         if compiled is not None:
-            t_comp = timed(compiled, sets, iters)
-            rows.append(row(kind, "torch.compile", dtype, m, h, t_comp, nbytes, copy, t_torch, t_comp))
-        extra = [("ours", lambda x, w, b: L.layernorm(x, w, b, activation=activation))]
+            contenders.append(("torch.compile", compiled, sets))
+        contenders.append(("ours", lambda x, w, b: L.layernorm(x, w, b, activation=activation), sets))
         if (lg := liger()) is not None and activation == "none":
-            extra.append(("liger", lambda x, w, b: lg.LigerLayerNormFunction.apply(x, w, b, 1e-5)))
-        for name, fn in extra:
-            checked(fn, *sets[0], activation, name)
-            rows.append(row(kind, name, dtype, m, h, timed(fn, sets, iters), nbytes, copy, t_torch, t_comp))
+            contenders.append(("liger", lambda x, w, b: lg.LigerLayerNormFunction.apply(x, w, b, 1e-5), sets))
         for v in variants:
-            def ours(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: str = v) -> torch.Tensor:
+            def variant(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: str = v) -> torch.Tensor:
                 return L.layernorm_fwd(x, w, b, variant=v, activation=activation)[0]
-            checked(ours, *sets[0], activation, f"variant {v}")
-            t = timed(ours, sets, iters if v in ("vector", "fast") else 5, warmup=2)
-            rows.append(row(kind, f"ours:{v}", dtype, m, h, t, nbytes, copy, t_torch, t_comp))
+            contenders.append((f"ours:{v}", variant, sets, iters if v in ("vector", "fast") else 5))
+        for name, fn, *_ in contenders[1:]:
+            if name != "copy":
+                checked(fn, *sets[0], activation, name)
+        times = side_by_side(contenders, iters, kernels=True)
+        t_torch, t_comp = times["torch"], times.get("torch.compile")
+        nbytes = 2 * m * h * dtype.itemsize
+        for name, *_ in contenders:
+            rows.append(row(kind, name, dtype, m, h, times[name], nbytes, copy, t_torch,
+                            None if name in ("torch", "copy") else t_comp))
         print(" | ".join(f"{r['impl']} {r['pipe_us']}us {r['GBps']}GB/s" for r in rows if (r["M"], r["H"]) == (m, h)),
               flush=True)
-        del sets
+        del sets, contenders
     return rows
 
 
@@ -175,25 +168,28 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: floa
             def torch_fn(x, w, b, dy, mean, rstd):  # torch's own LayerNorm backward kernels
                 return torch.ops.aten.native_layer_norm_backward(
                     dy, x, (x.shape[-1],), mean.unsqueeze(-1), rstd.unsqueeze(-1), w, b, [True, True, True])
-            t_torch = timed(torch_fn, sets, iters)
+            baseline = ("torch", torch_fn, sets)
         else:
-            t_torch = torch_gelu_backward(sets, iters)
-        rows.append(row(kind, "torch", dtype, m, h, t_torch, nbytes, copy, t_torch))
-        t = timed(lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd, activation), sets, iters)
-        rows.append(row(kind, "ours:fast", dtype, m, h, t, nbytes, copy, t_torch))
+            baseline = ("torch", *torch_gelu_backward(sets))
+        contenders: list[tuple] = [
+            baseline,
+            ("ours:fast", lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd, activation), sets)]
         if (lg := liger()) is not None and activation == "none":
             stats = {id(s[0]): lg.layer_norm_forward(*s[:3], 1e-5)[2:4] for s in sets}
 
             def liger_bwd(x, w, b, dy, mean, rstd, stats=stats):
                 return lg.layer_norm_backward(dy, x, w, b, *stats[id(x)])
-            rows.append(row(kind, "liger", dtype, m, h, timed(liger_bwd, sets, iters), nbytes, copy, t_torch))
+            contenders.append(("liger", liger_bwd, sets))
+        times = side_by_side(contenders, iters, kernels=True)
+        for name, *_ in contenders:
+            rows.append(row(kind, name, dtype, m, h, times[name], nbytes, copy, times["torch"]))
         print(" | ".join(f"{r['kind']} {r['impl']} M={m} H={h} {r['pipe_us']}us {r['GBps']}GB/s"
                          for r in rows if (r["M"], r["H"], r["kind"]) == (m, h, kind)), flush=True)
     return rows
 
 
-def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]], iters: int) -> Timing:
-    """Device and kernel time of torch autograd's backward through F.gelu(F.layer_norm(x))."""
+def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]]) -> tuple[Callable, list[tuple]]:
+    """torch autograd's backward through F.gelu(F.layer_norm(x)): the call and its prepared graphs."""
     graphs = []
     for x, w, b, dy, _, _ in sets:
         xs, ws, bs = (t.detach().requires_grad_() for t in (x, w, b))
@@ -201,7 +197,7 @@ def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]], iters: int) -> Tim
 
     def run(y, xs, ws, bs, dy):
         return torch.autograd.grad(y, (xs, ws, bs), dy, retain_graph=True)
-    return timed(run, graphs, iters)
+    return run, graphs
 
 
 def write(rows: list[dict], copy: float, kept: str = "") -> None:

@@ -43,9 +43,9 @@ from ops.timing import (  # noqa: E402
     call_fields,
     commit,
     gpu_name,
-    measure,
     plot_forward,
     save_plot,
+    side_by_side,
     write_report,
 )
 from ops.tolerance import compare  # noqa: E402
@@ -123,16 +123,15 @@ def iters_for(m: int, k: int, n: int) -> int:
 
 def time_contenders(dtype: torch.dtype, shape: tuple[int, int, int],
                     contenders: Callable[[Sets], list[tuple[str, Callable]]]) -> list[dict]:
-    """Check, then time every (name, fn) that ``contenders(input sets)`` lists at one shape, side by side;
-    the first one is the baseline of vs_torch."""
+    """Check, then time every (name, fn) that ``contenders(input sets)`` lists at one shape, side by side
+    (pipelined runs interleaved); the first one is the baseline of the ratios."""
     m, k, n = shape
     sets = input_sets(m, k, n, dtype)
-    rows, t_torch = [], None
-    for impl, fn in contenders(sets):
+    named = contenders(sets)
+    for impl, fn in named:
         check_forward(fn, sets[0], impl)
-        t = measure(fn, sets, iters_for(m, k, n), kernels=True)
-        t_torch = t_torch or t
-        rows.append(row("fwd", impl, sets[0], t, t_torch, peak_mb(fn, sets[0])))
+    times = side_by_side([(impl, fn, sets) for impl, fn in named], iters_for(m, k, n), kernels=True)
+    rows = [row("fwd", impl, sets[0], times[impl], times[named[0][0]], peak_mb(fn, sets[0])) for impl, fn in named]
     print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows), flush=True)
     return rows
 
@@ -199,13 +198,11 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> li
                                layernorm_linear_grads_ref(x, g, b, w, bias, dy), strict=True):
             if (bad := compare(gv, r, dtype, reduction=max(m, n * k), cond=10.0)) is not None:
                 raise SystemExit(f"backward {name} is wrong at M={m} K={k} N={n} {dtype}: {bad}")
-        t_torch = None
-        for impl in ("torch", "ours"):
-            graphs = prepared(impl, sets)
-            t = measure(run_grads, graphs, iters_for(m, k, n), kernels=True)
-            t_torch = t_torch or t
-            rows.append(row("bwd", impl, sets[0], t, t_torch, peak_mb(run_grads, graphs[0])))
-            del graphs
+        graphs = {impl: prepared(impl, sets) for impl in ("torch", "ours")}
+        times = side_by_side([(impl, run_grads, g) for impl, g in graphs.items()], iters_for(m, k, n), kernels=True)
+        for impl, g in graphs.items():
+            rows.append(row("bwd", impl, sets[0], times[impl], times["torch"], peak_mb(run_grads, g[0])))
+        del graphs
         print(f"bwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows[-2:]),
               flush=True)
     return rows
@@ -221,11 +218,10 @@ def bench_train(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[
     rows = []
     for m, k, n in shapes:
         sets = [tuple(t.detach() for t in s) for s in input_sets(m, k, n, dtype)[:4]]
-        t_torch = None
-        for impl, fwd in (("torch", torch_eager), ("ours", LL.layernorm_linear)):
-            t = measure(step(fwd), sets, iters_for(m, k, n), kernels=True)
-            t_torch = t_torch or t
-            rows.append(row("train", impl, sets[0], t, t_torch, peak_mb(step(fwd), sets[0])))
+        steps = {"torch": step(torch_eager), "ours": step(LL.layernorm_linear)}
+        times = side_by_side([(impl, fn, sets) for impl, fn in steps.items()], iters_for(m, k, n), kernels=True)
+        for impl, fn in steps.items():
+            rows.append(row("train", impl, sets[0], times[impl], times["torch"], peak_mb(fn, sets[0])))
         print(f"train {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows[-2:]),
               flush=True)
     return rows
