@@ -1,10 +1,11 @@
 // The direct launcher's host side in C++ (ops/direct.py builds and loads it): LayerNorm (+GELU) and the
-// unfused LayerNorm+Linear as torch operators with C++ autograd, so that an eager call costs what a torch
-// op costs (allocation, launch and the backward's autograd node in C++, no Python per call).
+// unfused LayerNorm+Linear as torch operators with C++ autograd, and the fused and Hopper LayerNorm+Linear
+// forwards (no gradient), so that an eager call costs what a torch op costs (allocation, launch and the
+// backward's autograd node in C++, no Python per call).
 //
-// It decides nothing: Python (ops/layernorm_config.py through ops/layernorm.py) chooses every launch and
-// hands each choice to the plan tables below (set_fwd_plan, set_bwd_plan, set_linear_algo) the first time
-// it sees a shape. An op returns an undefined tensor (None in Python) for any call it does not take: no
+// It decides nothing: Python (ops/layernorm_config.py, ops/layernorm_linear_config.py) chooses every launch and
+// hands each choice to the plan tables below (set_fwd_plan, set_bwd_plan, set_linear_algo, set_fused_plan) the
+// first time it sees a shape. An op returns an undefined tensor (None in Python) for any call it does not take: no
 // plan yet, a tensor that is strided, empty, on the CPU or of another dtype, an eps that is not positive.
 // Python then runs its own route, with its named errors, and registers the plan for the next call.
 // layernorm_fwd / layernorm_infer / layernorm_bwd are the ops torch.compile's graphs call (fakes in
