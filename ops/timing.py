@@ -160,6 +160,25 @@ def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PI
     return {name: statistics.median(r) for name, r in runs.items()}
 
 
+def captured(fn: Callable[[], object], warmup: int = 3,
+             before_capture: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``fn`` run ``warmup`` times on a side stream (first-use work, such as our ops handing plans to the C++
+    entries, stays out of the graph), then captured by ``torch.cuda.graph``: the graph and what the captured
+    call returned (its outputs, rewritten by every replay). ``before_capture`` runs between the two."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    if before_capture is not None:
+        before_capture()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def kernel_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]], iters: int = 50) -> float:
     """Median over ``iters`` calls of the device time CUPTI records for one call's kernels (the union of
     their busy intervals), cycling through ``input_sets``; a marker kernel goes before each call."""

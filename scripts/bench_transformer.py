@@ -30,7 +30,7 @@ from torch import nn  # noqa: E402
 
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
-from ops.timing import commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
+from ops.timing import captured, commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
 
 D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
@@ -98,16 +98,7 @@ def infer_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], obj
         return fwd
     if mode == "cuda_graph":
         with torch.no_grad():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    model(x)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                model(x)
-        return graph.replay
+            return captured(lambda: model(x))[0].replay
     def eager() -> object:
         with torch.no_grad():
             return model(x)
@@ -127,16 +118,7 @@ def train_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], obj
         return loss
     if mode != "cuda_graph":
         return step
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
+    return captured(step)[0].replay
 
 
 def run(modes: list[str]) -> list[dict]:

@@ -11,6 +11,7 @@ import torch
 from ops import bridge, direct
 from ops import layernorm_config as config
 from ops import layernorm_linear_config as lnl_config
+from ops.timing import captured
 
 SPEC = config.reduce_spec(torch.float32)
 
@@ -284,16 +285,8 @@ def test_gpu_cuda_graph_fused_inference(algo: str) -> None:
     torch.manual_seed(0)
     m = LL.FusedLayerNormLinear(2048, 64, algo=algo).to("cuda", torch.bfloat16)
     x = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16)
-    graph = torch.cuda.CUDAGraph()
     with torch.no_grad():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                m(x)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            y = m(x)
+        graph, y = captured(lambda: m(x), warmup=2)
         x.copy_(torch.randn_like(x) * 4 + 1)
         graph.replay()
         assert torch.equal(y, m(x))
@@ -314,18 +307,16 @@ def test_gpu_cuda_graph_forward_and_backward() -> None:
     what eager gives on that input."""
     model = _small_model(torch.bfloat16)
     x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):   # warm-up: plans made, the C++ entries take the calls
-            model(x).float().sum().backward()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    model.zero_grad(set_to_none=True)
-    x.grad = None
-    with torch.cuda.graph(graph):
+    def step() -> torch.Tensor:
         y = model(x)
         y.float().sum().backward()
+        return y
+
+    def clear_grads() -> None:
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+    # warm-up: plans made, the C++ entries take the calls
+    graph, y = captured(step, before_capture=clear_grads)
     new = torch.randn_like(x)
     with torch.no_grad():
         x.copy_(new)
