@@ -250,8 +250,10 @@ def _fused_direct(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tenso
     """(y, mean, rstd) of the "fused" or "sm90" forward (``picked``, what ``algo`` resolved to) on validated x
     through the C++ entry, handing it the shape's plan first; None where that route does not run (no C++
     library, OPS_ROUTE=graph, a call it does not take): the graph route runs then."""
-    entry = direct.NATIVE.layernorm_linear_with_stats
-    if entry is None or not direct.launches(x):
+    if not direct.launches(x):
+        return None
+    entry = direct.load_native().layernorm_linear_with_stats   # loaded here too: a process may run no LayerNorm
+    if entry is None:
         return None
     args = (x, ln_weight, ln_bias, weight, bias, float(eps), ALGO_IDS[algo])
     out = entry(*args)
