@@ -248,9 +248,9 @@ def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, 
 def _fused_direct(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor, eps: float, algo: str, picked: str) -> tuple[torch.Tensor, ...] | None:
     """(y, mean, rstd) of the "fused" or "sm90" forward (``picked``, what ``algo`` resolved to) on validated x
-    through the C++ entry, handing it the shape's plan first; None where that route does not run (no C++
-    library, OPS_ROUTE=graph, a call it does not take): the graph route runs then."""
-    if not direct.launches(x):
+    through the C++ entry, handing it the shape's plan first; None for "unfused" (which it does not run) and where
+    that route does not run (no C++ library, OPS_ROUTE=graph, a call it does not take): the graph route runs then."""
+    if picked == "unfused" or not direct.launches(x):
         return None
     entry = direct.load_native().layernorm_linear_with_stats   # loaded here too: a process may run no LayerNorm
     if entry is None:
