@@ -388,9 +388,15 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
   }
 };
 
-Key linear_key(const Tensor& x, const Tensor& w, int64_t algo, bool grad) {
+// The LayerNorm+Linear tables' key, one layout for lookups and registrations: the shape, dtype, device and algo,
+// then `variant` (whether a gradient is to come in linear_unfused, the alignment mask in fused_plans).
+Key lnl_key(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo, int64_t variant) {
+  return {rows, k, n, static_cast<int64_t>(dtype), device, algo, variant, 1};
+}
+
+Key lnl_key(const Tensor& x, const Tensor& w, int64_t algo, int64_t variant) {
   const int64_t k = x.size(-1);
-  return {x.numel() / k, k, w.size(0), static_cast<int64_t>(x.scalar_type()), x.get_device(), algo, grad, 1};
+  return lnl_key(x.numel() / k, k, w.size(0), x.scalar_type(), x.get_device(), algo, variant);
 }
 
 bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
@@ -414,9 +420,7 @@ int64_t align_mask(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const 
 }
 
 Key fused_key(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w, int64_t algo) {
-  const int64_t k = x.size(-1);
-  return {x.numel() / k, k, w.size(0), static_cast<int64_t>(x.scalar_type()), x.get_device(), algo,
-          align_mask(x, lnw, lnb, w), 2};
+  return lnl_key(x, w, algo, align_mask(x, lnw, lnb, w));
 }
 
 void run(const at::Device& device, const Step& step, void** params) {
@@ -522,7 +526,7 @@ Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, c
                         const std::optional<Tensor>& bias, double eps, int64_t algo) {
   if (!takes(x, lnw, lnb, eps) || !linear_takes(x, w, bias)) return Tensor();
   const bool grad = grad_to_come({&x, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
-  auto unfused = find(linear_unfused, linear_key(x, w, algo, grad));
+  auto unfused = find(linear_unfused, lnl_key(x, w, algo, grad));
   if (!unfused || !*unfused) {
     if (grad) return Tensor();   // fused and Hopper forwards with a gradient to come: Python's autograd
     auto fused = find(fused_plans, fused_key(x, lnw, lnb, w, algo));
@@ -606,7 +610,7 @@ void set_bwd_plan(int64_t rows, int64_t h, at::ScalarType dtype, bool vec, int64
 void set_linear_algo(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo,
                      bool grad, bool unfused) {
   std::lock_guard<std::mutex> guard(plans_lock);
-  linear_unfused[{rows, k, n, static_cast<int64_t>(dtype), device, algo, grad, 1}] = unfused;
+  linear_unfused[lnl_key(rows, k, n, dtype, device, algo, grad)] = unfused;
 }
 
 void set_fused_plan(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo,
@@ -620,7 +624,7 @@ void set_fused_plan(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, in
     plan.steps.push_back(Step{function(kernels[i]), dims(grids.slice(3 * i, 3)), static_cast<unsigned>(blocks[i]),
                               static_cast<unsigned>(smem[i])});
   std::lock_guard<std::mutex> guard(plans_lock);
-  fused_plans[{rows, k, n, static_cast<int64_t>(dtype), device, algo, mask, 2}] = std::move(plan);
+  fused_plans[lnl_key(rows, k, n, dtype, device, algo, mask)] = std::move(plan);
 }
 
 void clear_plans() {
