@@ -279,16 +279,16 @@ def check_eps(eps: float) -> None:
 
 def _native_takes(x: object, weight: object, bias: object, eps: object, variant: str, activation: str) -> bool:
     """Whether a call's arguments fit the C++ entries' schema and choices (tensors, a float eps, the default
-    variant, a known activation; not while torch.compile traces). The entries check the rest."""
+    variant, a known activation). The entries check the rest."""
     return (variant == "fast" and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS
-            and not torch.compiler.is_compiling())
+            and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS)
 
 
 def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                   variant: str = "fast", activation: str = "none") -> tuple[torch.Tensor, ...]:
     """y = act(LayerNorm(x)) [..., H] (x's dtype), mean and rstd [...] (float32)."""
-    native = direct.NATIVE.layernorm_with_stats
+    # is_compiling first: dynamo must not read (and guard on) the C++ entry, a builtin it cannot guard
+    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_with_stats
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
         out = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if out:   # empty: a call the C++ entry does not take (see ops/csrc/direct.cpp)
@@ -492,7 +492,7 @@ def _check_call(x: object, weight: object, bias: object, eps: float, variant: st
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
               activation: str = "none", variant: str = "fast") -> torch.Tensor:
     """act(LayerNorm(x)) over the last dim with autograd; x [..., H], weight/bias [H]."""
-    native = direct.NATIVE.layernorm
+    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm   # as in layernorm_fwd
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)

@@ -522,11 +522,10 @@ def autograd_algo(algo: str, tensors: tuple[object, ...]) -> str:
 def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto") -> torch.Tensor:
     """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N] (algo: ``autograd_algo``)."""
-    native = direct.NATIVE.layernorm_linear
+    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_linear   # see layernorm_fwd
     if (native is not None and isinstance(x, torch.Tensor) and isinstance(ln_weight, torch.Tensor)
             and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS
-            and not torch.compiler.is_compiling()):
+            and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS):
         y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
         if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
             return y

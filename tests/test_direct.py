@@ -129,6 +129,29 @@ def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     assert native.ops.plan_counts() == [0, 0, 0, 0]
 
 
+class _NoReads:
+    """A stand-in for ``direct.NATIVE`` that fails any read of an entry."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"NATIVE.{name} read while torch.compile traces")
+
+
+def test_no_native_entry_read_while_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While dynamo traces, the public entries do not read the C++ entries: dynamo guards on what a traced frame
+    reads, and on torch 2.11 a guard on a builtin function fails the compile (AssertionError 'Unexpected type'),
+    which broke torch.compile of a model with our modules on the H100."""
+    from ops import layernorm as L
+    from ops import layernorm_linear as LL
+
+    monkeypatch.setattr(direct, "NATIVE", _NoReads())
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
+    with torch.no_grad():
+        assert torch.allclose(L.layernorm_fwd(x, w, b)[0], torch.nn.functional.layer_norm(x, (8,), w, b), atol=1e-5)
+        assert L.layernorm(x, w, b).shape == (4, 8)
+        assert LL.layernorm_linear(x, w, b, torch.randn(3, 8)).shape == (4, 3)
+
+
 def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:
     """``remember`` hands each plan over once, and at PLANS_MAX clears Python's record and the C++ tables
     together (a plan Python believes handed over is never missing there)."""
