@@ -14,8 +14,10 @@ Kernels: ``ops/kernels/layernorm.mojo`` (registered ``layernorm_fwd`` and
 
 from __future__ import annotations
 
+import math
 import os
 import struct
+from collections.abc import Sequence
 from functools import cache
 
 import torch
@@ -25,9 +27,9 @@ from ops import bridge, direct
 from ops import layernorm_config as config
 from ops.bridge import LIBRARY, GraphOp, Out
 from ops.layernorm_config import DTYPES, VARIANTS, Launch
-from ops.validate import check_grad, check_same, check_size, check_tensor
+from ops.validate import check_grad, check_param, check_same, check_tensor
 
-__all__ = ["VARIANTS", "LayerNorm", "layernorm", "layernorm_bwd", "layernorm_fwd"]
+__all__ = ["VARIANTS", "LayerNorm", "layer_norm", "layernorm", "layernorm_bwd", "layernorm_fwd"]
 
 # "gelu" is the erf form (torch's default), "gelu_tanh" the tanh approximation.
 ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "gelu": 2}
@@ -244,16 +246,22 @@ def _check_activation(activation: str) -> None:
 
 
 def validate(x: object, weight: object, bias: object, names: tuple[str, str, str] = ("x", "weight", "bias")) -> None:
-    """Raise ValueError/TypeError naming the first bad argument (``names`` as the caller calls them)."""
+    """Raise ValueError/TypeError naming the first bad argument (``names`` as the caller calls them). Strided or
+    empty x and float32 weight and bias with 16-bit x pass: the entries adapt them (``adapt``, ``_empty_fwd``)."""
     if _valid(x, weight, bias):
         return
     nx, nw, nb = names
-    check_tensor(nx, x, min_ndim=1, dtypes=DTYPES)
-    check_tensor(nw, weight, ndim=1, dtypes=DTYPES)
-    check_tensor(nb, bias, ndim=1, dtypes=DTYPES)
-    check_same({nx: x, nw: weight, nb: bias})
-    check_size(nw, weight, 0, x.shape[-1], f"{nx}'s last dim")
-    check_size(nb, bias, 0, x.shape[-1], f"{nx}'s last dim")
+    check_tensor(nx, x, min_ndim=1, dtypes=DTYPES, layout=False)
+    h = x.shape[-1]
+    check_param(nw, weight, x, nx, h, f"{nx}'s last dim", DTYPES)
+    check_param(nb, bias, x, nx, h, f"{nx}'s last dim", DTYPES)
+
+
+def adapt(x: torch.Tensor, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Validated x and its parameters as the kernels take them: contiguous (one copy of a strided tensor; with
+    autograd, the copy's backward puts the gradient back in place) and the parameters in x's dtype (a float32
+    parameter of 16-bit x is rounded to it; its gradient comes back in float32)."""
+    return (x.contiguous(), *(p.to(x.dtype).contiguous() for p in params))
 
 
 def _valid(x: object, weight: object, bias: object) -> bool:
@@ -273,6 +281,8 @@ def _valid(x: object, weight: object, bias: object) -> bool:
 
 def check_eps(eps: float) -> None:
     """eps must be a positive number (it is added to the variance)."""
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
     if not eps > 0:
         raise ValueError(f"eps: must be positive, got {eps}")
 
@@ -282,6 +292,13 @@ def _native_takes(x: object, weight: object, bias: object, eps: object, variant:
     variant, a known activation). The entries check the rest."""
     return (variant == "fast" and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
             and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS)
+
+
+def _empty_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    """The forward of validated empty x (no rows, or rows of nothing) as torch answers it: y like x, and the
+    statistics [...] (for rows of nothing: mean 0, rstd NaN, as ``torch.native_layer_norm`` gives)."""
+    y, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)
+    return y.contiguous(), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
 
 
 def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
@@ -294,6 +311,10 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
         if out:   # empty: a call the C++ entry does not take (see ops/csrc/direct.cpp)
             return tuple(out)
     _check_call(x, weight, bias, eps, variant, activation)
+    if not _valid(x, weight, bias):
+        if x.numel() == 0:
+            return _empty_fwd(x, weight, bias, eps)
+        x, weight, bias = adapt(x, weight, bias)
     if direct.launches(x):
         stats = x.shape[:-1]
         mean, rstd = _empty(stats, F32, x.device), _empty(stats, F32, x.device)
@@ -311,6 +332,12 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     """dx [..., H], dweight and dbias [H] (x's dtype) from the upstream gradient dy [..., H]."""
     if not (_valid(x, weight, bias) and _valid_bwd(dy, x, mean, rstd)):
         _check_bwd(dy, x, weight, bias, mean, rstd)
+        _check_activation(activation)
+        if x.numel() == 0:
+            return torch.zeros_like(x), torch.zeros_like(weight), torch.zeros_like(bias)
+        dx, dweight, dbias = layernorm_bwd(dy.contiguous(), *adapt(x, weight, bias), mean.contiguous(),
+                                           rstd.contiguous(), activation)
+        return dx, dweight.to(weight.dtype), dbias.to(bias.dtype)
     _check_activation(activation)
     if direct.launches(x):
         return _bwd_direct(dy, x, weight, bias, mean.data_ptr(), rstd.data_ptr(), ACTIVATIONS[activation])
@@ -341,12 +368,12 @@ def _valid_bwd(dy: object, x: torch.Tensor, mean: object, rstd: object) -> bool:
 def _check_bwd(dy: object, x: object, weight: object, bias: object, mean: object, rstd: object) -> None:
     """The backward's named checks (``layernorm_bwd``'s Raises)."""
     validate(x, weight, bias)
-    check_tensor("dy", dy, dtypes=DTYPES)
+    check_tensor("dy", dy, dtypes=DTYPES, layout=False)
     check_same({"x": x, "dy": dy})
     if dy.shape != x.shape:
         raise ValueError(f"dy: shape {tuple(dy.shape)} does not match x {tuple(x.shape)}")
     for name, t in (("mean", mean), ("rstd", rstd)):
-        check_tensor(name, t, min_ndim=0, dtypes=(torch.float32,))
+        check_tensor(name, t, min_ndim=0, dtypes=(torch.float32,), layout=False)
         if t.shape != x.shape[:-1] or t.device != x.device:
             raise ValueError(f"{name}: expected shape {tuple(x.shape[:-1])} on {x.device}, "
                              f"got {tuple(t.shape)} on {t.device}")
@@ -497,6 +524,8 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
             return y
+    if not _valid(x, weight, bias) or autocast_to_fp32(x):
+        return _layernorm_adapted(x, weight, bias, eps, activation, variant)
     if torch.compiler.is_compiling() and no_grad_to_come(x, weight, bias):
         _check_call(x, weight, bias, eps, variant, activation)
         return infer_call(x, weight, bias, eps, variant, activation)
@@ -507,11 +536,115 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     return LayerNormFunction.apply(x, weight, bias, eps, variant, activation)
 
 
-class LayerNorm(nn.Module):
-    """Drop-in for ``nn.LayerNorm(H)`` (same parameter names, so its state dict loads).
+def autocast_to_fp32(x: torch.Tensor) -> bool:
+    """Whether torch would run a LayerNorm of x in float32 now: CUDA autocast puts ``layer_norm`` on its float32
+    list (the CPU's leaves it in x's dtype)."""
+    return x.is_cuda and torch.is_autocast_enabled("cuda")
 
-    ``activation="gelu"`` or ``"gelu_tanh"`` makes it LayerNorm followed by
-    GELU in the same pass. Only the last dim is normalized.
+
+def _layernorm_adapted(x: object, weight: object, bias: object, eps: float, activation: str,
+                       variant: str) -> torch.Tensor:
+    """``layernorm`` of what the kernels do not take as it comes, answered as torch answers it: under CUDA
+    autocast in float32; empty x by torch (nothing to compute); strided x and float32 parameters of 16-bit x
+    adapted (``adapt``). Anything else gets ``validate``'s named error."""
+    _check_call(x, weight, bias, eps, variant, activation)
+    if autocast_to_fp32(x):
+        with torch.autocast("cuda", enabled=False):
+            return layernorm(x.float(), weight.float(), bias.float(), eps, activation, variant)
+    if x.numel() == 0:
+        y = torch.nn.functional.layer_norm(x, x.shape[-1:], weight.to(x.dtype), bias.to(x.dtype), eps)
+        return _ACT_FNS[activation](y)
+    return layernorm(*adapt(x, weight, bias), eps, activation, variant)
+
+
+_ACT_FNS = {"none": lambda y: y, "gelu": torch.nn.functional.gelu,
+            "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}
+
+
+def normalized_size(x: object, normalized_shape: int | Sequence[int]) -> tuple[tuple[int, ...], int]:
+    """``normalized_shape`` as a tuple and the number of elements it covers, checked against x's trailing dims
+    (as ``torch.nn.functional.layer_norm`` takes it)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
+    check_tensor("x", x, min_ndim=1, dtypes=DTYPES, layout=False)
+    if tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x's shape {tuple(x.shape)})")
+    return shape, math.prod(shape)
+
+
+def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5, *, activation: str = "none",
+               variant: str = "fast") -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` on our kernels: act(LayerNorm(x)) over x's trailing ``normalized_shape``
+    dims, with autograd.
+
+    Args:
+        x: the input, ``[*, *normalized_shape]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any
+            layout (a strided x is copied once).
+        normalized_shape: the trailing dims to normalize over (an int for the last dim alone).
+        weight, bias: gamma and beta of ``normalized_shape``, or None (1 and 0); x's dtype, or float32 for
+            16-bit x.
+        eps: added to the variance (> 0).
+        activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
+        variant: the forward kernel's variant (``VARIANTS``; benchmarks).
+
+    Shape:
+        x and the output: ``[*, *normalized_shape]``.
+
+    Returns:
+        The normalized tensor, x's dtype (float32 under CUDA autocast, as torch's).
+
+    Raises:
+        TypeError: a non-tensor or unsupported dtype, named.
+        ValueError: sizes that do not match, tensors on different devices, eps <= 0, an unknown activation.
+
+    Example:
+        >>> y = layer_norm(torch.randn(2, 3, 4), (3, 4))
+    """
+    shape, h = normalized_size(x, normalized_shape)
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and not isinstance(p, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(p).__name__}")
+        if p is not None and tuple(p.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {tuple(p.shape)}")
+    x2 = x.reshape(*x.shape[:x.dim() - len(shape)], h) if len(shape) > 1 else x
+    weight = constant(1.0, h, x.dtype, x.device) if weight is None else weight.reshape(h)
+    bias = constant(0.0, h, weight.dtype, x.device) if bias is None else bias.reshape(h)
+    return layernorm(x2, weight, bias, eps, activation, variant).reshape(x.shape)
+
+
+_constants: dict[tuple, torch.Tensor] = {}
+
+
+def constant(value: float, h: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A [h] tensor of ``value`` that stands in for an absent weight or bias: one per (value, h, dtype, device),
+    never written (it depends on no tensor's values, so it cannot go stale)."""
+    key = (value, h, dtype, device)
+    t = _constants.get(key)
+    if t is None:
+        t = _constants[key] = torch.full((h,), value, dtype=dtype, device=device)
+    return t
+
+
+class LayerNorm(nn.Module):
+    """Drop-in for ``nn.LayerNorm`` on our kernels (same arguments and parameter names, so its state dict loads).
+
+    Args:
+        normalized_shape: the trailing dims to normalize over (an int for the last dim alone).
+        eps: added to the variance.
+        elementwise_affine: learnable gamma (ones) and beta (zeros) of ``normalized_shape``.
+        bias: with ``elementwise_affine``, whether beta is learned (else it is 0).
+        device, dtype: of the parameters (float32 parameters take 16-bit input, as torch's do).
+        activation: ``"gelu"`` or ``"gelu_tanh"`` applies GELU in the same pass.
+        variant: the forward kernel's variant (benchmarks).
+
+    Shape:
+        input and output: ``[*, *normalized_shape]``, any layout.
+
+    Example:
+        >>> ln = LayerNorm(768)
+        >>> y = ln(torch.randn(4, 16, 768))
     """
 
     def __init__(self, normalized_shape: int | tuple[int, ...] | list[int], eps: float = 1e-5,
@@ -519,20 +652,16 @@ class LayerNorm(nn.Module):
                  dtype: torch.dtype | None = None, activation: str = "none", variant: str = "fast") -> None:
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        if len(shape) != 1:
-            raise ValueError(f"normalized_shape: only the last dim is supported, got {shape}")
+        if not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
         _check_activation(activation)
         self.normalized_shape, self.eps = shape, eps
+        self.elementwise_affine = elementwise_affine
         self.activation, self.variant = activation, variant
         kw = {"device": device, "dtype": dtype}
         ones, zeros = torch.ones(shape, **kw), torch.zeros(shape, **kw)
         self.weight = nn.Parameter(ones) if elementwise_affine else None
         self.bias = nn.Parameter(zeros) if elementwise_affine and bias else None
-        # Without affine parameters the kernels still take gamma = 1 and beta = 0.
-        if self.weight is None:
-            self.register_buffer("_ones", ones, persistent=False)
-        if self.bias is None:
-            self.register_buffer("_zeros", zeros, persistent=False)
 
     @classmethod
     def from_torch(cls, ln: nn.LayerNorm, activation: str = "none") -> LayerNorm:
@@ -545,8 +674,11 @@ class LayerNorm(nn.Module):
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight if self.weight is not None else self._ones
-        bias = self.bias if self.bias is not None else self._zeros
+        weight, bias = self.weight, self.bias
+        if len(self.normalized_shape) > 1 or weight is None or bias is None:
+            # absent parameters are 1 and 0 on x's device (``constant``), as torch's module has none to move
+            return layer_norm(x, self.normalized_shape, weight, bias, self.eps, activation=self.activation,
+                              variant=self.variant)
         return layernorm(x, weight, bias, self.eps, self.activation, self.variant)
 
     def extra_repr(self) -> str:

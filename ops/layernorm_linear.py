@@ -284,18 +284,49 @@ def _register_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Ten
 
 
 def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None) -> None:
-    """Raise ValueError/TypeError naming the first bad argument (bias None: not checked)."""
+    """Raise ValueError/TypeError naming the first bad argument (bias None: not checked). Strided or empty x
+    and float32 LayerNorm parameters with 16-bit x pass (the entries adapt them); the Linear's weight and bias
+    must have x's dtype, as ``torch.nn.Linear`` needs outside autocast."""
     if layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias):
         return
-    check_tensor("x", x, min_ndim=1, dtypes=DTYPES)
-    check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1, dtypes=DTYPES)
+    check_tensor("x", x, min_ndim=1, dtypes=DTYPES, layout=False)
     layernorm.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
-    check_same({"x": x, "weight": weight} | ({} if bias is None else {"bias": bias}))
+    _check_linear(x, weight, bias, same_dtype=True)
+
+
+def _check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dtype: bool) -> None:
+    """The Linear's named checks: weight [N, K] and bias [N] (or None) on x's device, of x's dtype unless
+    ``same_dtype`` is False (autocast casts them)."""
+    named = {"weight": weight}
+    check_tensor("weight", weight, ndim=2, dtypes=DTYPES, layout=False)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=DTYPES, layout=False)
+        named["bias"] = bias
+    for name, t in named.items():
+        if t.device != x.device or (same_dtype and t.dtype != x.dtype):
+            check_same({"x": x, name: t})
     check_size("weight", weight, 1, x.shape[-1], "x's last dim")
     if bias is not None:
         check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
+
+
+def _adapted_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, ...] | None:
+    """For validated arguments the kernels do not take as they come: (x, ln_weight, ln_bias, weight, bias) made
+    contiguous and the LayerNorm parameters in x's dtype (``layernorm.adapt``); or None for empty x, K = 0 or
+    N = 0, which torch answers (the caller's ``_empty_result``)."""
+    if x.numel() == 0 or weight.numel() == 0:
+        return None
+    x, ln_weight, ln_bias = layernorm.adapt(x, ln_weight, ln_bias)
+    return x, ln_weight, ln_bias, weight.contiguous(), None if bias is None else bias.contiguous()
+
+
+def _empty_result(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Linear(LayerNorm(x)) by torch where there is nothing to compute (no rows, K = 0 or N = 0): its shapes,
+    its values (bias where K = 0) and, with autograd, its zero gradients."""
+    xn = torch.nn.functional.layer_norm(x, x.shape[-1:], ln_weight.to(x.dtype), ln_bias.to(x.dtype), eps)
+    return torch.nn.functional.linear(xn, weight, bias)
 
 
 def _valid_linear(x: torch.Tensor, weight: object, bias: object | None) -> bool:
@@ -341,7 +372,7 @@ def sm90_region(rows: int, n: int, k: int, sms: int) -> bool:
 def _zero_bias(weight: object) -> torch.Tensor:
     """bias = 0 [N] for a Linear without bias (weight checked first, so a bad one is named). One zero tensor
     per (N, dtype, device), never written: it depends on no tensor's values, so it cannot go stale."""
-    check_tensor("weight", weight, ndim=2, dtypes=DTYPES)
+    check_tensor("weight", weight, ndim=2, dtypes=DTYPES, layout=False)
     key = (weight.shape[0], weight.dtype, weight.device)
     zeros = _zero_biases.get(key)
     if zeros is None:
@@ -356,6 +387,12 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     bias = _zero_bias(weight) if bias is None else bias
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
+    if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias)):
+        if (adapted := _adapted_fwd(x, ln_weight, ln_bias, weight, bias, eps)) is None:
+            pick_algo(algo, x.device, x.dtype, 1, 1)   # a bad algo is named here too
+            _, mean, rstd = layernorm.layernorm_fwd(x, ln_weight, ln_bias, eps)
+            return _empty_result(x, ln_weight, ln_bias, weight, bias, eps), mean, rstd
+        x, ln_weight, ln_bias, weight, bias = adapted
     k, n = x.shape[-1], weight.shape[0]
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k)
     if picked == "unfused":
@@ -386,22 +423,41 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
     ``xn`` is LayerNorm(x) [..., K] if the caller kept it; else it is recomputed.
     """
     validate(x, ln_weight, ln_bias, weight, None)  # the backward never reads bias
-    check_tensor("dy", dy, min_ndim=1, dtypes=DTYPES)
+    check_tensor("dy", dy, min_ndim=1, dtypes=DTYPES, layout=False)
     check_same({"x": x, "dy": dy})
     if dy.shape != (*x.shape[:-1], weight.shape[0]):
         raise ValueError(f"dy: shape {tuple(dy.shape)} does not match y {(*x.shape[:-1], weight.shape[0])}")
+    if xn is not None:
+        check_tensor("xn", xn, dtypes=DTYPES, layout=False)
+        check_same({"x": x, "xn": xn})
+        if xn.shape != x.shape:
+            raise ValueError(f"xn: shape {tuple(xn.shape)} does not match x {tuple(x.shape)}")
+    if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, None) and dy.is_contiguous()
+            and mean.is_contiguous() and rstd.is_contiguous() and (xn is None or xn.is_contiguous())):
+        return _adapted_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, eps, xn)
     k = x.shape[-1]
     x2 = x.view(-1, k)
     if xn is None:
         xn = layernorm.layernorm_fwd(x2, ln_weight, ln_bias, eps)[0]
-    else:
-        check_tensor("xn", xn, dtypes=DTYPES)
-        check_same({"x": x, "xn": xn})
-        if xn.shape != x.shape:
-            raise ValueError(f"xn: shape {tuple(xn.shape)} does not match x {tuple(x.shape)}")
     dxn, dweight, dbias = _linear_grads(dy, xn.view(-1, k), weight)
     dx, dln_weight, dln_bias = layernorm.layernorm_bwd(dxn, x2, ln_weight, ln_bias, mean.view(-1), rstd.view(-1))
     return dx.view(x.shape), dln_weight, dln_bias, dweight, dbias
+
+
+def _adapted_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                 weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float,
+                 xn: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """``layernorm_linear_bwd`` of validated arguments the kernels do not take as they come: empty ones answered
+    as torch's autograd answers them (zeros; dbias the sum of dy), the rest adapted as the forward's are; the
+    LayerNorm parameters' gradients in their own dtypes."""
+    if x.numel() == 0 or weight.numel() == 0:
+        return (torch.zeros_like(x), torch.zeros_like(ln_weight), torch.zeros_like(ln_bias), torch.zeros_like(weight),
+                dy.sum(tuple(range(dy.dim() - 1))) if dy.dim() > 1 else dy.clone())
+    x2, lnw, lnb = layernorm.adapt(x, ln_weight, ln_bias)
+    dx, dlnw, dlnb, dweight, dbias = layernorm_linear_bwd(
+        dy.contiguous(), x2, lnw, lnb, weight.contiguous(), mean.contiguous(), rstd.contiguous(), eps,
+        None if xn is None else xn.contiguous())
+    return dx, dlnw.to(ln_weight.dtype), dlnb.to(ln_bias.dtype), dweight, dbias
 
 
 def _linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -530,6 +586,9 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
             return y
     tensors = (x, ln_weight, ln_bias, weight, bias)
+    if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias)) or torch.is_autocast_enabled(
+            x.device.type):
+        return _layernorm_linear_adapted(x, ln_weight, ln_bias, weight, bias, eps, algo)
     if torch.compiler.is_compiling() and layernorm.no_grad_to_come(*tensors):
         return _infer_traced(x, ln_weight, ln_bias, weight, bias, eps, algo)
     if not (isinstance(x, torch.Tensor) and direct.launches(x)):
@@ -550,6 +609,26 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
     _remember_algo(x, weight, algo, False, picked)
     return torch.nn.functional.linear(xn, weight, bias)
+
+
+def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object,
+                              eps: float, algo: str) -> torch.Tensor:
+    """``layernorm_linear`` of what the kernels do not take as it comes, answered as torch's
+    ``nn.Sequential(nn.LayerNorm, nn.Linear)`` answers it: under autocast our LayerNorm under torch's policy for
+    it, then ``F.linear`` under autocast's; empty ones by torch (``_empty_result``); strided x and float32
+    LayerNorm parameters of 16-bit x adapted. Anything else gets ``validate``'s named error."""
+    if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        layernorm.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
+        _check_linear(x, weight, bias, same_dtype=False)
+        layernorm.check_eps(eps)
+        pick_algo(algo, x.device, x.dtype, 1, 1)
+        return torch.nn.functional.linear(layernorm.layernorm(x, ln_weight, ln_bias, eps), weight, bias)
+    validate(x, ln_weight, ln_bias, weight, bias)
+    layernorm.check_eps(eps)
+    pick_algo(algo, x.device, x.dtype, 1, 1)
+    if (adapted := _adapted_fwd(x, ln_weight, ln_bias, weight, bias, eps)) is None:
+        return _empty_result(x, ln_weight, ln_bias, weight, bias, eps)
+    return layernorm_linear(*adapted, eps, algo)
 
 
 def _infer_traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
@@ -574,29 +653,63 @@ def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool,
 
 
 class FusedLayerNormLinear(nn.Sequential):
-    """Drop-in for ``nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))``: same submodules, so its
-    state dict loads; the forward runs ``layernorm_linear`` (LayerNorm over the last dim only)."""
+    """Drop-in for ``nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))`` on our kernels: the same submodules, so its
+    state dict loads; the forward runs ``layernorm_linear``.
+
+    Args:
+        in_features, out_features: K and N.
+        eps: the LayerNorm's.
+        bias: whether the Linear has a bias (``nn.Linear``'s ``bias``).
+        device, dtype: of the parameters.
+        algo: the forward algorithm (``ALGOS``; see the module docstring).
+        elementwise_affine, norm_bias: the LayerNorm's ``elementwise_affine`` and ``bias``.
+        normalized_shape: the LayerNorm's, when it normalizes more than the last dim (its last entry must be K);
+            such a module runs our LayerNorm, then ``F.linear``.
+
+    Shape:
+        input ``[*, K]`` (``[*, *normalized_shape]``), any layout; output ``[*, N]``.
+
+    Example:
+        >>> m = FusedLayerNormLinear(768, 3072)
+        >>> y = m(torch.randn(8, 512, 768))
+    """
 
     def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, bias: bool = True,
-                 device: torch.device | None = None, dtype: torch.dtype | None = None, algo: str = "auto") -> None:
+                 device: torch.device | None = None, dtype: torch.dtype | None = None, algo: str = "auto", *,
+                 elementwise_affine: bool = True, norm_bias: bool = True,
+                 normalized_shape: int | tuple[int, ...] | None = None) -> None:
         kw = {"device": device, "dtype": dtype}
-        super().__init__(nn.LayerNorm(in_features, eps=eps, **kw), nn.Linear(in_features, out_features, bias, **kw))
+        shape = in_features if normalized_shape is None else normalized_shape
+        super().__init__(nn.LayerNorm(shape, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias, **kw),
+                         nn.Linear(in_features, out_features, bias, **kw))
+        if self[0].normalized_shape[-1] != in_features:
+            raise ValueError(f"normalized_shape: its last entry must be in_features ({in_features}), got {shape}")
         pick_algo(algo, torch.device("cpu"), torch.float32, 1, out_features)  # reject a bad name now
         self.algo = algo
 
     @classmethod
     def from_torch(cls, seq: nn.Sequential, algo: str = "auto") -> FusedLayerNormLinear:
-        """A copy of ``nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))`` (parameters, device, dtype)."""
-        ln, lin = seq[0], seq[1]
-        if not isinstance(ln, nn.LayerNorm) or not isinstance(lin, nn.Linear) or len(seq) != 2:
+        """A copy of ``nn.Sequential(nn.LayerNorm(...), nn.Linear(K, N))`` (every LayerNorm and Linear option,
+        parameters, device, dtype)."""
+        if len(seq) != 2 or not isinstance(seq[0], nn.LayerNorm) or not isinstance(seq[1], nn.Linear):
             raise TypeError("seq: expected nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))")
-        if ln.weight is None or ln.bias is None or len(ln.normalized_shape) != 1:
-            raise ValueError("seq[0]: only an affine LayerNorm over the last dim is supported")
-        m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None,
-                device=lin.weight.device, dtype=lin.weight.dtype, algo=algo)
+        ln, lin = seq[0], seq[1]
+        m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None, device=lin.weight.device,
+                dtype=lin.weight.dtype, algo=algo, elementwise_affine=ln.elementwise_affine,
+                norm_bias=ln.bias is not None, normalized_shape=ln.normalized_shape)
+        if ln.weight is not None:
+            m[0].to(ln.weight.dtype)   # a float32 LayerNorm before a 16-bit Linear stays float32
         m.load_state_dict(seq.state_dict())
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ln, lin = self[0], self[1]
-        return layernorm_linear(x, ln.weight, ln.bias, lin.weight, lin.bias, ln.eps, self.algo)
+        if len(ln.normalized_shape) > 1:
+            return torch.nn.functional.linear(
+                layernorm.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps), lin.weight, lin.bias)
+        ln_weight, ln_bias = ln.weight, ln.bias
+        if ln_weight is None or ln_bias is None:
+            k, dtype, device = lin.in_features, lin.weight.dtype, lin.weight.device
+            ln_weight = layernorm.constant(1.0, k, dtype, device) if ln_weight is None else ln_weight
+            ln_bias = layernorm.constant(0.0, k, dtype, device) if ln_bias is None else ln_bias
+        return layernorm_linear(x, ln_weight, ln_bias, lin.weight, lin.bias, ln.eps, self.algo)

@@ -14,12 +14,15 @@ def check_tensor(
     ndim: int | None = None,
     min_ndim: int | None = None,
     dtypes: Sequence[torch.dtype] | None = None,
+    layout: bool = True,
 ) -> torch.Tensor:
-    """Check that ``t`` is a non-empty, contiguous tensor of a supported dtype and rank.
+    """Check that ``t`` is a tensor of a supported dtype, rank and device and, with ``layout`` (the default),
+    non-empty and contiguous (the library's entries pass ``layout=False``: they copy a strided tensor once and
+    answer an empty one as torch does).
 
     Raises:
         TypeError: ``t`` is not a tensor, or its dtype is not in ``dtypes``.
-        ValueError: wrong rank, non-contiguous layout, empty, or unsupported device.
+        ValueError: wrong rank or unsupported device; with ``layout``, non-contiguous or empty.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -32,6 +35,8 @@ def check_tensor(
         raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
     if t.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: device {t.device} is not supported (use cpu or cuda)")
+    if not layout:
+        return t
     if t.numel() == 0:
         raise ValueError(f"{name}: tensor is empty (shape {tuple(t.shape)})")
     if not t.is_contiguous():
@@ -49,6 +54,19 @@ def check_same(args: dict[str, torch.Tensor]) -> None:
             raise TypeError(f"{name}: dtype {t.dtype}, but {first_name} is {first.dtype}")
 
 
+def check_param(name: str, t: object, x: torch.Tensor, x_name: str, size: int, what: str,
+                dtypes: Sequence[torch.dtype]) -> None:
+    """A 1-D parameter of ``x`` (any layout): a tensor of ``size`` elements (that of ``what``) on x's device, of x's
+    dtype or, for 16-bit x, float32 (mixed precision, as torch's LayerNorm takes it)."""
+    check_tensor(name, t, ndim=1, dtypes=dtypes, layout=False)
+    if t.device != x.device:
+        raise ValueError(f"{name}: on {t.device}, but {x_name} is on {x.device}")
+    if t.dtype != x.dtype and not (t.dtype == torch.float32 and x.element_size() == 2):
+        raise TypeError(f"{name}: dtype {t.dtype}, but {x_name} is {x.dtype} (use {x_name}'s dtype, or float32 "
+                        f"for 16-bit {x_name})")
+    check_size(name, t, 0, size, what)
+
+
 def check_size(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -> None:
     """``t.shape[dim]`` must equal ``expected`` (the size of ``what``)."""
     if t.shape[dim] != expected:
@@ -57,8 +75,9 @@ def check_size(name: str, t: torch.Tensor, dim: int, expected: int, what: str) -
 
 
 def check_grad(name: str, grad: object, dtype: torch.dtype, shape: tuple[int, ...] | torch.Size, what: str) -> None:
-    """An upstream gradient must be a tensor of ``dtype`` and ``shape`` (that of ``what``, the forward's output)."""
+    """An upstream gradient must be a tensor (any layout) of ``dtype`` and ``shape`` (that of ``what``, the forward's
+    output) on a supported device."""
     if isinstance(grad, torch.Tensor) and grad.dtype is dtype and grad.shape == shape:
         return
-    check_tensor(name, grad, dtypes=(dtype,))
+    check_tensor(name, grad, dtypes=(dtype,), layout=False)
     raise ValueError(f"{name}: shape {tuple(grad.shape)} does not match {what} {tuple(shape)}")

@@ -186,8 +186,6 @@ def test_bad_inputs() -> None:
         ((x, w.half(), b), TypeError, "weight"),
         ((x, w[:8], b), ValueError, "weight"),
         ((x, w, b[:15]), ValueError, "bias"),
-        ((x.t(), w, b), ValueError, "x"),
-        ((x[:0], w, b), ValueError, "x"),
         ((x.int(), w, b), TypeError, "x"),
         ((x.double(), w.double(), b.double()), TypeError, "x"),
         (([[1.0]], w, b), TypeError, "x"),
@@ -209,7 +207,7 @@ def test_bad_inputs() -> None:
     with pytest.raises(TypeError, match="^rstd:"):
         L.layernorm_bwd(dy, x, w, b, mean, rstd.double())
     with pytest.raises(ValueError, match="^normalized_shape:"):
-        L.LayerNorm((4, 16))
+        L.LayerNorm((4, -1))
 
 
 @pytest.mark.gpu

@@ -166,8 +166,6 @@ def test_bad_inputs() -> None:
         ((x, g, b.half(), w, bias), TypeError, "ln_bias"),
         ((x, g, b, w.bfloat16(), bias), TypeError, "weight"),      # dtype mix
         ((x, g, b, w.t(), bias), ValueError, "weight"),            # strides (and shape)
-        ((x.t().contiguous().t(), g, b, w, bias), ValueError, "x"),
-        ((x[:0], g, b, w, bias), ValueError, "x"),
         ((x, g, b, w[0], bias), ValueError, "weight"),
         ((x.double(), g, b, w, bias), TypeError, "x"),
     ]

@@ -15,6 +15,7 @@
 // on torch's current stream of the tensors' device.
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -227,9 +228,11 @@ bool supported(at::ScalarType dtype) {
 }
 
 // What the C++ route takes: non-empty contiguous CUDA tensors of one supported dtype on one device, weight and
-// bias [H] with H x's last dim (Python's layernorm._valid), and a positive eps.
+// bias [H] with H x's last dim (Python's layernorm._valid), and a positive eps; not under CUDA autocast (Python
+// follows torch's autocast policy there).
 bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0)) return false;
+  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0) || at::autocast::is_autocast_enabled(at::kCUDA))
+    return false;
   const auto dtype = x.scalar_type();
   const int64_t h = x.size(-1);
   return supported(dtype) && w.scalar_type() == dtype && b.scalar_type() == dtype && w.device() == x.device() &&

@@ -234,18 +234,6 @@ def load_slice[dtype: DType, VEC: Int, CH: Int, GT: Int, RT: DType = F32](
 
 
 @always_inline
-def slice_sum[VEC: Int, CH: Int, RT: DType](v: SIMD[RT, CH * VEC]) -> Float32:
-    """Sum of this thread's vectors in fp32 (zeros past the row add nothing)."""
-    comptime if RT == F32:
-        return v.reduce_add().cast[F32]()
-    else:
-        var s: Float32 = 0.0
-        comptime for c in range(CH):
-            s += v.slice[VEC, offset=c * VEC]().cast[F32]().reduce_add()
-        return s
-
-
-@always_inline
 def store_slice[dtype: DType, VEC: Int, CH: Int, GT: Int](
     p: Ptr[dtype], v: Regs[VEC, CH], base: Int, first: Int, gt: Int, nv: Int,
 ):
@@ -254,6 +242,18 @@ def store_slice[dtype: DType, VEC: Int, CH: Int, GT: Int](
         var j = first + c * GT + gt
         if j < nv:
             p.unsafe_store[alignment=ALIGN](base + j * VEC, v.slice[VEC, offset=c * VEC]().cast[dtype]())
+
+
+@always_inline
+def slice_shifted_sum[VEC: Int, CH: Int, GT: Int, RT: DType = F32](
+    v: SIMD[RT, CH * VEC], shift: Float32, first: Int, gt: Int, nv: Int,
+) -> Float32:
+    """Sum of x - shift over this thread's vectors of the row (those below nv)."""
+    var s: Float32 = 0.0
+    comptime for c in range(CH):
+        if first + c * GT + gt < nv:
+            s += (v.slice[VEC, offset=c * VEC]().cast[F32]() - shift).reduce_add()
+    return s
 
 
 @always_inline
@@ -403,7 +403,10 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     # own type: fp16/bf16 rows take half the registers, which an H100 A/B turned into
     # more resident rows (exp/s12_ln.py on branch s12-exp).
     var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
-    var mean = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
+    # The mean of x - x[0], plus x[0]: a row of one value gets exactly that value as its mean (so y = beta).
+    var shift = load_f32(x, base) if valid else Float32(0.0)
+    var s1 = slice_shifted_sum[VEC, CH, GT, dtype](v, shift, 0, gt, nv)
+    var mean = shift + group_sum[WPR, RPB](s1, sh, 0) / Float32(n)
     var ss = slice_m2[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
     var rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
     if not valid:
@@ -452,8 +455,11 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     var base = row * n
     var v = load_slice[dtype, VEC, CH, GT](x, base, first, gt, nv, True)
     var count = slice_count(nv, first, SLICE) * VEC
-    var local_mean = group_sum[WPR, 1](v.reduce_add(), sh, 0) / Float32(max(count, 1))
-    var m2 = group_sum[WPR, 1](slice_m2[VEC, CH, GT](v, local_mean, first, gt, nv), sh, 1)
+    # Means are of x - x[0] (x[0] added back at the end): a row of one value gets exactly it (so y = beta).
+    var shift = load_f32(x, base)
+    var local_mean = group_sum[WPR, 1](slice_shifted_sum[VEC, CH, GT](v, shift, first, gt, nv), sh, 0) / Float32(
+        max(count, 1))
+    var m2 = group_sum[WPR, 1](slice_m2[VEC, CH, GT](v, shift + local_mean, first, gt, nv), sh, 1)
     if gt == 0:
         part[unsafe_offset=0] = local_mean
         part[unsafe_offset=1] = m2
@@ -477,6 +483,7 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     # Done with the peers' shared memory: they may exit once every block has said so.
     cluster_arrive_relaxed()
     var rstd = rsqrt(m2_total / Float32(n) + eps)
+    mean += shift
     # store_normalized_slice's loop, written out: called here, ptxas gave this kernel up to
     # 8 more registers (local sm_90 builds), and that version ran 2-4% slower at 32 x 65536
     # on the H100 (exp/s11_merge.py on branch s11-exp).
@@ -738,11 +745,13 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
 # ---------------------------------------------------------------- CPU
 
 def row_stats_cpu[dtype: DType](x: Ptr[dtype], base: Int, h: Int, eps: Float32) -> Tuple[Float32, Float32]:
-    """(mean, rstd) of x[base : base + h] by two exact passes."""
+    """(mean, rstd) of x[base : base + h] by two exact passes (the mean of x - x[0], plus x[0]: a row of one value
+    gets exactly it)."""
+    var shift = load_f32(x, base)
     var s: Float32 = 0.0
     for i in range(h):
-        s += load_f32(x, base + i)
-    var mean = s / Float32(h)
+        s += load_f32(x, base + i) - shift
+    var mean = shift + s / Float32(h)
     var ss: Float32 = 0.0
     for i in range(h):
         var d = load_f32(x, base + i) - mean

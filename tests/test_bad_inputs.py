@@ -1,0 +1,211 @@
+"""One table of bad inputs against every public entry of both ops, forward and backward: each gets our named
+error (its type, and a message that starts with the argument's name), never a raw torch error, a crash or a
+result. CPU, so CI runs it; the GPU's own cases (devices mixed) are in the op tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from ops import layernorm as L
+from ops import layernorm_linear as LL
+
+K, N = 16, 8
+
+
+def _ln_args() -> dict[str, object]:
+    torch.manual_seed(0)
+    return {"x": torch.randn(4, K), "weight": torch.randn(K), "bias": torch.randn(K), "eps": 1e-5}
+
+
+# (case id, argument changed, its bad value, error, name the message starts with)
+LN_CASES = [
+    ("x-list", "x", [[1.0] * K], TypeError, "x"),
+    ("x-int", "x", torch.ones(4, K, dtype=torch.int32), TypeError, "x"),
+    ("x-float64", "x", torch.randn(4, K, dtype=torch.float64), TypeError, "x"),
+    ("x-0d", "x", torch.tensor(1.0), ValueError, "x"),
+    ("x-meta", "x", torch.empty(4, K, device="meta"), ValueError, "x"),
+    ("weight-half", "weight", torch.ones(K, dtype=torch.float16), TypeError, "weight"),
+    ("weight-size", "weight", torch.ones(K - 1), ValueError, "weight"),
+    ("weight-2d", "weight", torch.ones(1, K), ValueError, "weight"),
+    ("weight-none-type", "weight", "ones", TypeError, "weight"),
+    ("bias-size", "bias", torch.zeros(K + 1), ValueError, "bias"),
+    ("bias-int", "bias", torch.zeros(K, dtype=torch.int64), TypeError, "bias"),
+    ("bias-meta", "bias", torch.zeros(K, device="meta"), ValueError, "bias"),
+    ("eps-zero", "eps", 0.0, ValueError, "eps"),
+    ("eps-negative", "eps", -1e-5, ValueError, "eps"),
+    ("eps-string", "eps", "1e-5", TypeError, "eps"),
+]
+
+LN_ENTRIES: dict[str, Callable[..., object]] = {
+    "layernorm_fwd": lambda x, weight, bias, eps: L.layernorm_fwd(x, weight, bias, eps),
+    "layernorm": lambda x, weight, bias, eps: L.layernorm(x, weight, bias, eps),
+    "layernorm-grad": lambda x, weight, bias, eps: L.layernorm(
+        x, weight.requires_grad_() if isinstance(weight, torch.Tensor) and weight.is_floating_point() else weight,
+        bias, eps),
+    "layer_norm": lambda x, weight, bias, eps: L.layer_norm(x, (K,), weight, bias, eps),
+}
+
+
+def _raises(fn: Callable[[], object], err: type[Exception], name: str) -> None:
+    with pytest.raises(err) as info:
+        fn()
+    assert str(info.value).startswith(f"{name}:"), f"the error does not name {name}: {info.value}"
+
+
+@pytest.mark.parametrize("entry", list(LN_ENTRIES))
+@pytest.mark.parametrize("case,arg,value,err,name", LN_CASES, ids=[c[0] for c in LN_CASES])
+def test_layernorm_bad_input(entry: str, case: str, arg: str, value: object, err: type[Exception],
+                             name: str) -> None:
+    args = _ln_args() | {arg: value}
+    _raises(lambda: LN_ENTRIES[entry](**args), err, name)
+
+
+LN_MORE = [
+    ("activation", lambda a: L.layernorm(a["x"], a["weight"], a["bias"], activation="relu"), ValueError, "activation"),
+    ("variant", lambda a: L.layernorm_fwd(a["x"], a["weight"], a["bias"], variant="nope"), ValueError, "variant"),
+    ("normalized_shape-trailing", lambda a: L.layer_norm(a["x"], (3, K)), ValueError, "normalized_shape"),
+    ("normalized_shape-negative", lambda a: L.layer_norm(a["x"], (-1,)), ValueError, "normalized_shape"),
+    ("normalized_shape-module", lambda a: L.LayerNorm((4, -1)), ValueError, "normalized_shape"),
+    ("layer_norm-weight-shape", lambda a: L.layer_norm(a["x"].view(4, 2, 8), (2, 8), a["weight"]), ValueError,
+     "weight"),
+    ("module-x-string", lambda a: L.LayerNorm(K)("x"), TypeError, "x"),
+    ("module-x-size", lambda a: L.LayerNorm(K + 1)(a["x"]), ValueError, "weight"),
+    ("module-double-params", lambda a: L.LayerNorm(K, dtype=torch.float64)(a["x"].half()), TypeError, "weight"),
+]
+
+
+@pytest.mark.parametrize("fn,err,name", [c[1:] for c in LN_MORE], ids=[c[0] for c in LN_MORE])
+def test_layernorm_bad_option(fn: Callable[[dict], object], err: type[Exception], name: str) -> None:
+    _raises(lambda: fn(_ln_args()), err, name)
+
+
+def _ln_bwd_args() -> dict[str, object]:
+    a = _ln_args()
+    y, mean, rstd = L.layernorm_fwd(a["x"], a["weight"], a["bias"])
+    return {"dy": torch.randn_like(y), "x": a["x"], "weight": a["weight"], "bias": a["bias"], "mean": mean,
+            "rstd": rstd}
+
+
+LN_BWD_CASES = [
+    ("dy-shape", "dy", torch.randn(4, K - 1), ValueError, "dy"),
+    ("dy-dtype", "dy", torch.randn(4, K, dtype=torch.float64), TypeError, "dy"),
+    ("dy-list", "dy", [[0.0] * K] * 4, TypeError, "dy"),
+    ("mean-shape", "mean", torch.zeros(3), ValueError, "mean"),
+    ("rstd-dtype", "rstd", torch.zeros(4, dtype=torch.float64), TypeError, "rstd"),
+    ("weight-size", "weight", torch.ones(K - 1), ValueError, "weight"),
+]
+
+
+@pytest.mark.parametrize("entry", ["layernorm_bwd", "custom_op"])
+@pytest.mark.parametrize("case,arg,value,err,name", LN_BWD_CASES, ids=[c[0] for c in LN_BWD_CASES])
+def test_layernorm_backward_bad_input(entry: str, case: str, arg: str, value: object, err: type[Exception],
+                                      name: str) -> None:
+    a = _ln_bwd_args() | {arg: value}
+    if entry == "custom_op":
+        if not isinstance(value, torch.Tensor):
+            pytest.skip("a list is refused by the op's schema, before our code")
+        fn = lambda: torch.ops.mojo.layernorm_bwd(*a.values(), "none")  # noqa: E731
+    else:
+        fn = lambda: L.layernorm_bwd(*a.values())  # noqa: E731
+    _raises(fn, err, name)
+
+
+def test_autograd_backward_bad_grad_output_is_refused_before_our_code() -> None:
+    """A grad_output of the wrong shape never reaches a backward: torch's engine refuses it (its own error, as
+    for any torch op), and nothing is returned."""
+    a = _ln_args()
+    x = a["x"].requires_grad_()
+    y = L.layernorm(x, a["weight"], a["bias"])
+    with pytest.raises(RuntimeError, match="shape"):
+        y.backward(torch.ones(4, K - 1))
+    assert x.grad is None
+
+
+def _lnl_args() -> dict[str, object]:
+    torch.manual_seed(0)
+    return {"x": torch.randn(4, K), "ln_weight": torch.randn(K), "ln_bias": torch.randn(K),
+            "weight": torch.randn(N, K), "bias": torch.randn(N), "eps": 1e-5}
+
+
+LNL_CASES = [
+    ("x-list", "x", [[1.0] * K], TypeError, "x"),
+    ("x-float64", "x", torch.randn(4, K, dtype=torch.float64), TypeError, "x"),
+    ("ln_weight-size", "ln_weight", torch.ones(K - 1), ValueError, "ln_weight"),
+    ("ln_bias-half", "ln_bias", torch.zeros(K, dtype=torch.float16), TypeError, "ln_bias"),
+    ("weight-k", "weight", torch.randn(N, K - 1), ValueError, "weight"),
+    ("weight-1d", "weight", torch.randn(K), ValueError, "weight"),
+    ("weight-3d", "weight", torch.randn(1, N, K), ValueError, "weight"),
+    ("weight-int", "weight", torch.ones(N, K, dtype=torch.int32), TypeError, "weight"),
+    ("weight-bf16", "weight", torch.randn(N, K, dtype=torch.bfloat16), TypeError, "weight"),
+    ("weight-empty-1d", "weight", torch.empty(0), ValueError, "weight"),
+    ("weight-list", "weight", [[0.0] * K] * N, TypeError, "weight"),
+    ("weight-meta", "weight", torch.empty(N, K, device="meta"), ValueError, "weight"),
+    ("bias-size", "bias", torch.zeros(N + 1), ValueError, "bias"),
+    ("bias-2d", "bias", torch.zeros(1, N), ValueError, "bias"),
+    ("bias-bf16", "bias", torch.zeros(N, dtype=torch.bfloat16), TypeError, "bias"),
+    ("eps-string", "eps", "small", TypeError, "eps"),
+    ("eps-zero", "eps", 0.0, ValueError, "eps"),
+]
+
+LNL_ENTRIES: dict[str, Callable[..., object]] = {
+    "layernorm_linear_fwd": LL.layernorm_linear_fwd,
+    "layernorm_linear": LL.layernorm_linear,
+    "layernorm_linear-grad": lambda x, ln_weight, **kw: LL.layernorm_linear(
+        x, ln_weight.requires_grad_() if isinstance(ln_weight, torch.Tensor) and ln_weight.is_floating_point()
+        else ln_weight, **kw),
+}
+
+
+@pytest.mark.parametrize("entry", list(LNL_ENTRIES))
+@pytest.mark.parametrize("case,arg,value,err,name", LNL_CASES, ids=[c[0] for c in LNL_CASES])
+def test_layernorm_linear_bad_input(entry: str, case: str, arg: str, value: object, err: type[Exception],
+                                    name: str) -> None:
+    args = _lnl_args() | {arg: value}
+    _raises(lambda: LNL_ENTRIES[entry](**args), err, name)
+
+
+def test_layernorm_linear_bad_algo() -> None:
+    a = _lnl_args()
+    for entry in LNL_ENTRIES.values():
+        _raises(lambda entry=entry: entry(**a, algo="fastest"), ValueError, "algo")
+    _raises(lambda: LL.FusedLayerNormLinear(K, N, algo="fastest"), ValueError, "algo")
+
+
+def _lnl_bwd_args() -> dict[str, object]:
+    a = _lnl_args()
+    y, mean, rstd = LL.layernorm_linear_fwd(a["x"], a["ln_weight"], a["ln_bias"], a["weight"], a["bias"])
+    return {"dy": torch.randn_like(y), "x": a["x"], "ln_weight": a["ln_weight"], "ln_bias": a["ln_bias"],
+            "weight": a["weight"], "mean": mean, "rstd": rstd}
+
+
+LNL_BWD_CASES = [
+    ("dy-shape", "dy", torch.randn(4, N + 1), ValueError, "dy"),
+    ("dy-dtype", "dy", torch.randn(4, N, dtype=torch.bfloat16), TypeError, "dy"),
+    ("dy-list", "dy", [[0.0] * N] * 4, TypeError, "dy"),
+    ("weight-k", "weight", torch.randn(N, K + 1), ValueError, "weight"),
+]
+
+
+@pytest.mark.parametrize("case,arg,value,err,name", LNL_BWD_CASES, ids=[c[0] for c in LNL_BWD_CASES])
+def test_layernorm_linear_backward_bad_input(case: str, arg: str, value: object, err: type[Exception],
+                                             name: str) -> None:
+    a = _lnl_bwd_args() | {arg: value}
+    _raises(lambda: LL.layernorm_linear_bwd(**a), err, name)
+    xn = torch.nn.functional.layer_norm(_lnl_args()["x"], (K,))
+    _raises(lambda: LL.layernorm_linear_bwd(**a, xn=xn), err, name)
+
+
+def test_layernorm_linear_bad_xn() -> None:
+    a = _lnl_bwd_args()
+    _raises(lambda: LL.layernorm_linear_bwd(**a, xn=torch.randn(4, K + 1)), ValueError, "xn")
+    _raises(lambda: LL.layernorm_linear_bwd(**a, xn=torch.randn(4, K).double()), TypeError, "xn")
+
+
+def test_module_from_torch_refuses_other_modules() -> None:
+    _raises(lambda: LL.FusedLayerNormLinear.from_torch(torch.nn.Sequential(torch.nn.Linear(K, K),
+                                                                           torch.nn.LayerNorm(K))), TypeError, "seq")
+    _raises(lambda: LL.FusedLayerNormLinear(K, N, normalized_shape=(K, 3)), ValueError, "normalized_shape")
+

@@ -1,0 +1,321 @@
+"""Drop-in parity: what torch's LayerNorm and Linear accept, ours accepts with the same result. Strided, broadcast
+and empty inputs, every normalized_shape and module option, mixed precision and autocast, torch's own OpInfo
+samples for layer_norm, torch.compile with dynamic shapes, and a second GPU. Values are checked against float64
+(``ops.reference``) with the dtype tolerance table; outputs are poisoned (conftest)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ops import layernorm as L
+from ops import layernorm_linear as LL
+from ops.reference import layernorm_grads_ref
+from ops.tolerance import compare
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def _grads(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], dy_seed: int = 1
+           ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
+    """fn(*inputs) and the gradients of <fn(...), dy> for the inputs that require one (dy random, fixed seed)."""
+    y = fn(*inputs)
+    g = torch.Generator(device="cpu").manual_seed(dy_seed)
+    dy = torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.device, y.dtype)
+    wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = torch.autograd.grad(y, wrt, dy, allow_unused=True) if y.numel() or wrt else ()
+    return y, tuple(grads)
+
+
+def _leaves(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    return [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+
+
+def _check_against_float64(ours: Callable[..., torch.Tensor], ref: Callable[..., torch.Tensor],
+                           inputs: list[torch.Tensor | None], dtype: torch.dtype, reduction: int = 64) -> None:
+    """ours(*inputs) and its gradients equal ref on the float64 copies of the inputs, within the table; each
+    gradient in its input's dtype."""
+    mine = _leaves(*inputs)
+    y, grads = _grads(ours, mine)
+    want_y, want_grads = _grads(ref, _leaves(*(None if t is None else t.double() for t in inputs)))
+    assert y.dtype == dtype, f"output dtype {y.dtype}, expected {dtype}"
+    assert (m := compare(y, want_y, dtype, reduction=4)) is None, f"y: {m}"
+    for i, (g, w, t) in enumerate(zip(grads, want_grads, [t for t in mine if t is not None], strict=True)):
+        assert g.dtype == t.dtype and g.shape == t.shape, f"grad {i}: {g.dtype} {tuple(g.shape)}"
+        assert (m := compare(g, w, dtype, reduction=reduction)) is None, f"grad {i}: {m}"
+
+
+def _lnl_ref(x: torch.Tensor, g: torch.Tensor | None, b: torch.Tensor | None, w: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(F.layer_norm(x, x.shape[-1:], g, b), w, bias)
+
+
+# ---------------------------------------------------------------- strided and broadcast inputs
+
+def _strided_views(device: str) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    base = torch.randn(6, 5, 40, device=device)
+    return {"transposed": base.transpose(0, 1), "cls-slice": base[:, 0], "every-other-row": base[::2],
+            "expanded": torch.randn(40, device=device).expand(3, 4, 40),
+            "last-dim-strided": torch.randn(6, 80, device=device)[:, ::2]}
+
+
+@pytest.mark.parametrize("view", ["transposed", "cls-slice", "every-other-row", "expanded", "last-dim-strided"])
+def test_strided_layernorm(device: str, view: str) -> None:
+    x = _strided_views(device)[view]
+    w, b = torch.randn(40, device=device), torch.randn(40, device=device)
+    _check_against_float64(L.layernorm, lambda x, w, b: F.layer_norm(x, (40,), w, b), [x, w, b], torch.float32)
+    _check_against_float64(lambda x: L.LayerNorm(40, device=device)(x), lambda x: F.layer_norm(x, (40,)), [x],
+                           torch.float32)
+    y, mean, rstd = L.layernorm_fwd(x, w, b)
+    assert compare(y, F.layer_norm(x.double(), (40,), w.double(), b.double()), torch.float32) is None
+    torch.testing.assert_close(torch.ops.mojo.layernorm_fwd(x, w, b, 1e-5, "fast", "none")[0], y, rtol=0, atol=0)
+    dy = torch.randn_like(x).transpose(0, -1).contiguous().transpose(0, -1)   # a strided dy too
+    got = L.layernorm_bwd(dy, x, w, b, mean, rstd)
+    for g, want in zip(got, layernorm_grads_ref(x, w, b, dy), strict=True):
+        assert (m := compare(g, want, torch.float32, reduction=64)) is None, m
+
+
+@pytest.mark.parametrize("view", ["transposed", "cls-slice", "expanded"])
+def test_strided_layernorm_linear(device: str, view: str) -> None:
+    x = _strided_views(device)[view]
+    g, b, w, bias = (torch.randn(*s, device=device) for s in ((40,), (40,), (24, 40), (24,)))
+    _check_against_float64(LL.layernorm_linear, _lnl_ref, [x, g, b, w, bias], torch.float32)
+    y, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w.t().contiguous().t(), bias[None].expand(2, 24)[1])
+    assert compare(y, _lnl_ref(x.double(), g.double(), b.double(), w.double(), bias.double()), torch.float32,
+                   reduction=4) is None
+    grads = LL.layernorm_linear_bwd(torch.ones_like(y).transpose(0, -1).contiguous().transpose(0, -1), x, g, b,
+                                    w, mean, rstd)
+    assert compare(grads[4], torch.ones_like(y).sum(tuple(range(y.dim() - 1))), torch.float32, reduction=96) is None
+
+
+# ---------------------------------------------------------------- empty tensors
+
+@pytest.mark.parametrize("shape", [(0, 16), (2, 0, 16), (3, 0)])
+def test_empty_layernorm(device: str, shape: tuple[int, ...]) -> None:
+    h = shape[-1]
+    x, w, b = _leaves(torch.randn(shape, device=device), torch.randn(h, device=device), torch.randn(h, device=device))
+    y = L.layernorm(x, w, b)
+    want = F.layer_norm(x.detach(), (h,), w.detach(), b.detach())
+    assert y.shape == want.shape and y.dtype == want.dtype
+    y.sum().backward()
+    assert x.grad.shape == x.shape and torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, 0 * b)
+    y2, mean, rstd = L.layernorm_fwd(x.detach(), w.detach(), b.detach())
+    assert y2.shape == x.shape and mean.shape == rstd.shape == x.shape[:-1]
+    dx, dw, db = L.layernorm_bwd(torch.ones_like(y2), x.detach(), w.detach(), b.detach(), mean, rstd)
+    assert dx.shape == x.shape and not dw.any() and not db.any()
+
+
+@pytest.mark.parametrize("rows_k_n", [(0, 16, 8), (3, 16, 0), (3, 0, 4)])
+def test_empty_layernorm_linear(device: str, rows_k_n: tuple[int, int, int]) -> None:
+    rows, k, n = rows_k_n
+    torch.manual_seed(0)
+    inputs = [torch.randn(*s, device=device) for s in ((rows, k), (k,), (k,), (n, k), (n,))]
+    mine, theirs = _leaves(*inputs), _leaves(*inputs)
+    y, want = LL.layernorm_linear(*mine), _lnl_ref(*theirs)
+    assert y.shape == want.shape
+    torch.testing.assert_close(y, want)   # K = 0: y is the bias, as torch's
+    y.sum().backward()
+    want.sum().backward()
+    for a, t in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a.grad, t.grad)
+    y2, mean, rstd = LL.layernorm_linear_fwd(*inputs)
+    assert y2.shape == want.shape
+    grads = LL.layernorm_linear_bwd(torch.ones_like(y2), *inputs[:4], mean, rstd)
+    for g, t in zip(grads, theirs, strict=True):
+        torch.testing.assert_close(g, t.grad)
+
+
+# ---------------------------------------------------------------- normalized_shape and module options
+
+@pytest.mark.parametrize("shape", [(7,), (5, 8), (2, 3, 4)])
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+def test_layernorm_module_matches_torch(device: str, shape: tuple[int, ...], affine: bool, bias: bool) -> None:
+    theirs = nn.LayerNorm(shape, elementwise_affine=affine, bias=bias, device=device)
+    for p in theirs.parameters():
+        nn.init.normal_(p)
+    ours = L.LayerNorm.from_torch(theirs)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    x = torch.randn(3, *shape, device=device)
+    mine, ref = _leaves(x), _leaves(x.double())
+    y, want = ours(*mine), theirs.double()(*ref)
+    dy = torch.randn_like(want)
+    y.backward(dy.float())
+    want.backward(dy)
+    assert (m := compare(y, want, torch.float32, reduction=4)) is None, m
+    assert (m := compare(mine[0].grad, ref[0].grad, torch.float32, reduction=64)) is None, m
+    for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert p.grad.dtype == torch.float32 and (m := compare(p.grad, q.grad, torch.float32, reduction=64)) is None, m
+
+
+def test_layer_norm_is_functional_layer_norm(device: str) -> None:
+    x, w = torch.randn(4, 3, 6, device=device), torch.randn(3, 6, device=device)
+    _check_against_float64(lambda x, w: L.layer_norm(x, (3, 6), w, None, 1e-3),
+                           lambda x, w: F.layer_norm(x, (3, 6), w, None, 1e-3), [x, w], torch.float32)
+
+
+@pytest.mark.parametrize("affine,norm_bias,bias", [(a, nb, b) for a in (True, False) for nb in (True, False)
+                                                   for b in (True, False) if a or not nb])
+@pytest.mark.parametrize("shape", [(24,), (3, 24)])
+def test_fused_module_from_torch_every_combination(device: str, affine: bool, norm_bias: bool, bias: bool,
+                                                   shape: tuple[int, ...]) -> None:
+    seq = nn.Sequential(nn.LayerNorm(shape, elementwise_affine=affine, bias=norm_bias),
+                        nn.Linear(24, 10, bias=bias)).to(device)
+    for p in seq.parameters():
+        nn.init.normal_(p)
+    ours = LL.FusedLayerNormLinear.from_torch(seq)
+    x = torch.randn(4, *shape, device=device)
+    mine, theirs = _leaves(x), _leaves(x)
+    y, want = ours(*mine), seq(*theirs)
+    y.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(mine[0].grad, theirs[0].grad, rtol=1e-5, atol=1e-4)
+    for (name, p), q in zip(ours.named_parameters(), seq.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-3, msg=name)
+
+
+# ---------------------------------------------------------------- mixed precision and autocast
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_mixed_precision_layernorm(device: str, dtype: torch.dtype) -> None:
+    """16-bit x with float32 gamma and beta: output in x's dtype, each gradient in its input's dtype."""
+    x = (torch.randn(8, 64, device=device) * 2 + 1).to(dtype)
+    w, b = torch.randn(64, device=device), torch.randn(64, device=device)
+    _check_against_float64(L.layernorm, lambda x, w, b: F.layer_norm(x, (64,), w, b), [x, w, b], dtype)
+    ln = L.LayerNorm(64, device=device)
+    assert ln(x).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_mixed_precision_layernorm_linear(device: str, dtype: torch.dtype) -> None:
+    """A float32 LayerNorm before a 16-bit Linear, as models trained in mixed precision hold them."""
+    x = torch.randn(8, 64, device=device).to(dtype)
+    g, b = torch.randn(64, device=device), torch.randn(64, device=device)
+    w, bias = (torch.randn(16, 64, device=device) / 8).to(dtype), torch.randn(16, device=device).to(dtype)
+    _check_against_float64(LL.layernorm_linear, _lnl_ref, [x, g, b, w, bias], dtype, reduction=512)
+
+
+def _autocast_pair(device: str) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 32)), nn.GELU(), nn.LayerNorm(32)).to(device)
+    for p in theirs.parameters():
+        nn.init.normal_(p, std=0.5)
+    ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(theirs[0]), nn.GELU(), L.LayerNorm.from_torch(theirs[2]))
+    return theirs, ours
+
+
+def test_autocast_parity(device: str) -> None:
+    """Under torch.autocast our modules give the dtypes torch's give, and their values (float32 parameters)."""
+    theirs, ours = _autocast_pair(device)
+    x = torch.randn(4, 8, 64, device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        mine, ref = _leaves(x), _leaves(x)
+        y, want = ours(*mine), theirs(*ref)
+        inner, inner_want = ours[0](x), theirs[0](x)
+    assert (y.dtype, inner.dtype) == (want.dtype, inner_want.dtype)
+    torch.testing.assert_close(inner, inner_want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    want.float().sum().backward()
+    torch.testing.assert_close(mine[0].grad, ref[0].grad, rtol=3e-2, atol=3e-2)
+    for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert p.grad.dtype == q.grad.dtype == torch.float32
+        torch.testing.assert_close(p.grad, q.grad, rtol=3e-2, atol=0.1 * q.grad.abs().max().item())
+
+
+# ---------------------------------------------------------------- numerics
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF], ids=str)
+def test_constant_rows_give_bias(device: str, dtype: torch.dtype) -> None:
+    x = torch.full((5, 768), 0.1, device=device, dtype=dtype)
+    w, b = torch.randn(768, device=device, dtype=dtype), torch.randn(768, device=device, dtype=dtype)
+    assert torch.equal(L.layernorm(x, w, b), b.expand_as(x))
+
+
+def test_nan_and_inf_propagate_as_torch(device: str) -> None:
+    x = torch.randn(4, 32, device=device)
+    x[1, 3], x[2, 5] = float("nan"), float("inf")
+    w, b = torch.ones(32, device=device), torch.zeros(32, device=device)
+    y, want = L.layernorm(x, w, b), F.layer_norm(x, (32,), w, b)
+    assert torch.equal(y[1:3].isnan(), want[1:3].isnan())
+    torch.testing.assert_close(y[[0, 3]], want[[0, 3]])
+
+
+# ---------------------------------------------------------------- torch's OpInfo samples
+
+def _opinfo_samples(device: str, dtype: torch.dtype) -> list:
+    from torch.testing._internal.common_methods_invocations import op_db
+    (op,) = [o for o in op_db if o.name == "nn.functional.layer_norm"]
+    return list(op.sample_inputs(device, dtype, requires_grad=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opinfo_layer_norm_samples(device: str, dtype: torch.dtype) -> None:
+    """torch's own samples for ``nn.functional.layer_norm``, forward and backward: each matches float64, or is
+    refused with the named error README lists (eps <= 0: torch's samples include eps = -0.5)."""
+    samples = _opinfo_samples(device, dtype)
+    assert len(samples) >= 5
+    for s in samples:
+        shape, *params = s.args
+        eps = s.kwargs.get("eps", 1e-5)
+        inputs = [s.input, *params]
+        if eps <= 0:
+            with pytest.raises(ValueError, match="^eps:"):
+                L.layer_norm(*inputs[:1], shape, *inputs[1:], eps=eps)
+            continue
+        _check_against_float64(lambda x, *p, shape=shape, eps=eps: L.layer_norm(x, shape, *p, eps=eps),
+                               lambda x, *p, shape=shape, eps=eps: F.layer_norm(x, shape, *p, eps=eps),
+                               inputs, dtype)
+
+
+# ---------------------------------------------------------------- torch.compile with dynamic shapes
+
+def _small_model(device: str) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(LL.FusedLayerNormLinear(32, 48, device=device), nn.GELU(), nn.Linear(48, 32, device=device),
+                         L.LayerNorm(32, device=device))
+
+
+def test_compile_dynamic_shapes_no_recompile(device: str) -> None:
+    """Batch and sequence length vary; one compiled graph serves them all (a recompile fails the test)."""
+    import torch._dynamo
+
+    model = _small_model(device)
+    torch._dynamo.reset()
+    backend = "aot_eager" if device == "cpu" else "inductor"
+    compiled = torch.compile(model, dynamic=True, fullgraph=True, backend=backend)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for b, t in ((2, 5), (3, 7), (5, 13), (4, 2)):   # sizes >= 2: dynamo specializes 0 and 1 for any model
+            x = torch.randn(b, t, 32, device=device, requires_grad=True)
+            y = compiled(x)
+            want = model(x)
+            torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+            y.sum().backward()
+
+
+# ---------------------------------------------------------------- more than one GPU
+
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+NEEDS_TWO = pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs: multi-GPU use is untested here (README)")
+
+
+@NEEDS_TWO
+def test_gpu_second_device_runs_there() -> None:
+    """Tensors on cuda:1 run on that GPU, on its current stream, with the right values (cuda:0 current)."""
+    for dev in ("cuda:1", "cuda:0"):
+        x, w, b = (torch.randn(*s, device=dev) for s in ((64, 768), (768,), (768,)))
+        weight = torch.randn(256, 768, device=dev) / 32
+        s = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(s):
+            y = L.layernorm(x, w, b)
+            z = LL.layernorm_linear(x, w, b, weight)
+        s.synchronize()
+        assert y.device == x.device and z.device == x.device
+        assert compare(y, F.layer_norm(x.double(), (768,), w.double(), b.double()), torch.float32) is None
+        assert compare(z, _lnl_ref(x.double(), w.double(), b.double(), weight.double(), None), torch.float32,
+                       reduction=768) is None
