@@ -6,6 +6,7 @@
 #   tests       the whole test suite, GPU tests included -> gpu_tests.txt
 #   gpu-tests   only the tests that run on the GPU (-k "cuda or gpu") -> gpu_tests.txt
 #   p22-tests   only the p22 tests that run on the GPU -> gpu_tests_p22.txt
+#   direct-tests  the drop-in and direct-route GPU tests, which need no MAX on the machine -> gpu_tests_drop_in.txt
 #   layernorm-tests  only the layernorm tests that run on the GPU -> gpu_tests_layernorm.txt
 #   layernorm-linear-tests  only the layernorm_linear tests that run on the GPU, each by name -> gpu_tests_layernorm_linear.txt
 #   p22         the p22 solution, default and realistic sizes, per-kernel times, tiles-per-block sweeps -> p22_*.txt
@@ -41,6 +42,8 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests ;;
     gpu-tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests -k "cuda or gpu" ;;
+    direct-tests) run gpu_tests_drop_in python -m pytest -q -rs -p no:cacheprovider tests/test_drop_in.py \
+      tests/test_direct.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;
     layernorm-tests)
       run gpu_tests_layernorm python -m pytest -q -rfs --tb=short -p no:cacheprovider tests/test_layernorm.py -k "cuda or gpu" ;;
