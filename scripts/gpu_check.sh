@@ -41,7 +41,7 @@ steps=("$@")
 for step in "${steps[@]}"; do
   case "$step" in
     tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests ;;
-    gpu-tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests -k "cuda or gpu" ;;
+    gpu-tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests -k "cuda or gpu" --durations=15 ;;
     direct-tests) run gpu_tests_drop_in python -m pytest -q -rs -p no:cacheprovider tests/test_drop_in.py \
       tests/test_direct.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;

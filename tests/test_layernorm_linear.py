@@ -397,24 +397,35 @@ def test_gpu_sm90(shape: tuple[int, int, int], mean: float) -> None:
     check_forward(x, g, b, w, bias, "sm90", cond=max(1.0, mean))
 
 
+def _spy_algos(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The fused and Hopper forwards the Python entries run, in order: through the C++ entry (``_fused_direct``,
+    its ``picked`` argument) or through MAX (``sm90_fwd``, ``fused_fwd``)."""
+    ran: list[str] = []
+    real_direct, real_sm90, real_fused = LL._fused_direct, LL.sm90_fwd, LL.fused_fwd
+
+    def direct(*args: object) -> object:
+        out = real_direct(*args)
+        if out is not None:
+            ran.append(args[-1])
+        return out
+
+    monkeypatch.setattr(LL, "_fused_direct", direct)
+    monkeypatch.setattr(LL, "sm90_fwd", lambda *args: ran.append("sm90") or real_sm90(*args))
+    monkeypatch.setattr(LL, "fused_fwd", lambda *args, **kw: ran.append("fused") or real_fused(*args, **kw))
+    return ran
+
+
 @pytest.mark.gpu
 @needs_sm90
 def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto in the sm90 region runs the Hopper kernel (seen by a spy on sm90_fwd; bitwise equal to algo
+    """auto in the sm90 region runs the Hopper kernel (seen by a spy on the forwards run; bitwise equal to algo
     sm90; right against float64, also at mean 1e4); an x view off 16-byte alignment there takes the
     unfused path instead of raising."""
-    calls: list[tuple[int, ...]] = []
-    real = LL.sm90_fwd
-
-    def spy(x2: torch.Tensor, *args: object) -> tuple[torch.Tensor, ...]:
-        calls.append(tuple(x2.shape))
-        return real(x2, *args)
-
-    monkeypatch.setattr(LL, "sm90_fwd", spy)
+    calls = _spy_algos(monkeypatch)
     rows, k, n = LL.SM90_MIN_ROWS, 256, LL.SM90_MIN_N
     x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda")
     y = LL.layernorm_linear_fwd(x, g, b, w, bias)[0]
-    assert calls == [(rows, k)], f"auto in the sm90 region ran sm90_fwd {len(calls)} times"
+    assert calls == ["sm90"], f"auto in the sm90 region ran {calls}"
     assert torch.equal(y, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0])
     check_forward(x, g, b, w, bias, "auto")
     x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda", mean=1e4)
@@ -424,7 +435,7 @@ def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> No
     xs = flat[1:].view(rows, k)   # 2 bytes past an aligned start
     assert LL.sm90_unsupported(xs, w) is not None
     check_forward(xs, g, b, w, bias, "auto")
-    assert not calls, "auto ran sm90_fwd on a misaligned x view"
+    assert "sm90" not in calls, "auto ran sm90 on a misaligned x view"
 
 
 @pytest.mark.gpu
@@ -432,9 +443,7 @@ def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> No
 def test_gpu_auto_training_keeps_xn(monkeypatch: pytest.MonkeyPatch) -> None:
     """In the sm90 region, layernorm_linear with gradients to come runs unfused (xn kept for dW; the
     gradients right against float64), and without gradients runs sm90."""
-    calls: list[int] = []
-    real = LL.sm90_fwd
-    monkeypatch.setattr(LL, "sm90_fwd", lambda x2, *args: calls.append(1) or real(x2, *args))
+    calls = _spy_algos(monkeypatch)
     rows, k, n = LL.SM90_MIN_ROWS, 256, LL.SM90_MIN_N
     x, g, b, w, bias, dy = make((rows,), k, n, torch.bfloat16, "cuda")
     leaves = [t.clone().requires_grad_() for t in (x, g, b, w, bias)]
@@ -449,7 +458,7 @@ def test_gpu_auto_training_keeps_xn(monkeypatch: pytest.MonkeyPatch) -> None:
         assert (bad := compare(leaf.grad, r, torch.bfloat16, reduction=red, cond=cond)) is None, f"{name}: {bad}"
     with torch.no_grad():
         y0 = LL.layernorm_linear(x, g, b, w, bias)
-    assert calls == [1], "auto without gradients did not run sm90"
+    assert calls == ["sm90"], f"auto without gradients ran {calls}, not sm90"
     assert torch.equal(y0, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0])
 
 
