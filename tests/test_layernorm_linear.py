@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ops import direct
 from ops import layernorm_linear as LL
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_stats_ref
 from ops.tolerance import compare
@@ -399,17 +400,21 @@ def test_gpu_sm90(shape: tuple[int, int, int], mean: float) -> None:
 
 def _spy_algos(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The fused and Hopper forwards the Python entries run, in order: through the C++ entry (``_fused_direct``,
-    its ``picked`` argument) or through MAX (``sm90_fwd``, ``fused_fwd``)."""
+    its ``picked`` argument) or through MAX (``sm90_fwd``, ``fused_fwd``). The C++ entry's plans are cleared first,
+    so that no shape an earlier test ran bypasses the spies."""
+    if direct.NATIVE.ops is not None:
+        direct.NATIVE.ops.clear_plans()
+        direct._native_keys.clear()
     ran: list[str] = []
     real_direct, real_sm90, real_fused = LL._fused_direct, LL.sm90_fwd, LL.fused_fwd
 
-    def direct(*args: object) -> object:
+    def via_cpp(*args: object) -> object:
         out = real_direct(*args)
         if out is not None:
             ran.append(args[-1])
         return out
 
-    monkeypatch.setattr(LL, "_fused_direct", direct)
+    monkeypatch.setattr(LL, "_fused_direct", via_cpp)
     monkeypatch.setattr(LL, "sm90_fwd", lambda *args: ran.append("sm90") or real_sm90(*args))
     monkeypatch.setattr(LL, "fused_fwd", lambda *args, **kw: ran.append("fused") or real_fused(*args, **kw))
     return ran
