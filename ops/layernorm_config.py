@@ -37,6 +37,11 @@ FWD_CLUSTERS = ((2, 16, 2), (4, 16, 4), (4, 16, 8))
 # Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays.
 BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1))
 
+# Under torch.compile, who runs the default ("fast") LayerNorm, alone and as LayerNorm+Linear's "unfused" LayerNorm:
+# "inductor" leaves it to torch's layer_norm, which inductor fuses with its neighbours (the residual add before it);
+# "ours" calls our C++ ops, opaque to inductor. OPS_COMPILED_LAYERNORM overrides it.
+COMPILED_LAYERNORM = os.environ.get("OPS_COMPILED_LAYERNORM", "inductor")
+
 # The forward kernel progression (the kernel file's header says what each changes).
 VARIANTS = ("row_thread", "block_smem", "block_warp", "vector", "fast")
 

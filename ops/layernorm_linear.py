@@ -589,8 +589,8 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias)) or torch.is_autocast_enabled(
             x.device.type):
         return _layernorm_linear_adapted(x, ln_weight, ln_bias, weight, bias, eps, algo)
-    if torch.compiler.is_compiling() and layernorm.no_grad_to_come(*tensors):
-        return _infer_traced(x, ln_weight, ln_bias, weight, bias, eps, algo)
+    if torch.compiler.is_compiling():
+        return _traced(x, ln_weight, ln_bias, weight, bias, eps, algo)
     if not (isinstance(x, torch.Tensor) and direct.launches(x)):
         return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
     if not layernorm.no_grad_to_come(*tensors):
@@ -631,16 +631,46 @@ def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, wei
     return layernorm_linear(*adapted, eps, algo)
 
 
-def _infer_traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
-    """Inference as torch.compile traces it: no autograd node and, unfused, no statistics."""
-    validate(x, ln_weight, ln_bias, weight, bias)
+def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
+    """``layernorm_linear`` of valid inputs as torch.compile traces it. Unfused: the LayerNorm as
+    ``layernorm.compiled_layernorm`` holds it, then ``F.linear`` (torch's autograd and GEMMs). Fused and Hopper:
+    with a gradient to come, the autograd function around our ops; without, our forward alone."""
+    tensors = (x, ln_weight, ln_bias, weight, bias)
+    grad = not layernorm.no_grad_to_come(*tensors)
+    runs = autograd_algo(algo, tensors) if grad else algo
+    validate(*tensors)
     layernorm.check_eps(eps)
     k = x.shape[-1]
-    if pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
-        return torch.nn.functional.linear(layernorm.infer_call(x, ln_weight, ln_bias, eps), weight, bias)
+    if pick_algo(runs, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
+        return torch.nn.functional.linear(layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps), weight, bias)
+    if grad:
+        return LayerNormLinearFunction.apply(*tensors, eps, runs)
+    if x.is_cuda and _native_infer_traceable():
+        # the C++ op: no Python per call in the compiled graph
+        return torch.ops.mojo_direct.layernorm_linear_infer(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
     bias = _zero_bias(weight) if bias is None else bias
     return torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)[0]
+
+
+_infer_fake_registered = False
+
+
+@torch.compiler.assume_constant_result
+def _native_infer_traceable() -> bool:
+    """Whether the C++ op ``mojo_direct::layernorm_linear_infer`` is loaded, with its fake for tracing."""
+    global _infer_fake_registered
+    if not layernorm._native_ops_traceable():
+        return False
+    if not _infer_fake_registered:
+        _infer_fake_registered = True
+        torch.library.register_fake("mojo_direct::layernorm_linear_infer")(_fake_infer)
+    return True
+
+
+def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None, eps: float, algo: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:

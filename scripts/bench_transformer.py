@@ -11,6 +11,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
 
     poe bench-transformer                          (needs a CUDA GPU)
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
+    python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from ops import layernorm_config  # noqa: E402
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
 from ops.timing import captured, commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
@@ -38,6 +40,8 @@ MODES = ("eager", "cuda_graph", "compile")
 REPEATS = 11   # interleaved runs per contender (median): the GPU machine's host speed drifts
 FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
 OUT = ROOT / "results" / "bench_transformer"
+AB_OUT = ROOT / "results" / "bench_transformer_compiled_layernorm"
+AB_IMPL = "ours_ln_op"   # --layernorm-ab: ours with COMPILED_LAYERNORM = "ours"
 
 
 class Block(nn.Module):
@@ -121,9 +125,20 @@ def train_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], obj
     return captured(step)[0].replay
 
 
-def run(modes: list[str]) -> list[dict]:
+def with_compiled_layernorm(choice: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with ``layernorm_config.COMPILED_LAYERNORM`` set to ``choice`` (read when dynamo traces, and
+    guarded on, so each compiled contender keeps its own graph)."""
+    def call() -> object:
+        layernorm_config.COMPILED_LAYERNORM = choice
+        return fn()
+    return call
+
+
+def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
     rows = []
+    default_choice = layernorm_config.COMPILED_LAYERNORM
     for b, t in SIZES:
+        torch._dynamo.reset()   # each size compiled for itself, not as a dynamic-shape recompile of the last
         torch.manual_seed(0)
         ref_model = GPT().cuda().bfloat16()
         x = torch.randn(b, t, D, device="cuda", dtype=torch.bfloat16)
@@ -135,11 +150,14 @@ def run(modes: list[str]) -> list[dict]:
             for phase in ("infer", "train"):
                 calls = 50 if phase == "infer" else 10
                 fns, us = {}, {}
-                for impl in ("torch", "ours"):
+                impls = ("torch", "ours", *((AB_IMPL,) if layernorm_ab and mode == "compile" else ()))
+                for impl in impls:
                     model = GPT().cuda().bfloat16()
                     model.load_state_dict(ref_model.state_dict())
-                    model = ours_from(model) if impl == "ours" else model
-                    fns[impl] = (infer_call if phase == "infer" else train_call)(model, x, mode)
+                    model = ours_from(model) if impl != "torch" else model
+                    fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
+                    fns[impl] = fn if impl == "torch" else with_compiled_layernorm(
+                        "ours" if impl == AB_IMPL else default_choice, fn)
                     for _ in range(3):
                         fns[impl]()
                     if mode == "cuda_graph":
@@ -153,17 +171,28 @@ def run(modes: list[str]) -> list[dict]:
                 if mode != "cuda_graph":
                     us = pipelined_side_by_side(fns, calls=calls, repeats=REPEATS)
                 ms = {impl: v / 1e3 for impl, v in us.items()}
-                for impl in ("torch", "ours"):
+                for impl in impls:
                     print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms", flush=True)
-                for impl in ("torch", "ours"):
+                for impl in impls:
                     rows.append({"mode": mode, "phase": phase, "tokens": b * t, "impl": impl,
                                  "ms": round(ms[impl], 4), "tokens_per_s": round(b * t / ms[impl] * 1e3),
                                  "vs_torch": round(ms[impl] / ms["torch"], 3)})
     return rows
 
 
+def write_layernorm_ab(rows: list[dict]) -> None:
+    """The compile rows of torch, ours and AB_IMPL side by side: the evidence for COMPILED_LAYERNORM's default."""
+    rows = [r for r in rows if r["mode"] == "compile"]
+    stamp = f"GPU: {gpu_name()}; commit {commit()}"
+    write_report(AB_OUT, rows, FIELDS, stamp, "GPT-2-small under torch.compile: whose LayerNorm the graph holds",
+                 f"bf16, as bench_transformer.md. ours: the default (layernorm_config.COMPILED_LAYERNORM = "
+                 f"{layernorm_config.COMPILED_LAYERNORM!r}); {AB_IMPL}: our C++ LayerNorm ops in the graph "
+                 f"(COMPILED_LAYERNORM = 'ours'). Pipelined ms per call, median of {REPEATS} interleaved runs.")
+
+
 def write(rows: list[dict], modes: list[str]) -> None:
     """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
+    rows = [r for r in rows if r["impl"] in ("torch", "ours")]
     csv_path = OUT.with_suffix(".csv")
     kept = []
     if csv_path.exists():
@@ -201,10 +230,16 @@ def plot(rows: list[dict], stamp: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-    modes = p.parse_args().modes.split(",")
+    p.add_argument("--layernorm-ab", action="store_true",
+                   help=f"compile mode: also ours with our LayerNorm ops in the graph ({AB_OUT.name}.md)")
+    args = p.parse_args()
+    modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
-    write(run(modes), modes)
+    rows = run(modes, args.layernorm_ab)
+    write(rows, modes)
+    if args.layernorm_ab and "compile" in modes:
+        write_layernorm_ab(rows)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops import bridge, direct
+from ops import bridge, direct, layernorm_config
 
 HAS_GPU = torch.cuda.is_available()
 DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]
@@ -35,3 +35,33 @@ def poison_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(params=DEVICES)
 def device(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+@pytest.fixture(params=["inductor", "ours"])
+def compiled_layernorm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each choice of who runs the default LayerNorm under torch.compile (layernorm_config.COMPILED_LAYERNORM)."""
+    monkeypatch.setattr(layernorm_config, "COMPILED_LAYERNORM", request.param)
+    return request.param
+
+
+def recording_backend() -> tuple[object, list[str]]:
+    """A torch.compile backend that runs AOTAutograd's forward and backward graphs as they are (as aot_eager)
+    and records each graph's code, so that a test can see which ops a compiled graph calls."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    codes: list[str] = []
+
+    def keep(gm: torch.fx.GraphModule, inputs: list) -> object:
+        codes.append(gm.code)
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=keep, bw_compiler=keep), codes
+
+
+def assert_compiled_layernorm(codes: list[str], compiled_layernorm: str) -> None:
+    """The forward and backward graphs hold our ops ("ours") or torch's LayerNorm ("inductor"), not the other."""
+    assert len(codes) == 2, f"expected a forward and a backward graph, got {len(codes)}"
+    for code in codes:
+        ours, torchs = "mojo" in code, "native_layer_norm" in code
+        assert (ours, torchs) == (compiled_layernorm == "ours", compiled_layernorm == "inductor"), code

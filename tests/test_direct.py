@@ -379,9 +379,10 @@ def test_gpu_cuda_graph_forward_and_backward() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_gpu_compile_fullgraph(mode: str) -> None:
+def test_gpu_compile_fullgraph(mode: str, compiled_layernorm: str) -> None:
     """``torch.compile(fullgraph=True)`` of a model with our modules (no graph break: the device queries are
-    constants to dynamo, the ops its graphs call are the C++ ones), forward and backward as in eager."""
+    constants to dynamo; the LayerNorms inductor's or our C++ ops, as COMPILED_LAYERNORM says), forward and
+    backward as in eager."""
     model = _small_model(torch.bfloat16)
     x = torch.randn(2, 32, 96, device="cuda", dtype=torch.bfloat16)
     eager_x = x.clone().requires_grad_()
@@ -399,3 +400,31 @@ def test_gpu_compile_fullgraph(mode: str) -> None:
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2, msg=f"output {i}")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), want_y.detach(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "algo", "with_bias"), [(torch.bfloat16, "sm90", True),
+                                                          (torch.float32, "fused", False)])
+def test_gpu_compiled_inference_calls_the_cpp_op(dtype: torch.dtype, algo: str, with_bias: bool) -> None:
+    """Inference of the fused and Hopper forwards under torch.compile: the graph calls the C++ op
+    ``mojo_direct.layernorm_linear_infer`` (no Python per call), which gives eager's y bitwise, also on the
+    call before Python has handed it a plan (its fallback through the torch.library op)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ops.layernorm_linear import layernorm_linear
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 256, 768, device="cuda", dtype=dtype)
+    lnw, lnb = torch.randn(768, device="cuda", dtype=dtype), torch.randn(768, device="cuda", dtype=dtype)
+    w = torch.randn(512, 768, device="cuda", dtype=dtype) / 28
+    bias = torch.randn(512, device="cuda", dtype=dtype) if with_bias else None
+    direct.load_native().ops.clear_plans()
+    direct._native_keys.clear()
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo), fullgraph=True)
+    with torch.no_grad():
+        first, codes = run_and_get_code(fn, x)
+        again = fn(x)
+        want = layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo)
+    assert any("mojo_direct.layernorm_linear_infer" in code for code in codes)
+    assert torch.equal(first, want) and torch.equal(again, want)

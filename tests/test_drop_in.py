@@ -281,7 +281,7 @@ def _small_model(device: str) -> nn.Module:
                          L.LayerNorm(32, device=device))
 
 
-def test_compile_dynamic_shapes_no_recompile(device: str) -> None:
+def test_compile_dynamic_shapes_no_recompile(device: str, compiled_layernorm: str) -> None:
     """Batch and sequence length vary; one compiled graph serves them all (a recompile fails the test)."""
     import torch._dynamo
 

@@ -579,6 +579,25 @@ Tensor layernorm_infer(const Tensor& x, const Tensor& w, const Tensor& b, double
   return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
 }
 
+const char* ALGOS[] = {"auto", "fused", "sm90", "unfused"};   // layernorm_linear.ALGOS, by number
+
+// Inference under torch.compile where ``algo`` resolves to "fused" or "sm90": y by the plan Python handed over,
+// or else by the Python route's op (mojo::layernorm_linear_fwd: it validates, launches, and hands the plan over).
+Tensor layernorm_linear_infer(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                              const std::optional<Tensor>& bias, double eps, int64_t algo) {
+  if (auto plan = fused_plan(x, lnw, lnb, w, bias, eps, algo)) {
+    c10::DeviceGuard guard(x.device());
+    return std::get<0>(fused_forward(*plan, x, lnw, lnb, w, bias, eps));
+  }
+  TORCH_CHECK(algo >= 0 && algo < 4, "mojo_direct: layernorm_linear_infer: algo must be 0-3, got ", algo);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mojo::layernorm_linear_fwd", "")
+                       .typed<Triple(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     double, c10::string_view)>();
+  const Tensor b = bias.has_value() && bias->defined() ? *bias : at::zeros({w.size(0)}, w.options());
+  return std::get<0>(op.call(x, lnw, lnb, w, b, eps, ALGOS[algo]));
+}
+
 Triple layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
                      const Tensor& rstd, int64_t act) {
   if (!takes(x, w, b, 1.0)) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
@@ -657,6 +676,8 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("layernorm_linear_with_stats(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
         "float eps, int algo) -> Tensor[]");
   m.def("layernorm_infer(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
+  m.def("layernorm_linear_infer(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
+        "float eps, int algo) -> Tensor");
   m.def("layernorm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, int act) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("set_fwd_plan(int rows, int h, ScalarType dtype, bool vec_ok, int act, int device, int kernel, int[] grid, "
@@ -690,5 +711,6 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(mojo_direct, CUDA, m) {
   m.impl("layernorm_fwd", &layernorm_fwd);
   m.impl("layernorm_infer", &layernorm_infer);
+  m.impl("layernorm_linear_infer", &layernorm_linear_infer);
   m.impl("layernorm_bwd", &layernorm_bwd);
 }
