@@ -161,6 +161,17 @@ def test_opcheck() -> None:
     torch.library.opcheck(LL._bwd_custom, (dy, x, xn, g, b, w, mean, rstd), test_utils=utils)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "algo"), [(torch.bfloat16, "sm90"), (torch.float32, "fused")])
+def test_gpu_opcheck(dtype: torch.dtype, algo: str) -> None:
+    """The custom op on the GPU's fused and Hopper forwards (the C++ entry's outputs): schema (no output aliases
+    another or an input) and fake tensors, on a first call (Python hands over the plan) and a second."""
+    x, g, b, w, bias, _ = make((2, 64), 64, 32, dtype, "cuda")
+    for _ in range(2):
+        torch.library.opcheck(LL._fwd_custom, (x, g, b, w, bias, 1e-5, algo), test_utils=("test_schema",
+                                                                                          "test_faketensor"))
+
+
 def test_bad_inputs() -> None:
     x, g, b, w, bias, dy = make((4,), 16, 8, torch.float32, "cpu")
     cases = [

@@ -448,7 +448,7 @@ constexpr int SWIZZLE_NONE = 0, SWIZZLE_128B = 3;
 // A scratch part's length rounded up to 64 elements (256 bytes of float32 or more), so the next part is aligned.
 int64_t padded(int64_t len) { return (len + 63) / 64 * 64; }
 
-// y [..., n], mean and rstd [...] (float32, rows of one [2, rows] buffer) by the plan's kernels, on contiguous
+// y [..., n], mean and rstd [rows] (float32) by the plan's kernels, on contiguous
 // x [..., k], lnw, lnb [k], w [n, k] and bias [n] (the plan's zeros when undefined).
 Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
                      const std::optional<Tensor>& bias_in, double eps) {
@@ -457,7 +457,9 @@ Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, 
   auto shape = x.sizes().vec();
   shape.back() = n;
   Tensor y = empty(shape, x.options());
-  auto [stats, mean, rstd] = stats_for(x);
+  // mean and rstd apart (not rows of one buffer): the torch.library op returns them, and its outputs may not alias
+  Tensor mean = empty({rows}, x.options().dtype(at::kFloat));
+  Tensor rstd = empty({rows}, x.options().dtype(at::kFloat));
   void *yp = y.data_ptr(), *mp = mean.data_ptr(), *rp = rstd.data_ptr(), *xp = x.data_ptr();
   void *gp = lnw.data_ptr(), *bp = lnb.data_ptr(), *wp = w.data_ptr(), *biasp = bias.data_ptr();
   int32_t rows32 = static_cast<int32_t>(rows), k32 = static_cast<int32_t>(k), n32 = static_cast<int32_t>(n);
