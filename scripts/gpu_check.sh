@@ -4,7 +4,7 @@
 # the GPU name and commit; commit them. Steps (default: all), each well under
 # the 10 minutes one device call may take:
 #   tests       the whole test suite, GPU tests included -> gpu_tests.txt
-#   gpu-tests   only the tests that run on the GPU (-k "cuda or gpu") -> gpu_tests.txt
+#   gpu-tests   only the tests that run on the GPU (-k "cuda or gpu"), in parallel processes -> gpu_tests.txt
 #   p22-tests   only the p22 tests that run on the GPU -> gpu_tests_p22.txt
 #   direct-tests  the drop-in and direct-route GPU tests, which need no MAX on the machine -> gpu_tests_drop_in.txt
 #   layernorm-tests  only the layernorm tests that run on the GPU -> gpu_tests_layernorm.txt
@@ -41,7 +41,10 @@ steps=("$@")
 for step in "${steps[@]}"; do
   case "$step" in
     tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests ;;
-    gpu-tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests -k "cuda or gpu" --durations=15 ;;
+    gpu-tests)  # in OPS_TEST_WORKERS processes (pytest-xdist; MAX's compiles dominate), then the kernel-timing
+      # tests alone: their CUPTI timings must not share the GPU with other processes
+      run gpu_tests bash -c "python -m pytest -q -rs -p no:cacheprovider tests -k '(cuda or gpu) and not test_timing' \
+        -n ${OPS_TEST_WORKERS:-4} --durations=15 && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu" ;;
     direct-tests) run gpu_tests_drop_in python -m pytest -q -rs -p no:cacheprovider tests/test_drop_in.py \
       tests/test_direct.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;
