@@ -45,7 +45,7 @@ BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8
 # the fused triton kernel does not; the model is host-bound there).
 COMPILED_LAYERNORM = os.environ.get("OPS_COMPILED_LAYERNORM", "inductor")
 
-# The forward kernel progression (the kernel file's header says what each changes).
+# The forward kernel progression (docs/kernels/layernorm.md says what each step changes).
 VARIANTS = ("row_thread", "block_smem", "block_warp", "vector", "fast")
 
 # Backward: rows are dealt to `parts` row groups whose dgamma/dbeta partials ([parts, H] float32 each) a

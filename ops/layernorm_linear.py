@@ -22,7 +22,8 @@ Forward algorithms (``algo``):
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``sm90`` in its region (above), else ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
-  at least ``FUSED16_MIN_ROWS`` rows and k >= ``FUSED16_MIN_K``; else ``unfused``.
+  at least ``FUSED16_MIN_ROWS`` rows and k >= ``FUSED16_MIN_K``; else ``unfused`` (these tables and their
+  evidence: ``ops/layernorm_linear_config.py``).
   On the H100 (results/bench_layernorm_linear*.md) the fused kernel's IEEE fp32
   FMAs beat cuBLAS's fp32 GEMM plus a separate LayerNorm where n is small; in
   fp16/bf16 the fused kernel (cp.async ring, mma.sync) wins where x is long and n
@@ -48,40 +49,29 @@ from torch import nn
 from ops import direct, layernorm
 from ops import layernorm_linear_config as config
 from ops.bridge import LIBRARY, GraphOp, Out
+from ops.layernorm_linear_config import (  # noqa: F401 (auto's tuning, read here and by the tests as LL.<name>)
+    FUSED16_MAX_N,
+    FUSED16_MIN_K,
+    FUSED16_MIN_ROWS,
+    FUSED_BM,
+    FUSED_BN,
+    FUSED_MAX_N,
+    FUSED_MIN_ROWS,
+    SM90_MAX_N,
+    SM90_MIN_N,
+    SM90_MIN_ROWS,
+    SM90_RUN_MAX_X,
+    SPLIT_BLOCKS_PER_SM,
+    SPLIT_BLOCKS_PER_SM_16,
+    SPLIT_MAX,
+    SPLIT_MIN_K,
+    sm90_region,
+)
 from ops.validate import check_grad, check_same, check_size, check_tensor
 
 DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "sm90", "unfused")
 ALGO_IDS = {a: i for i, a in enumerate(ALGOS)}   # the C++ entry's algo argument
-FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
-FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
-# fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md at 4b7006f, with the fold cached
-# per weight version; the sweep is due a rerun with the per-call fold): the tensor-core kernel
-# beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
-FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
-FUSED_BM, FUSED_BN = config.SK_BM, config.SK_BN  # rows and columns per block of the fused kernel
-# k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
-# fp32 best near 256-1024 blocks, at 4b7006f the bf16 one; each split adds a [rows, n] fp32 partial.
-SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
-SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
-SPLIT_MIN_K = 128  # no chunk shorter than this
-SPLIT_MAX = 16
-# auto's "sm90" region (bf16 on an sm_90 GPU). Since the op makes its scaled weight and fold rows at every call
-# (376322c: nothing derived from the weights is kept), the Hopper kernel plus that prep beat our LayerNorm +
-# cuBLAS by CUPTI kernel time at every region shape of the bf16 grid with 16384 rows and at none with 4096
-# (results/bench_layernorm_linear.md, bf16 rows at 376322c: 4096 x 768 -> 3072 38.5 against 38.0 us,
-# 16384 x 768 -> 3072 132.4 against 137.4); before, with the prep cached per weight version, 4096 rows won too.
-SM90_MIN_ROWS = 16384
-SM90_MIN_N, SM90_MAX_N = 768, 3072
-# ... except where kernel version 6's runs re-read more x than L2 keeps: each block takes a run of
-# ceil(tiles / SMs) consecutive SM90_TILE tiles and re-reads its x rows once per tile. Runs longer than
-# SM90_SHORT_RUN tiles with x beyond SM90_RUN_MAX_X elements (24 MiB of bf16) lost to LayerNorm + cuBLAS
-# (results/bench_layernorm_linear_sm90.md and bench_layernorm_linear.md at 8aa98c9: 16384 x 1024 -> 3072,
-# runs of 12, 183.4 against 176.5 us; 16384 x 4096 -> 3072 694.4 against 620.5; version 5 had won both);
-# shorter runs, or x within that, won at every region shape of the sweep.
-SM90_TILE = (config.WG_BM, config.WG_BN)   # the Hopper kernel's output tile
-SM90_SHORT_RUN = 4
-SM90_RUN_MAX_X = 16384 * 768
 
 
 @cache
@@ -145,7 +135,7 @@ def fold_ext(fold: torch.Tensor) -> torch.Tensor:
     B hi, B mid, G hi, B hi) with hi = bf16(v) and mid = bf16(v - hi): the 8 k values of the Hopper
     kernel's fold MMA, whose A fragment holds the rows' -(mean - shift) and 1 / rstd in hi/mid/lo parts,
     so that it adds their products with G and B to the accumulators to 2^-16. The op makes these rows
-    itself at every call (``lnl_wgmma_prep_kernel``); this is the reference tests compare it with."""
+    itself at every call (``layernorm_linear_wgmma_prep``); this is the reference tests compare it with."""
     hi = fold.to(torch.bfloat16)
     (g_hi, b_hi), (g_mid, b_mid) = hi, (fold - hi.float()).to(torch.bfloat16)
     return torch.stack((g_hi, g_hi, g_mid, b_hi, b_hi, b_mid, g_hi, b_hi), dim=1).contiguous()
@@ -210,20 +200,10 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 def fused_splits(rows: int, k: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
-    """How many k chunks the fused GPU kernel splits into (1 on the CPU).
-
-    float32: enough blocks for SPLIT_BLOCKS_PER_SM per SM; fp16/bf16: as many as keep to
-    SPLIT_BLOCKS_PER_SM_16 per SM. No chunk shorter than SPLIT_MIN_K (each split adds a
-    [rows, n] fp32 partial to write and read).
-    """
+    """How many k chunks the fused GPU kernel splits into (1 on the CPU; ``config.split_count`` on a GPU)."""
     if device.type != "cuda":
         return 1
-    tiles = output_tiles(rows, n)
-    if dtype == torch.float32:
-        want = -(-SPLIT_BLOCKS_PER_SM * layernorm.sm_count(device) // tiles)
-    else:
-        want = SPLIT_BLOCKS_PER_SM_16 * layernorm.sm_count(device) // tiles
-    return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
+    return config.split_count(rows, k, n, layernorm.sm_count(device), dtype)
 
 
 def fused_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
@@ -352,21 +332,7 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
         return "unfused"
     if dtype == torch.bfloat16 and is_sm90(device) and sm90_region(rows, n, k, _sms_traceable(device.index or 0)):
         return "sm90"
-    if dtype == torch.float32:
-        fused = n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
-    else:
-        fused = n <= FUSED16_MAX_N and rows >= FUSED16_MIN_ROWS and k >= FUSED16_MIN_K
-    return "fused" if fused else "unfused"
-
-
-def sm90_region(rows: int, n: int, k: int, sms: int) -> bool:
-    """Whether x [rows, k] @ weight [n, k]^T is in auto's "sm90" region on a GPU of ``sms`` SMs (see
-    SM90_MIN_ROWS and SM90_RUN_MAX_X)."""
-    if rows < SM90_MIN_ROWS or not SM90_MIN_N <= n <= SM90_MAX_N or k % 8 or n % 8:
-        return False
-    tiles = -(-rows // SM90_TILE[0]) * -(-n // SM90_TILE[1])
-    run = -(-tiles // sms)   # the kernel's tiles per block
-    return run <= SM90_SHORT_RUN or rows * k <= SM90_RUN_MAX_X
+    return "fused" if config.fused_region(dtype, rows, n, k) else "unfused"
 
 
 def _zero_bias(weight: object) -> torch.Tensor:

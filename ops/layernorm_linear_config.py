@@ -4,8 +4,10 @@ forwards launch for a shape, with which grids, blocks, shared memory and scratch
 The MAX ops (``layernorm_linear_fwd``, ``layernorm_linear_fwd_sm90``) make the same choices in their Mojo host
 code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the constants below mirror that code's ``comptime``
 values, and ``tests/test_direct.py`` checks them against the kernel sources (a CPU test) and checks both routes'
-outputs bitwise on the GPU. Which algorithm runs at a shape (``pick_algo``) and the fused kernel's k splits
-(``fused_splits``) stay in ``ops/layernorm_linear.py``.
+outputs bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
+section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``), each citing its
+evidence; ``ops/layernorm_linear.py`` (``pick_algo``, ``fused_splits``) reads them. A new GPU's tuning is a new
+table there.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def cdiv(a: int, b: int) -> int:
 def fold_step(dtype: torch.dtype, n: int, mask: int) -> Step:
     """``launch_fold``: fold [2, n] (G, B + bias) from w, gamma, beta, bias."""
     vec = vector_width(dtype) if has(mask, FOLD_VEC_BITS) else 1
-    return Step(KernelSpec(MODULE, "lnl_fold_kernel", (dtype, vec), "pppppii"), (n, 1, 1), FOLD_THREADS)
+    return Step(KernelSpec(MODULE, "layernorm_linear_fold", (dtype, vec), "pppppii"), (n, 1, 1), FOLD_THREADS)
 
 
 def split_chunk(k: int, splits: int, dtype: torch.dtype) -> int:
@@ -119,14 +121,14 @@ def fused_plan(rows: int, k: int, n: int, dtype: torch.dtype, mask: int, splits:
     grid = (cdiv(rows, SK_BM), cdiv(n, SK_BN), splits)
     if dtype == torch.float32:
         steps = (fold_step(dtype, n, mask),
-                 Step(KernelSpec(MODULE, "lnl_splitk_kernel", (dtype,), "ppppppiiiii"), grid, SK_THREADS),
-                 Step(KernelSpec(MODULE, "lnl_splitk_finish", (dtype,), "ppppppiiiif"),
+                 Step(KernelSpec(MODULE, "layernorm_linear_fwd_splitk", (dtype,), "ppppppiiiii"), grid, SK_THREADS),
+                 Step(KernelSpec(MODULE, "layernorm_linear_fwd_splitk_finish", (dtype,), "ppppppiiiif"),
                       (cdiv(rows, FIN_ROWS), cdiv(n, FIN_COLS), 1), FIN_ROWS * FIN_COLS))
         kind = KIND_FUSED32
     else:
         steps = (fold_step(dtype, n, mask),
-                 Step(KernelSpec(MODULE, "lnl_mma_kernel", (dtype, vec_ok), "ppppppppppiiiif"), grid, SK_THREADS,
-                      MMA_SMEM_BYTES))
+                 Step(KernelSpec(MODULE, "layernorm_linear_fwd_mma", (dtype, vec_ok), "ppppppppppiiiif"), grid,
+                      SK_THREADS, MMA_SMEM_BYTES))
         kind = KIND_FUSED16
     return FusedPlan(kind, steps, (splits, chunk, scratch["part_acc"], scratch["part_rows"], int(vec_ok)))
 
@@ -138,10 +140,10 @@ def sm90_plan(rows: int, k: int, n: int, dtype: torch.dtype, mask: int, sms: int
     vec = vector_width(dtype) if has(mask, FOLD_VEC_BITS) else 1
     items = cdiv(rows, WG_BM) * cdiv(n, WG_BN)
     per = cdiv(items, sms)
-    steps = (Step(KernelSpec(SM90_MODULE, "lnl_wgmma_prep_kernel", (dtype, vec), "ppppppii"),
+    steps = (Step(KernelSpec(SM90_MODULE, "layernorm_linear_wgmma_prep", (dtype, vec), "ppppppii"),
                   (cdiv(n, PREP_WARPS), 1, 1), PREP_WARPS * 32),
-             Step(KernelSpec(SM90_MODULE, "lnl_wgmma_kernel", (dtype,), "ttttppiiif"), (cdiv(items, per), 1, 1),
-                  WG_THREADS, WG_SMEM_BYTES))
+             Step(KernelSpec(SM90_MODULE, "layernorm_linear_fwd_wgmma", (dtype,), "ttttppiiif"),
+                  (cdiv(items, per), 1, 1), WG_THREADS, WG_SMEM_BYTES))
     boxes = (WG_BM, WG_BK, WG_BN, WG_BK, WG_ROWS, WG_BOX, WG_BN // 8, 8 * WG_EXT_COLS)
     return FusedPlan(KIND_SM90, steps, (*boxes, WG_EXT_COLS, TMA_BF16 if dtype == torch.bfloat16 else TMA_F16))
 
@@ -157,3 +159,68 @@ def all_specs() -> list[KernelSpec]:
         for step in sm90_plan(128, 64, 256, torch.bfloat16, mask, 132).steps:
             specs[step.spec] = None
     return list(specs)
+
+
+# ---------------------------------------------------------------- auto's tuning (H100)
+
+FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
+FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
+# fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md at 4b7006f, with the fold cached
+# per weight version; the sweep is due a rerun with the per-call fold): the tensor-core kernel
+# beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
+FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
+FUSED_BM, FUSED_BN = SK_BM, SK_BN  # rows and columns per block of the fused kernel
+# k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
+# fp32 best near 256-1024 blocks, at 4b7006f the bf16 one; each split adds a [rows, n] fp32 partial.
+SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
+SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
+SPLIT_MIN_K = 128  # no chunk shorter than this
+SPLIT_MAX = 16
+# auto's "sm90" region (bf16 on an sm_90 GPU). Since the op makes its scaled weight and fold rows at every call
+# (376322c: nothing derived from the weights is kept), the Hopper kernel plus that prep beat our LayerNorm +
+# cuBLAS by CUPTI kernel time at every region shape of the bf16 grid with 16384 rows and at none with 4096
+# (results/bench_layernorm_linear.md, bf16 rows at 376322c: 4096 x 768 -> 3072 38.5 against 38.0 us,
+# 16384 x 768 -> 3072 132.4 against 137.4); before, with the prep cached per weight version, 4096 rows won too.
+SM90_MIN_ROWS = 16384
+SM90_MIN_N, SM90_MAX_N = 768, 3072
+# ... except where kernel version 6's runs re-read more x than L2 keeps: each block takes a run of
+# ceil(tiles / SMs) consecutive SM90_TILE tiles and re-reads its x rows once per tile. Runs longer than
+# SM90_SHORT_RUN tiles with x beyond SM90_RUN_MAX_X elements (24 MiB of bf16) lost to LayerNorm + cuBLAS
+# (results/bench_layernorm_linear_sm90.md and bench_layernorm_linear.md at 8aa98c9: 16384 x 1024 -> 3072,
+# runs of 12, 183.4 against 176.5 us; 16384 x 4096 -> 3072 694.4 against 620.5; version 5 had won both);
+# shorter runs, or x within that, won at every region shape of the sweep.
+SM90_TILE = (WG_BM, WG_BN)   # the Hopper kernel's output tile
+SM90_SHORT_RUN = 4
+SM90_RUN_MAX_X = 16384 * 768
+
+
+def fused_region(dtype: torch.dtype, rows: int, n: int, k: int) -> bool:
+    """Whether auto picks "fused" for x [rows, k] @ weight [n, k]^T of ``dtype`` on a GPU (outside "sm90")."""
+    if dtype == torch.float32:
+        return n <= FUSED_MAX_N and rows >= FUSED_MIN_ROWS
+    return n <= FUSED16_MAX_N and rows >= FUSED16_MIN_ROWS and k >= FUSED16_MIN_K
+
+
+def sm90_region(rows: int, n: int, k: int, sms: int) -> bool:
+    """Whether x [rows, k] @ weight [n, k]^T is in auto's "sm90" region on a GPU of ``sms`` SMs (see
+    SM90_MIN_ROWS and SM90_RUN_MAX_X)."""
+    if rows < SM90_MIN_ROWS or not SM90_MIN_N <= n <= SM90_MAX_N or k % 8 or n % 8:
+        return False
+    tiles = -(-rows // SM90_TILE[0]) * -(-n // SM90_TILE[1])
+    run = -(-tiles // sms)   # the kernel's tiles per block
+    return run <= SM90_SHORT_RUN or rows * k <= SM90_RUN_MAX_X
+
+
+def split_count(rows: int, k: int, n: int, sms: int, dtype: torch.dtype) -> int:
+    """How many k chunks the fused GPU kernel splits into on a GPU of ``sms`` SMs.
+
+    float32: enough blocks for SPLIT_BLOCKS_PER_SM per SM; fp16/bf16: as many as keep to
+    SPLIT_BLOCKS_PER_SM_16 per SM. No chunk shorter than SPLIT_MIN_K (each split adds a
+    [rows, n] fp32 partial to write and read).
+    """
+    tiles = output_tiles(rows, n)
+    if dtype == torch.float32:
+        want = -(-SPLIT_BLOCKS_PER_SM * sms // tiles)
+    else:
+        want = SPLIT_BLOCKS_PER_SM_16 * sms // tiles
+    return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))

@@ -8,9 +8,10 @@
 // first time it sees a shape. An op returns an undefined tensor (None in Python) for any call it does not take: no
 // plan yet, a tensor that is strided, empty, on the CPU or of another dtype, an eps that is not positive.
 // Python then runs its own route, with its named errors, and registers the plan for the next call.
-// layernorm_fwd / layernorm_infer / layernorm_bwd are the ops torch.compile's graphs call (fakes in
-// ops/layernorm.py); they, and the autograd backward, fall back to the torch.library ops mojo::layernorm_fwd
-// and mojo::layernorm_bwd through the dispatcher. Design note: docs/direct_launch.md.
+// layernorm_fwd / layernorm_infer / layernorm_bwd (with COMPILED_LAYERNORM "ours") and layernorm_linear_infer are
+// the ops torch.compile's graphs call (fakes in ops/layernorm.py, ops/layernorm_linear.py); they, and the autograd
+// backward, fall back to the torch.library ops mojo::layernorm_fwd, mojo::layernorm_bwd and
+// mojo::layernorm_linear_fwd through the dispatcher. Design note: docs/direct_launch.md.
 // Kernels are launched with the driver's cuLaunchKernel(Ex), found with dlsym (no CUDA headers needed),
 // on torch's current stream of the tensors' device.
 

@@ -1,65 +1,17 @@
-# layernorm_fwd: y = act((x - mean) * rstd * gamma + beta) over the last dim of
-# x [rows, h], plus mean and rstd per row (float32) for the backward.
-# layernorm_bwd: dx, dgamma, dbeta from dy, x, gamma, beta and the saved stats.
-# `act` is 0 (none), 1 (GELU, tanh form) or 2 (GELU, erf form). x, y, gamma,
-# beta are fp32, fp16 or bf16; every sum is accumulated in fp32.
-#
-# Forward variants (the kernel progression); ops/layernorm_config.py picks the
-# kernel and its parameters, which the registered ops take as parameters:
-#   1 row_thread: one thread per row, plain loops. Each thread streams its own
-#     row, so neighbouring threads touch addresses h apart: no coalescing.
-#   2 block_smem: one block (256 threads) per row, strided loads (coalesced),
-#     the block's partial sums combined by a shared-memory tree (8 barriers).
-#   3 block_warp: as 2, but warps reduce with shuffles and shared memory holds
-#     one value per warp (1 barrier per reduction).
-#   4 vector: one block per row, 16-byte loads, the row held in registers:
-#     x is read once, the statistics take two exact passes over registers.
-#   5 fast: 4, plus several rows per block (a warp per row) when the row is
-#     short, so small-h launches still fill the GPU with independent loads;
-#     and, on sm_90 and newer, a cluster of 2-8 blocks per row when the row
-#     is too long for one block (over 4096 vectors; 16-bit rows over 1024):
-#     each block keeps its slice of the row in registers, reduces it exactly,
-#     and the blocks merge their (count, mean, M2) through distributed shared
-#     memory (ln_fwd_cluster). Before it, rows over 4096 vectors took two
-#     passes over global memory (bench_layernorm's long rows; `vector` is
-#     still one block per row). Where one block can hold the row it mostly
-#     wins (an H100 sweep at bf16 4096x8192: the best cluster config 62 us,
-#     one block 50).
-#
-# What this version changes over the previous one: the one-block register
-# forward (ln_fwd_regs) keeps an fp16/bf16 row in registers as loaded and widens
-# each vector to fp32 where it is used (sum, sum of squares, output), so a 16-bit
-# row takes half the registers. H100 A/B, kernel time by CUPTI (exp/s12_ln.py on
-# branch s12-exp): bf16 16384x768 18.0 us, was 20.7; bf16 65536x1024 92.5, was
-# 93.1; bf16 4096x8192 and 16384x4096 unchanged; fp32 code is unchanged. The
-# benchmark at 310ab15 (results/bench_layernorm.md) against 71af6e3's: bf16
-# 16384x768 20.9 us (23.5), 65536x768 73.0 (77.8), 512x32768 35.7 (41.9). Tried
-# and dropped in the same A/B: one reduction of shifted sums instead of the two
-# exact passes (the bf16 4096x8192 kernel went from 40 to 48 registers, 2 blocks
-# of 512 threads per SM instead of 3, 53.0 us instead of 47.7; limited to a warp
-# per row it won 3% at 16384x768 and lost 2% at 65536x1024), and, on top of
-# this version, launch bounds for 2048 threads per SM (spills: 3-19% slower,
-# 2.6x at bf16 16384x768 and 65536x1024). Later A/Bs on this version
-# (exp/s13_ln*.py on branch s13-exp) dropped two more. First, re-widening the
-# packed row at each pass through an opaque move: 40 -> 32 registers, 4 blocks
-# per SM at bf16 4096x8192, but 48.1 us against 47.6. Second, x, gamma and beta
-# through the read-only path: no change. At bf16 4096x8192 the kernel is 3%
-# over torch's copy kernel at 10, 10.3 and 11 full waves alike, so the wave
-# tail is not the cause. A kernel with no reductions at all is 1% over the copy.
-# The previous version shared the slice helpers between the register paths
-# (forward, cluster forward, backward) without changing their generated code.
-#
-# Variants 1-3 and every fallback (h not a multiple of the vector width,
-# unaligned pointers, rows too long for registers) use shifted sums: with K a
-# sample of the row, mean = K + E[x-K] and var = E[(x-K)^2] - E[x-K]^2, one
-# pass and robust when the mean is large against the spread (plain
-# E[x^2] - E[x]^2 is not).
-#
-# Backward: rows are dealt round-robin to `parts` row groups (a warp or a
-# block each); a group keeps gamma and its dgamma/dbeta partial sums in
-# registers across its rows, then writes them to part_g/part_b [parts, h].
-# A second kernel sums the parts per column in a fixed order, so the result
-# is bitwise identical run to run (no float atomics).
+# LayerNorm over the last dim of x [rows, h]; fp32, fp16 or bf16 in and out, every sum in fp32.
+# layernorm_fwd: y = act((x - mean) * rstd * gamma + beta) and mean, rstd per row (float32); act is 0 (none),
+#   1 (GELU, tanh form) or 2 (GELU, erf form). layernorm_bwd: dx, dgamma, dbeta from dy, x, gamma, beta, mean, rstd.
+# GPU mapping (ops/layernorm_config.py picks the kernel and its parameters for both launch routes):
+#   ln_fwd_regs: WPR warps per row, RPB rows per block, the row held in registers (CH 16-byte vectors per
+#     thread); the statistics take two exact passes over the registers.
+#   ln_fwd_cluster (sm_90+): a row too long for one block, split over a cluster of CL blocks that merge their
+#     (count, mean, M2) through distributed shared memory.
+#   ln_fwd_row_thread, ln_fwd_block_smem, ln_fwd_loop: the teaching progression (variant=) and the fallbacks
+#     (unaligned pointers, h not a multiple of the vector): one pass of shifted sums.
+#   ln_bwd_regs / ln_bwd_loop: rows dealt round-robin to row groups that keep dgamma/dbeta partials;
+#     ln_bwd_reduce sums the partials per column in a fixed order (deterministic, no float atomics).
+# Limits: rows and h below 2^31; the CPU path (fwd_cpu, bwd_cpu) takes one row at a time.
+# Design notes, the kernel progression and the measurements behind each choice: docs/kernels/layernorm.md.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor

@@ -1,130 +1,17 @@
-# layernorm_linear_fwd: y = LayerNorm(x) @ w^T + bias for x [rows, k],
-# gamma/beta [k], w [n, k] (nn.Linear's weight), bias [n]; also mean and rstd
-# per row (float32) for the backward. fp32, fp16 or bf16 in and out; fp32
-# statistics and accumulation; fp16/bf16 products on tensor cores (mma.sync
-# m16n8k16), fp32 products as IEEE FMAs (no TF32).
-#
-# Algorithm (one read of x, no normalized tensor anywhere). With c the mean
-# of the row's first SHIFT_SAMPLE elements (a per-row shift) and
-# a = (x - c) * gamma:
-#   y[r, j] = rstd * (sum_k a[r, k] w[j, k] - (mean - c) * G[j]) + B[j] + bias[j]
-#   G[j] = sum_k gamma[k] w[j, k],   B[j] = sum_k beta[k] w[j, k]
-# (fp16/bf16: G sums the products w * gamma rounded as the GEMM's operand is)
-# so the GEMM runs on x as it is loaded (shifted and scaled, not yet
-# normalized) while the same loads give the row's shifted sums, and the
-# normalization is applied to the GEMM's result. The shift keeps both the
-# statistics and the GEMM free of cancellation when the mean is 1e4 times the
-# spread (x - c is of the spread's size); it is FlashNorm's fold of gamma and
-# beta into the weight: both GPU kernels take G and B + bias from
-# lnl_fold_kernel, run at every call (nothing derived from the weights is kept).
-# fp16/bf16 round a before the mma, with an error proportional to |x - c|, so c
-# averages several elements: with c = x[r, 0], rows whose first element lay far
-# from their mean lost accuracy against torch's normalized GEMM (the H100
-# sanitizer workload caught it at 4100 x 100 -> 768, bf16, gamma ~ N(0, 1)).
-# The fp16/bf16 kernel moves gamma to the other operand: its mma multiplies
-# d = x - c (one packed 16-bit subtract, exact: c is 0 unless the mean is far
-# above the spread, and then snapped to a grid that keeps x - c exact, see
-# snap_shift) by w * gamma (one packed multiply per weight fragment, one
-# rounding); sum d and sum d^2 come from the tensor cores too (d against a
-# column of ones, d against itself), so the statistics stay fp32-exact.
-#
-# GPU mapping:
-#   lnl_splitk_kernel (fp32): grid (ceil(rows / 64), ceil(n / 64), splits),
-#     128 threads. Block (i, j, z) multiplies rows 64i.. by columns 64j.. over
-#     the z-th chunk of k, staging BK = 128 bytes of each of its 64 x rows and
-#     64 w rows per step in shared memory (8 threads per row, 16-byte loads,
-#     prefetched into registers one step ahead); each thread owns a 4 x 8
-#     patch. It writes its fp32 partial products, and blocks of column 0 the
-#     rows' partial shifted sums, to [splits, ...] scratch buffers.
-#   lnl_splitk_finish (after the fp32 kernel): grid (ceil(rows / 4),
-#     ceil(n / 64)), 256 threads, one output each: sums the splits in a fixed
-#     order (deterministic, no atomics), then statistics, the correction with
-#     the fold, y.
-#     The split-0 blocks leave each row's shift in mean_out, so it never reads x.
-#   lnl_mma_kernel (fp16/bf16), the whole forward in one launch: the same grid,
-#     128 threads. Raw x, w and gamma tiles (MMA_BK = 64 elements of each row
-#     per step) arrive by cp.async in a ring of MMA_STAGES steps; each warp
-#     owns 16 rows x 64 columns (eight m16n8k16 mma tiles), takes its A and B
-#     fragments with ldmatrix, subtracts the shift from A and scales B by
-#     gamma in packed 16-bit arithmetic, and runs three more mma per k slice
-#     for the rows' shifted sums. With several splits each block stores its
-#     partials in fragment order ([splits, tiles, 4096]: whole 512-byte runs
-#     per warp), then counts itself in its tile's counter (threadfence, then
-#     an atomic); the tile's last block reads every split back in the fixed
-#     order 0, 1, .. (deterministic whichever block is last), resets the
-#     counter and finishes the tile: statistics, correction with the fold,
-#     y, and mean / rstd from column-tile 0. Launch bounds cap it at 128
-#     registers so 4 blocks fit an SM.
-#   lnl_fold_kernel: one block of 256 threads per output column: G and
-#     B + bias (fixed-order sums).
-# The Python side picks splits so that the first kernel has a few blocks per
-# SM: k is split exactly where LayerNorm fusion matters (small n, few output
-# tiles). At large n every split costs a pass over an fp32 [rows, n] scratch,
-# and the mma.sync loop (no wgmma, no TMA) is far from cuBLAS, so the op's
-# "auto" keeps cuBLAS there.
-#
-# Version 7 (this one) over version 6, fp32 only: G and B + bias come from the
-# fold as well. The first kernel's row-0 blocks no longer sum w * gamma and
-# w * beta every step (extra loads and FMAs that made them its slowest
-# blocks), beta is not read at all, and the column-sum scratch is gone:
-# fp32 4096 x 4096 -> 64 took 96.5 us on the H100, 101.8 before
-# (results/bench_layernorm_linear.md at cf3d799 and ef43064).
-# Version 6 over version 5, fp16/bf16 only: the finish kernel
-# (3.9 us) and its launch gap are gone, and so is the extra row of
-# column-sum blocks; G and B come from the fold. Ad-hoc H100 run at 5b758f7
-# (exp/lnl6_exp.py on branch s8-exp): bf16 4096 x 4096 -> 64 at 4 splits 29.1 us
-# (the kernel 24.7), version 5 31.9 (22.8 + 3.9), torch 49.7. G also changed
-# meaning: version 5 summed exact w * gamma while its GEMM used them rounded,
-# and bf16 rows at mean 1e3 whose values round nearly alike (rstd ~300) came
-# out off by up to 15; it escaped the tests, which now hold such rows.
-# Forming G and B inside the loop instead (two more mma per k slice) cost
-# 2.6 us and spilled registers. Running torch on MAX's queue (no cross-stream
-# waits in the bridge) saved under 0.3 us: the joins are not the gap.
-# Version 5 over version 4, fp16/bf16 only: per 16 x 16 k slice a
-# warp ran 8 fp32 conversions, subtractions, sums, products with gamma and a
-# repack of its A fragment plus 20 scalar shared loads (ncu on the H100: 8.9M
-# instructions, 26.2 us for the first kernel at 4096 x 4096 -> 64, 7 splits);
-# ldmatrix, the packed shift and gamma and the tensor-core statistics bring it
-# to 6.2M instructions and 24.5 us, and the finish no longer waits on x for the
-# shift. With fewer instructions the loop stays latency-bound (ncu: 0.7
-# eligible warps per scheduler; stalls on shared-memory results, cp.async
-# waits and dependencies about equally), so the split pick now aims at two
-# blocks per SM (longer blocks, fewer partials). Tried on the H100 and not
-# kept (same or slower): 8 warps of 16 x 32 (more warps, more instructions),
-# 128 x 64 blocks, 128-wide k steps, an L2 prefetch of each row's chunk
-# (cp.async.bulk.prefetch) or of 256 bytes per copy, a finish that loads all
-# splits at once.
-# Version 4 over version 3: the fp16/bf16 path no longer stages
-# through registers (a block loaded, waited at a barrier, then multiplied, and
-# gamma was fetched each step: bf16 4096 x 4096 -> 64 took 47.6 us at its best
-# split, behind our LayerNorm + cuBLAS at 41.9). The cp.async ring, the
-# transform on the fragments and the register cap bring it to 35.9 us there
-# (results/bench_layernorm_linear_splits.md at 4b7006f, torch 49.2). What the ring
-# taught: with 230 registers (two blocks per SM, one warp per scheduler) the
-# loop was issue-bound - deeper rings, a wait for everything and removing the
-# mma all timed the same; the register cap, not the ring depth, paid. Tried and not kept:
-# two warp groups splitting each step's k (8 warps, partner sums folded in
-# shared memory): slower; G and B from an extra mma in warp 0: 32 registers
-# for every thread; G and B in a separate column-sum loop: latency-bound.
-# Version 2 (prologue fusion, SIMT only) could not split k and lost at small n.
-# MAX's tuned sm90 matmul takes an epilogue lambda, but it dispatches on n and
-# k known at compile time (one compile per weight shape, 45-83 s each on the
-# H100), so it is not used. Timed anyway at bf16 (4096, 768 -> 3072) on the
-# H100: 37.5 us against cuBLAS's 34.0 by events (exp/s9_exp.py, branch
-# s9-exp); with the fold's correction in its compute epilogue (TMA store),
-# 50 us of kernel time against cuBLAS's 31.7 (exp/s16_lnmm.py, branch
-# s16-exp). It multiplies raw x, so rows of mean 1e4 come out wrong by 78x the
-# output scale: the shift has to reach the A operand before the tensor cores,
-# and its TMA -> wgmma path leaves no place for that. Running our LayerNorm
-# beside cuBLAS on row chunks (two streams) is slower than one GEMM: cuBLAS's
-# chunks take 34.5 us against 30.4 (exp/s17_overlap.py, branch s17-exp).
-# A hand-written Hopper kernel that does reach the A operand (TMA loads,
-# the shift subtracted on ldmatrix'd fragments, wgmma with A from registers,
-# TMA stores) is exact at mean 1e4 and takes 36.3 us of kernel time there
-# against this op's 37.9 (LayerNorm + cuBLAS; results/bench_layernorm_linear_sm90.md
-# at 1a5c9a7): layernorm_linear_sm90.mojo, algo "sm90", which "auto" picks for
-# bf16 on sm_90 where the whole-grid sweep had it win; its header says where it loses.
-# CPU: one row at a time, exact two-pass statistics, then the dot products.
+# LayerNorm + Linear forward: y = LayerNorm(x) @ w^T + bias for x [rows, k], gamma/beta [k], w [n, k] and
+# bias [n], plus mean and rstd per row (float32). fp32, fp16 or bf16; fp32 statistics and accumulation.
+# One read of x: the GEMM runs on d = x - c (c: a per-row shift) against w * gamma while the same loads give
+# the row's sums, and the normalization is applied to the GEMM's result through the fold G = w gamma,
+# B = w beta + bias (made at every call: nothing derived from the weights is kept).
+# GPU mapping (launch plans: ops/layernorm_linear_config.py):
+#   layernorm_linear_fold: a block of 256 threads per output column: G and B + bias, fixed-order sums.
+#   layernorm_linear_fwd_mma (fp16/bf16): grid (rows / 64, n / 64, k splits), 4 warps of 16 x 64 outputs (mma.sync
+#     m16n8k16, a cp.async ring); a tile's last block sums its splits in a fixed order and writes y.
+#   layernorm_linear_fwd_splitk + layernorm_linear_fwd_splitk_finish (fp32, IEEE FMAs): the same grid, partials to scratch, then a
+#     finish that sums them in a fixed order. Deterministic: no float atomics.
+# Limits: wins where n is small and x long (auto's "fused" region); at large n cuBLAS wins ("unfused").
+# The CPU path (fwd_cpu) takes one row at a time with exact two-pass statistics.
+# Design, the GPU mapping in detail and the measurements behind it: docs/kernels/layernorm_linear.md.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
@@ -274,7 +161,7 @@ def simt_step[dtype: DType, STRIDE: Int](
         acc = acc.insert[offset=i * SIMT_COLS](part)
 
 
-def lnl_splitk_kernel[dtype: DType](   # float32 only (fp16/bf16: lnl_mma_kernel)
+def layernorm_linear_fwd_splitk[dtype: DType](   # float32 only (fp16/bf16: layernorm_linear_fwd_mma)
     part_acc: Ptr[F32], part_rows: Ptr[F32], mean_out: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype],
     w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, vec_ok: Int32,
 ):
@@ -398,7 +285,7 @@ def issue_step[dtype: DType, VEC_OK: Bool](
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(SK_THREADS)),
     `nvvm.minctasm`=SIMDLength(MMA_MIN_BLOCKS),
 )
-def lnl_mma_kernel[dtype: DType, VEC_OK: Bool](
+def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
     y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32], part_acc: Ptr[F32],
     part_rows: Ptr[F32], counters: Ptr[DType.int32], x: Ptr[dtype], gamma: Ptr[dtype], w: Ptr[dtype],
     rows: Int32, k: Int32, n: Int32, chunk: Int32, eps: Float32,
@@ -571,7 +458,7 @@ def write_partials(part_acc: Ptr[F32], acc: SIMD[F32, SK_ACC], row0: Int, col0: 
                 part_acc[unsafe_offset=base + r * nn + c] = acc[i * SIMT_COLS + j]
 
 
-def lnl_splitk_finish[dtype: DType](
+def layernorm_linear_fwd_splitk_finish[dtype: DType](
     y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], fold: Ptr[F32],
     part_acc: Ptr[F32], part_rows: Ptr[F32], rows: Int32, k: Int32, n: Int32,
     splits: Int32, eps: Float32,
@@ -611,7 +498,7 @@ def launch_mma[dtype: DType, VEC_OK: Bool](
     rows: Int, k: Int, n: Int, chunk: Int, splits: Int, eps: Float32,
 ) raises:
     """The 16-bit kernel: one launch, its last block per tile finishes the tile."""
-    comptime kernel = lnl_mma_kernel[dtype, VEC_OK]
+    comptime kernel = layernorm_linear_fwd_mma[dtype, VEC_OK]
     ctx.enqueue_function[kernel](y, mean, rstd, fold, part_acc, part_rows, counters, x, gamma, w,
                                  Int32(rows), Int32(k), Int32(n), Int32(chunk), eps,
                                  grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
@@ -632,12 +519,12 @@ def fwd_gpu[dtype: DType](
     var chunk = ceildiv(ceildiv(k, splits), STEP) * STEP
     var vec_ok = k % VEC == 0 and aligned(Int(x), Int(w), Int(gamma))
     comptime if dtype == F32:
-        comptime kernel = lnl_splitk_kernel[dtype]
+        comptime kernel = layernorm_linear_fwd_splitk[dtype]
         ctx.enqueue_function[kernel](part_acc, part_rows, mean, x, gamma, w, Int32(rows), Int32(k),
                                      Int32(n), Int32(chunk), Int32(1 if vec_ok else 0),
                                      grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
                                      block_dim=SK_THREADS)
-        comptime finish = lnl_splitk_finish[dtype]
+        comptime finish = layernorm_linear_fwd_splitk_finish[dtype]
         ctx.enqueue_function[finish](y, mean, rstd, fold, part_acc, part_rows, Int32(rows), Int32(k),
                                      Int32(n), Int32(splits), eps,
                                      grid_dim=(ceildiv(rows, FIN_ROWS), ceildiv(n, FIN_COLS)),
@@ -674,7 +561,7 @@ comptime FOLD_THREADS = 256   # fold kernel: one block per output column j
 comptime FOLD_WARPS = FOLD_THREADS // WARP_SIZE
 
 
-def lnl_fold_kernel[dtype: DType, VEC: Int](
+def layernorm_linear_fold[dtype: DType, VEC: Int](
     fold: Ptr[F32], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype], k: Int32, n: Int32,
 ):
     """Block j: fold[0, j] = G[j], fold[1, j] = B[j] + bias[j] (see fold_row)."""
@@ -701,14 +588,14 @@ def launch_fold[dtype: DType](
     ctx: DeviceContext, fold: Ptr[F32], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
     k: Int, n: Int,
 ) raises:
-    """Enqueue lnl_fold_kernel: fold [2, n] from w [n, k], gamma, beta [k], bias [n]."""
+    """Enqueue layernorm_linear_fold: fold [2, n] from w [n, k], gamma, beta [k], bias [n]."""
     comptime VEC = vector_width[dtype]()
     if fold_vector_width[dtype](k, Int(w), Int(gamma), Int(beta)) == VEC:
-        comptime kernel = lnl_fold_kernel[dtype, VEC]
+        comptime kernel = layernorm_linear_fold[dtype, VEC]
         ctx.enqueue_function[kernel](fold, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
                                      block_dim=FOLD_THREADS)
     else:
-        comptime kernel = lnl_fold_kernel[dtype, 1]
+        comptime kernel = layernorm_linear_fold[dtype, 1]
         ctx.enqueue_function[kernel](fold, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=n,
                                      block_dim=FOLD_THREADS)
 
@@ -783,7 +670,7 @@ struct LayerNormLinearFwd:
         """Scratch for the GPU path (the CPU path ignores it), first dim the number of k splits:
         part_acc, part_rows (fp32: [splits, rows * n], [splits, rows * 2]; fp16/bf16:
         [splits, tiles * 4096], [splits, tiles * 128], tiles = 64 x 64 output tiles).
-        fold: [2, n] float32 scratch: G and B + bias, made by lnl_fold_kernel at every call (nothing
+        fold: [2, n] float32 scratch: G and B + bias, made by layernorm_linear_fold at every call (nothing
         derived from the weights outlives the call) and applied by the GPU kernels' correction.
         counters: int32 [>= tiles], zero before the call and left zero after it; the 16-bit kernel
         counts each tile's finished splits in it (its one write to an input; the caller keeps it)."""

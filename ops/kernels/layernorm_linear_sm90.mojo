@@ -1,113 +1,15 @@
-# layernorm_linear_fwd_sm90: the bf16 forward of layernorm_linear.mojo (same
-# algorithm, same fold, same outputs y, mean, rstd) on Hopper's TMA and
-# warp-group MMA (wgmma). Needs k % 8 == 0 and n % 8 == 0 (TMA: 16-byte row
-# strides) and 16-byte aligned x, wg and y; ops/layernorm_linear.py checks.
-#
-# y[r, j] = rstd * (sum_k d[r, k] wg[j, k] - (mean - c) * G[j] + sigma * (B[j] + bias[j])),
-# d = x - c (c: the row's shift, snap_shift of its first 8 elements), sigma = 1 / rstd,
-# wg = w * gamma rounded to bf16 and fold = (G, B + bias), split into bf16 hi and mid
-# parts as the "ext" rows [n, 8] of one more MMA per tile (the fold MMA); both are made
-# at every call by lnl_wgmma_prep_kernel (one read of w, a warp per column), so no stale weight is used.
-#
-# GPU mapping: persistent grid of ceil(tiles / ceil(tiles / SMs)) blocks of 384
-# threads (three warp groups); block b takes a contiguous run of ceil(tiles / SMs)
-# output tiles of WG_BM x WG_BN in row-major order, so consecutive tiles mostly
-# share their rows (at (4096, 768 -> 3072): 128 blocks, each 3 tiles of one row block).
-#   warp group 0, one thread: the producer. TMA copies x[WG_BM, WG_BK] and
-#     wg[WG_BN, WG_BK] (128-byte swizzle) into a ring of WG_STAGES slots, each
-#     guarded by a "full" mbarrier (bytes landed) and an "empty" one (both
-#     consumers done), plus the tile's ext rows into one of its slots; it runs
-#     ahead across tiles, so the next tile's first slots load while the
-#     consumers finish the last one.
-#   warp groups 1 and 2: 64 rows each. Per 16-wide k slice: ldmatrix the A
-#     fragment from the swizzled slot, subtract the shift (packed bf16, exact),
-#     then wgmma m64n256k16 with A from registers and B (wg) from shared memory.
-#     On a "fresh" tile (the block's first, or the first of a new row block) the
-#     fragments also go into fp32 row sums of d and d^2, and after the last
-#     slot come the statistics and the fold MMA (A: -m1 and sigma in bf16
-#     hi/mid/lo parts, B: the ext rows; exact to 2^-16 of each product). The
-#     other tiles reuse the statistics: no sums, and the fold MMA is issued
-#     with the first slot's. The epilogue only scales by rstd: y into a
-#     128-byte-swizzled staging buffer and TMA stores of 64 x 64 boxes, which
-#     drain while the next tile's loop runs (the buffer is waited for only
-#     before its next use).
-# Version 6 (this one) over version 5: the contiguous tile runs (version 5 dealt tiles b, b + grid, ..),
-# the statistics computed once per run of a row block, and the fold applied by the fold MMA instead of
-# the epilogue's loads and math (session 23 had tried that MMA alone, at every tile's end: no faster,
-# see below; issued at a tile's start it overlaps the ring). Ad-hoc H100 probe, session 24, interleaved
-# rounds, kernel time in us, version 5 -> 6: (4096, 768 -> 3072) 35.73 -> 33.81 (torch 42.78);
-# (16384, 768 -> 3072) 129.8 -> 124.6; (4096, 1024 -> 4096) 57.4 -> 53.4.
-# Version 5 over version 4: the row shifts and statistics multiply by 1 / min(k, 8) and
-# 1 / k (made once per block) and snap_shift by 1 / q (exact), where they divided: each division's
-# slow-path check sat on a tile's critical path (ad-hoc H100 probe, session 23: 35.74 -> 35.47 us at
-# (4096, 768 -> 3072), every round faster; the mean differs from version 4's by at most an ulp).
-# Version 4 over version 3: the epilogue reads the fold as column pairs (G j, G j+1,
-# B j, B j+1; version 6 replaced them with fold_ext's rows), one 16-byte load per pair instead of two
-# 8-byte ones (ad-hoc H100 probe, session 22: 36.1 -> 35.3 us at (4096, 768 -> 3072)).
-# Version 3 over version 2 (session 19): the same schedule without register spills.
-# LLVM hoisted the epilogue's 64 staging offsets out of the tile loop and ptxas spilled them
-# (to local memory, which the 200+ KiB of shared memory leaves little L1 for); the offsets
-# are now derived where they are used from one opaque base (`opaque`), and the ring's slot and
-# parity use 32-bit arithmetic (`slot_phase`). H100, bf16, CUPTI kernel time in us
-# (results/bench_layernorm_linear_sm90.md at 8aa98c9, version 6; version 4's at 95f7c88, version 3's at
-# 1a5c9a7 and version 2's at 5fcb81a in parentheses; torch and cuBLAS from the 8aa98c9 run; the unfused
-# route, our LayerNorm + cuBLAS, is in bench_layernorm_linear.md):
-#   (M, K -> N)          version 6  (4, 3, 2)            torch   cuBLAS GEMM alone
-#   4096, 768 -> 3072    33.1       (35.5, 36.3, 40.0)    43.0    31.9
-#   16384, 768 -> 3072   125.8      (132.8, 134.7, 142.4) 150.9   113.4
-#   4096, 1024 -> 4096   52.4       (57.3, 58.4, 66.6)    62.9    49.4
-#   4096, 4096 -> 4096   183.8      (194.5, 194.2, 226.0) 202.9   171.7
-# "auto" picks it (in inference: with gradients to come, autograd takes the unfused route, which keeps
-# xn for dW) for bf16 with M >= 4096 and 768 <= N <= 3072 (sm90_region in ops/layernorm_linear.py), where
-# version 6 won the whole-grid sweep (results/bench_layernorm_linear_sm90.md at 8aa98c9) except at M 16384
-# with K >= 1024 and N >= 3072: runs of 12 or 16 tiles per block, each re-reading its x rows per tile,
-# over 32 MiB and more of x (version 5, dealing tiles b, b + grid, .., had won there); it loses at M 16
-# and 512 (too few tiles for a persistent grid; no k split). The version 4 sweep's event times at M 4096,
-# N >= 3072 (55 us against 36 of kernel) were derivations inside timed calls, not this kernel: the
-# scaled weight and fold of rotated weight sets the warm-up had not seen (the warm-up now runs them all).
-# Session 21's H100 ablations at (4096, 768 -> 3072), version 3 at 36.1 us of kernel time (ad hoc):
-#   - no epilogue (the accumulators summed into one flag store): 28.5, so the epilogue, which both
-#     consumer groups run at once while the tensor cores idle, costs ~7.6 us: the lever left;
-#   - no shift and no row sums in the k loop (wrong results): 35.2, so the fused statistics cost ~0.9;
-#   - stmatrix x4 stores in the epilogue (16 instead of 64 per thread): 36.3 (and 12 bytes spilled);
-#   - consumer group 1 started 2 or 3 ring steps behind group 0 so their epilogues alternate:
-#     40.3 / 40.5 (3 slots), 40.6 (4 slots); the launch without the cluster attribute: 36.1.
-# Session 23's H100 probes at that shape, version 4 at 35.4-35.7 us (ad hoc):
-#   - ncu (its locked clocks): tensor pipe busy 64% of active cycles against cuBLAS's 75%; L2 44% of
-#     peak (cuBLAS 36%: its 2-block multicast reads 4.1M sectors against our 5.7M), L1/shared 50%:
-#     neither memory level is saturated, the lost time is latency (the epilogue, the ring's bubbles);
-#   - the fold applied by one more MMA per tile instead of the epilogue's loads and math (exact: the
-#     rows' -m1 and sigma in hi/mid/lo bf16 parts against G and B + bias in hi/mid parts in 8 extra k
-#     columns, to 2^-16 of each product; the epilogue then only scales by rstd): 35.70 against 35.65,
-#     although the epilogue without the fold (wrong results) ran at 33.70: that MMA, issued after the
-#     statistics at the tile's end, costs what it saves;
-#   - not faster: the fold's lines prefetched into L1 at each tile's start (35.58 against 35.60); two
-#     commit groups per slot with one kept in flight (wait<1>) 37.50, with 4 slots and half staging
-#     37.76; one wgmma fence per slot after loading all four fragments 36.83 (ptxas's interleaving of
-#     each ldmatrix with the previous slice's MMA is better).
-# Session 22's H100 probes at that shape, version 3 at 36.1-36.2 us (ad hoc):
-#   - %clock stamps per tile (SM clock ~1.57 GHz under load): the k loop ~14.5k cycles per tile, of
-#     which ~1k waiting on "full" slots; the epilogue ~3.1k (3.9k on a block's first tile); the first
-#     slot of the first tile lands ~2.5k cycles after the start;
-#   - epilogue ablations (wrong results): no fold loads 34.5, no fold and no math 32.8, no TMA stores
-#     of y 32.5; so beside the fold's loads, the y stores (which drain while the next tile's loop runs)
-#     cost ~3.6 us: they share shared-memory bandwidth with the ring's TMA writes and the wgmma B reads;
-#   - not faster: y stored straight from registers with 4-byte st.global (64.0: uncoalesced), the
-#     fold bulk-copied into shared memory by the producer on each tile's first slot (42.4, with 88
-#     bytes of spills), 2-block clusters multicasting wg (39.1; with 4 slots and half staging 38.5),
-#     4 slots with half staging (36.1), L2 256-byte promotion on the loads (36.05), tensormap prefetch (36.1).
-# Tried in session 20 (ad-hoc H100 probes at that shape, version 3 at 35.6-35.9 us, not kept):
-#   - A read by wgmma straight from shared memory when all 64 rows of a group have shift 0, row
-#     sums read from the slot while the MMAs run: 36.1 us when every tile takes it (wrong for
-#     shifted rows), 38.1 with the per-tile group vote that sends shifted tiles to this path;
-#   - wgmma wait<1> (one step's MMAs in flight while the next is issued; even and odd steps as
-#     separate code so no in-flight A register is rewritten): 39.5 with 3 ring slots, 38.8 with 4;
-#   - 4 ring slots with a half-width staging buffer: 35.4; the fold staged in shared memory: 35.6;
-#   - the row statistics computed by two warps of the producer group from the ring: 78 (too
-#     few threads for 128 rows; the ring waits on them).
-# Session 19's probes (version 2): a 2-block cluster sharing each wg tile by TMA multicast was
-# exact but slower (42.5 us against 40.0); cuBLAS runs nvjet_sm90_tst_256x128_64x4_1x2 (same tile,
-# 4 slots, cooperative) with its tensor pipe 66% busy against our 50%.
+# layernorm_linear_fwd_sm90: the bf16 forward of layernorm_linear.mojo (same algorithm, same outputs y, mean,
+# rstd) on Hopper's TMA and warp-group MMA (wgmma).
+#   layernorm_linear_wgmma_prep (every call, a warp per column): wg = w * gamma in bf16, and the fold's "ext" rows.
+#   layernorm_linear_fwd_wgmma: a persistent grid of blocks of 384 threads, each taking a contiguous run of WG_BM x WG_BN
+#     output tiles. Warp group 0 (one thread) produces: TMA copies of x and wg slices into a ring of WG_STAGES
+#     slots, guarded by full/empty mbarriers. Warp groups 1 and 2 consume 64 rows each: ldmatrix the A
+#     fragment, subtract the row's shift, wgmma m64n256k16 (A from registers, B from shared memory); on a row
+#     block's first tile they also sum d and d^2 for the statistics; a fold MMA applies G and B + bias; the
+#     epilogue scales by rstd and TMA-stores y.
+# Limits: bf16 on sm_90; k and n multiples of 8, x, wg and y 16-byte aligned (ops/layernorm_linear.py checks).
+# Where it loses (long tile runs over x larger than L2; few tiles) auto takes another algo (sm90_region).
+# Design, the GPU mapping in detail and the measurements behind it: docs/kernels/layernorm_linear.md.
 
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
@@ -298,7 +200,7 @@ def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], e_map: Po
 @__llvm_arg_metadata(w_map, `nvvm.grid_constant`)
 @__llvm_arg_metadata(y_map, `nvvm.grid_constant`)
 @__llvm_arg_metadata(e_map, `nvvm.grid_constant`)
-def lnl_wgmma_kernel[dtype: DType](
+def layernorm_linear_fwd_wgmma[dtype: DType](
     x_map: TMADescriptor, w_map: TMADescriptor, y_map: TMADescriptor, e_map: TMADescriptor, mean_out: Ptr[F32],
     rstd_out: Ptr[F32], rows: Int32, k: Int32, n: Int32, eps: Float32,
 ):
@@ -518,12 +420,12 @@ def epilogue[dtype: DType](
 comptime PREP_WARPS = 8   # prep kernel: one warp per column j, 8 per block
 
 
-def lnl_wgmma_prep_kernel[dtype: DType, VEC: Int](
+def layernorm_linear_wgmma_prep[dtype: DType, VEC: Int](
     wg: Ptr[dtype], ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
     k: Int32, n: Int32,
 ):
     """Warp j: wg[j, :] = w[j, :] * gamma rounded to dtype, and ext[j, :] = the fold MMA's rows of G[j] and
-    B[j] + bias[j] (fold_row's sums, as lnl_fold_kernel makes them, in another order)."""
+    B[j] + bias[j] (fold_row's sums, as layernorm_linear_fold makes them, in another order)."""
     var lane = Int(thread_idx.x) % WARP_SIZE
     var j = Int(block_idx.x) * PREP_WARPS + Int(thread_idx.x) // WARP_SIZE
     if j >= Int(n):
@@ -543,16 +445,16 @@ def launch_wgmma[dtype: DType](
     ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
     rows: Int, k: Int, n: Int, eps: Float32,
 ) raises:
-    """Enqueue lnl_wgmma_prep_kernel (wg and ext from w, gamma, beta, bias), then lnl_wgmma_kernel (the caller
+    """Enqueue layernorm_linear_wgmma_prep (wg and ext from w, gamma, beta, bias), then layernorm_linear_fwd_wgmma (the caller
     checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
     comptime VEC = vector_width[dtype]()
     var blocks = ceildiv(n, PREP_WARPS)
     if fold_vector_width[dtype](k, Int(wg), Int(w), Int(gamma), Int(beta)) == VEC:
-        comptime prep = lnl_wgmma_prep_kernel[dtype, VEC]
+        comptime prep = layernorm_linear_wgmma_prep[dtype, VEC]
         ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
                                    block_dim=PREP_WARPS * WARP_SIZE)
     else:
-        comptime prep = lnl_wgmma_prep_kernel[dtype, 1]
+        comptime prep = layernorm_linear_wgmma_prep[dtype, 1]
         ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
                                    block_dim=PREP_WARPS * WARP_SIZE)
     comptime SW = TensorMapSwizzle.SWIZZLE_128B
@@ -568,7 +470,7 @@ def launch_wgmma[dtype: DType](
     var items = ceildiv(rows, WG_BM) * ceildiv(n, WG_BN)
     # ceil(items / SMs) tiles per block (tile_range), so the grid can be a few blocks short of the SMs
     var per = ceildiv(items, ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT))
-    comptime kernel = lnl_wgmma_kernel[dtype]
+    comptime kernel = layernorm_linear_fwd_wgmma[dtype]
     ctx.enqueue_function[kernel](x_map, w_map, y_map, e_map, mean, rstd, Int32(rows), Int32(k), Int32(n), eps,
                                  grid_dim=ceildiv(items, per), block_dim=WG_THREADS, shared_mem_bytes=WG_SMEM_BYTES,
                                  func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(WG_SMEM_BYTES)))
