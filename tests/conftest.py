@@ -65,3 +65,13 @@ def assert_compiled_layernorm(codes: list[str], compiled_layernorm: str) -> None
     for code in codes:
         ours, torchs = "mojo" in code, "native_layer_norm" in code
         assert (ours, torchs) == (compiled_layernorm == "ours", compiled_layernorm == "inductor"), code
+
+
+def compiled_double(module: torch.nn.Module, x: torch.Tensor, compiled_layernorm: str) -> torch.Tensor:
+    """``module(x) * 2`` under ``torch.compile(fullgraph=True)``, its sum backpropagated into x.grad; checks that
+    the compiled graphs hold the LayerNorm ``compiled_layernorm`` says. Returns the output."""
+    backend, codes = recording_backend()
+    y = torch.compile(lambda t: module(t) * 2.0, fullgraph=True, backend=backend)(x)
+    y.sum().backward()
+    assert_compiled_layernorm(codes, compiled_layernorm)
+    return y

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_compiled_layernorm, recording_backend
+from conftest import compiled_double
 
 from ops import layernorm as L
 from ops.reference import layernorm_act_ref, layernorm_grads_ref, layernorm_stats_ref
@@ -159,15 +159,7 @@ def test_module_without_affine(device: str) -> None:
 def test_compile_fullgraph(device: str, compiled_layernorm: str) -> None:
     ln = L.LayerNorm(64, device=device, activation="gelu_tanh")
     x = torch.randn(5, 64, device=device, requires_grad=True)
-    backend, codes = recording_backend()
-
-    @torch.compile(fullgraph=True, backend=backend)
-    def block(t: torch.Tensor) -> torch.Tensor:
-        return ln(t) * 2.0
-
-    y = block(x)
-    y.sum().backward()
-    assert_compiled_layernorm(codes, compiled_layernorm)
+    y = compiled_double(ln, x, compiled_layernorm)
     want = 2.0 * F.gelu(F.layer_norm(x.detach().double(), (64,), ln.weight.double(), ln.bias.double()),
                         approximate="tanh")
     assert compare(y, want, torch.float32) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_compiled_layernorm, recording_backend
+from conftest import compiled_double
 from torch import nn
 
 from ops import direct
@@ -136,15 +136,7 @@ def test_module_matches_sequential(device: str, bias: bool, algo: str) -> None:
 def test_compile_fullgraph(device: str, compiled_layernorm: str) -> None:
     ours = LL.FusedLayerNormLinear(64, 24, device=device)
     x = torch.randn(5, 64, device=device, requires_grad=True)
-    backend, codes = recording_backend()
-
-    @torch.compile(fullgraph=True, backend=backend)
-    def block(t: torch.Tensor) -> torch.Tensor:
-        return ours(t) * 2.0
-
-    y = block(x)
-    y.sum().backward()
-    assert_compiled_layernorm(codes, compiled_layernorm)
+    y = compiled_double(ours, x, compiled_layernorm)
     ln, lin = ours[0], ours[1]
     assert compare(y, 2.0 * layernorm_linear_ref(x.detach(), ln.weight, ln.bias, lin.weight, lin.bias),
                    torch.float32, 64) is None
