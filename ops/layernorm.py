@@ -303,7 +303,28 @@ def _empty_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
                   variant: str = "fast", activation: str = "none") -> tuple[torch.Tensor, ...]:
-    """y = act(LayerNorm(x)) [..., H] (x's dtype), mean and rstd [...] (float32)."""
+    """The forward alone, with the statistics the backward takes (no autograd).
+
+    Args:
+        x: the input ``[..., H]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
+        weight, bias: gamma and beta ``[H]``, x's dtype (or float32 for 16-bit x).
+        eps: added to the variance (> 0).
+        variant: the forward kernel (``VARIANTS``; ``"fast"`` unless benchmarking the progression).
+        activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
+
+    Shape:
+        x, y: ``[..., H]``; mean, rstd: ``[...]``.
+
+    Returns:
+        (y, mean, rstd): y in x's dtype, mean and rstd (1 / sqrt(var + eps)) float32.
+
+    Raises:
+        TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
+        ValueError: sizes or devices that do not match, eps <= 0, an unknown variant or activation.
+
+    Example:
+        >>> y, mean, rstd = layernorm_fwd(torch.randn(4, 8), torch.ones(8), torch.zeros(8))
+    """
     # is_compiling first: dynamo must not read (and guard on) the C++ entry, a builtin it cannot guard
     native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_with_stats
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
@@ -329,7 +350,28 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
 
 def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                   mean: torch.Tensor, rstd: torch.Tensor, activation: str = "none") -> tuple[torch.Tensor, ...]:
-    """dx [..., H], dweight and dbias [H] (x's dtype) from the upstream gradient dy [..., H]."""
+    """The backward from ``layernorm_fwd``'s statistics (deterministic: no float atomics).
+
+    Args:
+        dy: the gradient of y, ``[..., H]``, x's dtype.
+        x, weight, bias: the forward's inputs.
+        mean, rstd: the forward's statistics, float32 ``[...]``.
+        activation: the forward's activation.
+
+    Shape:
+        dy, x, dx: ``[..., H]``; dweight, dbias: ``[H]``.
+
+    Returns:
+        (dx, dweight, dbias) in x's dtype (dweight and dbias in the parameters' dtype).
+
+    Raises:
+        TypeError, ValueError: as ``layernorm_fwd``, and for a dy or statistics of the wrong dtype or shape.
+
+    Example:
+        >>> x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
+        >>> y, mean, rstd = layernorm_fwd(x, w, b)
+        >>> dx, dw, db = layernorm_bwd(torch.ones_like(y), x, w, b, mean, rstd)
+    """
     if not (_valid(x, weight, bias) and _valid_bwd(dy, x, mean, rstd)):
         _check_bwd(dy, x, weight, bias, mean, rstd)
         _check_activation(activation)
@@ -529,7 +571,29 @@ def _check_call(x: object, weight: object, bias: object, eps: float, variant: st
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
               activation: str = "none", variant: str = "fast") -> torch.Tensor:
-    """act(LayerNorm(x)) over the last dim with autograd; x [..., H], weight/bias [H]."""
+    """act(LayerNorm(x)) over the last dim, with autograd (the call ``LayerNorm`` makes).
+
+    Args:
+        x: the input ``[..., H]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
+        weight, bias: gamma and beta ``[H]``, x's dtype (or float32 for 16-bit x).
+        eps: added to the variance (> 0).
+        activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
+        variant: the forward kernel (``VARIANTS``).
+
+    Shape:
+        x and the output: ``[..., H]``.
+
+    Returns:
+        The normalized tensor in x's dtype (float32 under CUDA autocast, as torch's).
+
+    Raises:
+        TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
+        ValueError: sizes or devices that do not match, eps <= 0, an unknown variant or activation.
+
+    Example:
+        >>> y = layernorm(torch.randn(4, 8, requires_grad=True), torch.ones(8), torch.zeros(8))
+        >>> y.sum().backward()
+    """
     native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm   # as in layernorm_fwd
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
@@ -655,6 +719,12 @@ class LayerNorm(nn.Module):
 
     Shape:
         input and output: ``[*, *normalized_shape]``, any layout.
+
+    Returns:
+        ``forward(x)``: act(LayerNorm(x)) in x's dtype (float32 under CUDA autocast, as torch's).
+
+    Raises:
+        TypeError, ValueError: from ``forward``, for an input ``layer_norm`` refuses (named).
 
     Example:
         >>> ln = LayerNorm(768)

@@ -69,6 +69,8 @@ from ops.layernorm_linear_config import (  # noqa: F401 (auto's tuning, read her
 )
 from ops.validate import check_grad, check_same, check_size, check_tensor
 
+__all__ = ["ALGOS", "FusedLayerNormLinear", "layernorm_linear", "layernorm_linear_bwd", "layernorm_linear_fwd"]
+
 DTYPES = layernorm.DTYPES
 ALGOS = ("auto", "fused", "sm90", "unfused")
 ALGO_IDS = {a: i for i, a in enumerate(ALGOS)}   # the C++ entry's algo argument
@@ -349,7 +351,31 @@ def _zero_bias(weight: object) -> torch.Tensor:
 def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto"
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """y [..., N] (x's dtype), mean and rstd [...] (float32)."""
+    """The forward alone, with the statistics the backward takes (no autograd).
+
+    Args:
+        x: the input ``[..., K]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
+        ln_weight, ln_bias: the LayerNorm's gamma and beta ``[K]``, x's dtype (or float32 for 16-bit x).
+        weight: the Linear's ``[N, K]``, x's dtype.
+        bias: the Linear's ``[N]``, or None.
+        eps: the LayerNorm's (> 0).
+        algo: ``"auto"``, ``"fused"``, ``"sm90"`` or ``"unfused"`` (the module docstring).
+
+    Shape:
+        x: ``[..., K]``; y: ``[..., N]``; mean, rstd: ``[...]``.
+
+    Returns:
+        (y, mean, rstd): y in x's dtype, the LayerNorm's mean and rstd float32.
+
+    Raises:
+        TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
+        ValueError: sizes, dtypes or devices that do not match, eps <= 0, an unknown algo, or ``"sm90"`` where
+            the Hopper kernel cannot run (the message says why).
+
+    Example:
+        >>> x, g, b, w = torch.randn(4, 8), torch.ones(8), torch.zeros(8), torch.randn(3, 8)
+        >>> y, mean, rstd = layernorm_linear_fwd(x, g, b, w)
+    """
     bias = _zero_bias(weight) if bias is None else bias
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
@@ -384,9 +410,29 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
 def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
                          weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, eps: float = 1e-5,
                          xn: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """dx [..., K], dln_weight, dln_bias [K], dweight [N, K], dbias [N] from dy [..., N].
+    """All five gradients from ``layernorm_linear_fwd``'s statistics (deterministic).
 
-    ``xn`` is LayerNorm(x) [..., K] if the caller kept it; else it is recomputed.
+    Args:
+        dy: the gradient of y, ``[..., N]``, x's dtype.
+        x, ln_weight, ln_bias, weight: the forward's inputs (the backward never reads the Linear's bias).
+        mean, rstd: the forward's statistics, float32 ``[...]``.
+        eps: the forward's (used to recompute xn).
+        xn: LayerNorm(x) ``[..., K]`` if the caller kept it; else it is recomputed.
+
+    Shape:
+        dy: ``[..., N]``; dx: ``[..., K]``; dln_weight, dln_bias: ``[K]``; dweight: ``[N, K]``; dbias: ``[N]``.
+
+    Returns:
+        (dx, dln_weight, dln_bias, dweight, dbias), each in its input's dtype.
+
+    Raises:
+        TypeError, ValueError: as ``layernorm_linear_fwd``, and for a dy or statistics of the wrong dtype or
+            shape.
+
+    Example:
+        >>> x, g, b, w = torch.randn(4, 8), torch.ones(8), torch.zeros(8), torch.randn(3, 8)
+        >>> y, mean, rstd = layernorm_linear_fwd(x, g, b, w)
+        >>> dx, dg, db, dw, dbias = layernorm_linear_bwd(torch.ones_like(y), x, g, b, w, mean, rstd)
     """
     validate(x, ln_weight, ln_bias, weight, None)  # the backward never reads bias
     check_tensor("dy", dy, min_ndim=1, dtypes=DTYPES, layout=False)
@@ -543,7 +589,30 @@ def autograd_algo(algo: str, tensors: tuple[object, ...]) -> str:
 
 def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto") -> torch.Tensor:
-    """Linear(LayerNorm(x)) with autograd: x [..., K], weight [N, K] -> [..., N] (algo: ``autograd_algo``)."""
+    """Linear(LayerNorm(x)) with autograd for all five inputs (the call ``FusedLayerNormLinear`` makes).
+
+    Args:
+        x: the input ``[..., K]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
+        ln_weight, ln_bias: the LayerNorm's gamma and beta ``[K]``, x's dtype (or float32 for 16-bit x).
+        weight: the Linear's ``[N, K]``; bias: its ``[N]`` or None.
+        eps: the LayerNorm's (> 0).
+        algo: the forward algorithm; with gradients to come, 16-bit ``"auto"`` runs ``"unfused"``
+            (``autograd_algo``).
+
+    Shape:
+        x: ``[..., K]``; output: ``[..., N]``.
+
+    Returns:
+        Linear(LayerNorm(x)) in x's dtype (under CUDA autocast, what the torch modules give).
+
+    Raises:
+        TypeError, ValueError: as ``layernorm_linear_fwd`` (named), in the forward and the backward.
+
+    Example:
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> y = layernorm_linear(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), torch.zeros(3))
+        >>> y.sum().backward()
+    """
     native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_linear   # see layernorm_fwd
     if (native is not None and isinstance(x, torch.Tensor) and isinstance(ln_weight, torch.Tensor)
             and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
@@ -664,6 +733,12 @@ class FusedLayerNormLinear(nn.Sequential):
 
     Shape:
         input ``[*, K]`` (``[*, *normalized_shape]``), any layout; output ``[*, N]``.
+
+    Returns:
+        ``forward(x)``: Linear(LayerNorm(x)) in x's dtype (under CUDA autocast, what the torch modules give).
+
+    Raises:
+        TypeError, ValueError: from ``forward``, for an input ``layernorm_linear`` refuses (named).
 
     Example:
         >>> m = FusedLayerNormLinear(768, 3072)

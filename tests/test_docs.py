@@ -1,0 +1,36 @@
+"""Every public entry of the library documents itself the same way, and its docstring examples run."""
+
+from __future__ import annotations
+
+import doctest
+import inspect
+
+import pytest
+import torch
+
+from ops import layernorm, layernorm_linear
+
+SECTIONS = ("Args:", "Shape:", "Returns:", "Raises:", "Example:")
+PUBLIC = [(m, name) for m in (layernorm, layernorm_linear) for name in m.__all__ if callable(getattr(m, name))]
+
+
+@pytest.mark.parametrize(("module", "name"), PUBLIC, ids=[f"{m.__name__}.{n}" for m, n in PUBLIC])
+def test_public_docstrings_have_the_sections_in_order(module: object, name: str) -> None:
+    doc = inspect.getdoc(getattr(module, name)) or ""
+    where = [doc.find(f"\n{s}\n") for s in SECTIONS]
+    missing = [s for s, i in zip(SECTIONS, where, strict=True) if i < 0]
+    assert not missing, f"{name}: no {missing}"
+    assert where == sorted(where), f"{name}: sections out of order (want {SECTIONS})"
+
+
+@pytest.mark.parametrize(("module", "name"), PUBLIC, ids=[f"{m.__name__}.{n}" for m, n in PUBLIC])
+def test_public_docstring_examples_run(module: object, name: str) -> None:
+    """The Example runs on the CPU (doctest; examples print nothing, so a run without an error passes)."""
+    obj = getattr(module, name)
+    finder = doctest.DocTestFinder(recurse=False)
+    tests = finder.find(obj, name, globs={**vars(module), "torch": torch})
+    assert tests and tests[0].examples, f"{name}: no runnable example"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for t in tests:
+        runner.run(t)
+    assert runner.failures == 0, f"{name}: its example failed (run python -m doctest on it)"
