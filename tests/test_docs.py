@@ -1,9 +1,13 @@
-"""Every public entry of the library documents itself the same way, and its docstring examples run."""
+"""Every public entry of the library documents itself the same way, its docstring examples run, and README's
+performance section is what scripts/readme_tables.py makes of results/."""
 
 from __future__ import annotations
 
 import doctest
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,3 +38,10 @@ def test_public_docstring_examples_run(module: object, name: str) -> None:
     for t in tests:
         runner.run(t)
     assert runner.failures == 0, f"{name}: its example failed (run python -m doctest on it)"
+
+
+def test_readme_results_section_is_generated() -> None:
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "readme_tables.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

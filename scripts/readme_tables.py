@@ -1,0 +1,94 @@
+"""README's performance section, generated from the committed reports in results/ (never typed by hand).
+
+    python scripts/readme_tables.py          (rewrites the section between README's results markers)
+    python scripts/readme_tables.py --check  (exit 1 when README's section is not what results/ gives)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BEGIN = "<!-- results:begin (scripts/readme_tables.py writes this section from results/; do not edit) -->"
+END = "<!-- results:end -->"
+TRANSFORMER_COLUMNS = (("infer", "128"), ("infer", "4096"), ("train", "128"), ("train", "4096"))
+HEADLINE_SHAPE = ("4096", "768", "3072")   # M, K, N of LayerNorm+Linear's headline rows
+
+
+def read(name: str) -> tuple[str, list[dict]]:
+    """A report's stamp (its first line, without '# ') and its rows."""
+    lines = (ROOT / "results" / f"{name}.csv").read_text().splitlines()
+    return lines[0].lstrip("# "), list(csv.DictReader(lines[1:]))
+
+
+def transformer_table() -> list[str]:
+    stamp, rows = read("bench_transformer")
+    ratio = {(r["mode"], r["phase"], r["tokens"]): r["vs_torch"] for r in rows if r["impl"] == "ours"}
+    out = [f"GPT-2-small, bf16, ours / torch in the same mode, pipelined time per call "
+           f"([results/bench_transformer.md](results/bench_transformer.md); {stamp.split(';')[0]}; "
+           f"{stamp.split(';')[1].strip()}):", "",
+           "| mode | inference 1x128 | inference 8x512 | training 1x128 | training 8x512 |", "|---|---|---|---|---|"]
+    for mode in ("eager", "cuda_graph", "compile"):
+        out.append(f"| {mode} | " + " | ".join(ratio.get((mode, p, t), "-") for p, t in TRANSFORMER_COLUMNS) + " |")
+    return out
+
+
+def per_call_table() -> list[str]:
+    ln_stamp, ln = read("bench_layernorm")
+    lnl_stamp, lnl = read("bench_layernorm_linear")
+    out = ["Per call, ours / torch eager, pipelined (back-to-back calls with their allocations, one sync; "
+           "[results/bench_layernorm.md](results/bench_layernorm.md), "
+           "[results/bench_layernorm_linear.md](results/bench_layernorm_linear.md)):", "",
+           "| call | dtype | ours / torch |", "|---|---|---|"]
+    for dtype in ("bfloat16", "float32"):
+        v = [float(r["pipe_vs_torch"]) for r in ln if (r["kind"], r["impl"], r["dtype"]) == ("fwd", "ours", dtype)]
+        if v:
+            out.append(f"| LayerNorm forward, {len(v)} shapes | {dtype} | median {statistics.median(v):.3g}, "
+                       f"worst {max(v):.3g} |")
+    for kind, label in (("fwd", "forward"), ("train", "training step (forward + backward)")):
+        want = (kind, "ours", "bfloat16", *HEADLINE_SHAPE)
+        for r in lnl:
+            if (r["kind"], r["impl"], r["dtype"], r["M"], r["K"], r["N"]) == want:
+                out.append(f"| LayerNorm+Linear {label}, {'x'.join(HEADLINE_SHAPE[:2])}->{HEADLINE_SHAPE[2]} | "
+                           f"bfloat16 | {r['pipe_vs_torch']} |")
+    big = [float(r["pipe_vs_torch"]) for r in lnl
+           if (r["kind"], r["impl"], r["dtype"]) == ("fwd", "ours", "bfloat16") and int(r["M"]) >= 1024]
+    if big:
+        out.append(f"| LayerNorm+Linear forward, {len(big)} shapes with M >= 1024 | bfloat16 | "
+                   f"median {statistics.median(big):.3g}, worst {max(big):.3g} |")
+    out += ["", f"Stamps: {ln_stamp.split(';')[0]}; LayerNorm {ln_stamp.split(';')[1].strip()}, "
+            f"LayerNorm+Linear {lnl_stamp.split(';')[1].strip()}."]
+    return out
+
+
+def render() -> str:
+    return "\n".join([BEGIN, "", *transformer_table(), "", *per_call_table(), "", END])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="compare only")
+    args = p.parse_args()
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"README.md has no results markers ({BEGIN!r} ... {END!r})", file=sys.stderr)
+        return 1
+    head, rest = text.split(BEGIN, 1)
+    new = head + render() + rest.split(END, 1)[1]
+    if args.check:
+        if new != text:
+            print("README.md's results section is not what results/ gives: run python scripts/readme_tables.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
