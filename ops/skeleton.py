@@ -79,6 +79,9 @@ def regions_in(package: Path) -> list[tuple[Path, Region]]:
     return found
 
 
+CHAPTER = Path("README.md")   # each tree's own chapter: the problem's statement, the solution's walkthrough
+
+
 def _files(root: Path) -> set[Path]:
     return {p.relative_to(root) for p in root.rglob("*")
             if p.is_file() and "__pycache__" not in p.parts}
@@ -90,7 +93,7 @@ def compare_trees(problems: Path, solutions: Path) -> list[str]:
     probs, sols = _files(problems), _files(solutions)
     errors += [f"only in {problems}: {p}" for p in sorted(probs - sols)]
     errors += [f"only in {solutions}: {p}" for p in sorted(sols - probs)]
-    for rel in sorted(probs & sols):
+    for rel in sorted(probs & sols - {CHAPTER}):
         try:
             p_out, p_regs = parse((problems / rel).read_text(), str(problems / rel))
             s_out, s_regs = parse((solutions / rel).read_text(), str(solutions / rel))
@@ -121,3 +124,63 @@ def stub(text: str, stubs: dict[str, str] | None = None) -> str:
         code = f"{indent}{stubs.get(reg.label, 'pass')}  {STUB_MARK}"
         lines[reg.start:reg.end - 1] = [*hint, code]
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+
+
+ANCHOR = re.compile(r"^\s*# ANCHOR: (?P<name>[\w.-]+)\s*$")
+QUOTE = re.compile(r"^<!-- quote: (?P<file>\S+) (?P<name>[\w.-]+) -->$")
+
+
+def anchored(text: str, name: str) -> str:
+    """The lines between ``# ANCHOR: name`` and ``# ANCHOR_END: name``, dedented as a block.
+
+    Raises:
+        SkeletonError: no such anchor, or no end for it.
+    """
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if (m := ANCHOR.match(ln)) and m["name"] == name), None)
+    if start is None:
+        raise SkeletonError(f"no ANCHOR: {name}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() == f"# ANCHOR_END: {name}"), None)
+    if end is None:
+        raise SkeletonError(f"ANCHOR: {name} has no ANCHOR_END")
+    body = lines[start + 1:end]
+    indent = min((len(ln) - len(ln.lstrip()) for ln in body if ln.strip()), default=0)
+    return "\n".join(ln[indent:] for ln in body)
+
+
+def quote_errors(chapter: Path, package: Path) -> list[str]:
+    """Where ``chapter`` quotes code (a ``<!-- quote: FILE NAME -->`` line, then a fenced block) that is not the
+    anchored region NAME of ``package``/FILE as it is now; empty when every quote is current."""
+    errors = []
+    lines = chapter.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not (m := QUOTE.match(line)):
+            continue
+        if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):
+            errors.append(f"{chapter}:{i + 1}: a quote marker without a fenced block after it")
+            continue
+        end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), len(lines))
+        try:
+            want = anchored((package / m["file"]).read_text(), m["name"])
+        except (OSError, SkeletonError) as e:
+            errors.append(f"{chapter}:{i + 1}: {e}")
+            continue
+        if "\n".join(lines[i + 2:end]) != want:
+            errors.append(f"{chapter}:{i + 1}: the quote of {m['file']} {m['name']} is not the code as it is now")
+    return errors
+
+
+def requote(chapter: Path, package: Path) -> None:
+    """Rewrite every quoted block of ``chapter`` from the anchored regions it names (``quote_errors``)."""
+    lines = chapter.read_text().splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        m = QUOTE.match(lines[i])
+        if m and i + 1 < len(lines) and lines[i + 1].startswith("```"):
+            end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), len(lines))
+            out += [lines[i + 1], *anchored((package / m["file"]).read_text(), m["name"]).splitlines()]
+            i = end
+            continue
+        i += 1
+    chapter.write_text("\n".join(out) + "\n")

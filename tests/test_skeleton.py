@@ -9,6 +9,8 @@ import pytest
 from ops.p22 import PROBLEMS
 from ops.skeleton import SkeletonError, compare_trees, parse, regions_in, stub
 
+ROOT = Path(__file__).resolve().parent.parent
+
 SOLUTION = """def f():
     x = 1
     # FILL ME IN [body] (roughly 2 lines)
@@ -56,3 +58,30 @@ def test_committed_problems_are_stubs() -> None:
     assert {r.label for _, r in regs} == {"layernorm_kernel", "row_stats_cpu", "fused_stats",
                                           "fused_normalize_on_load"}
     assert not any(r.filled for _, r in regs)
+
+
+def test_walkthrough_quotes_follow_the_solution(tmp_path: Path) -> None:
+    """A quote in the solution's chapter is the anchored code as it is; an edit to that code makes it stale, and
+    requote brings it back."""
+    from ops.skeleton import anchored, quote_errors, requote
+
+    (tmp_path / "op.mojo").write_text("x = 1\n    # ANCHOR: body\n    y = 2\n    z = 3\n    # ANCHOR_END: body\n")
+    assert anchored((tmp_path / "op.mojo").read_text(), "body") == "y = 2\nz = 3"
+    chapter = tmp_path / "README.md"
+    chapter.write_text("text\n<!-- quote: op.mojo body -->\n```mojo\ny = 2\nz = 3\n```\nmore\n")
+    assert quote_errors(chapter, tmp_path) == []
+    (tmp_path / "op.mojo").write_text("    # ANCHOR: body\n    y = 5\n    # ANCHOR_END: body\n")
+    assert len(errors := quote_errors(chapter, tmp_path)) == 1 and "not the code as it is now" in errors[0]
+    requote(chapter, tmp_path)
+    assert quote_errors(chapter, tmp_path) == []
+    assert chapter.read_text() == "text\n<!-- quote: op.mojo body -->\n```mojo\ny = 5\n```\nmore\n"
+    chapter.write_text("<!-- quote: op.mojo missing -->\n```\n```\n")
+    assert "no ANCHOR: missing" in quote_errors(chapter, tmp_path)[0]
+
+
+def test_committed_walkthrough_quotes_are_current() -> None:
+    from ops.skeleton import CHAPTER, quote_errors
+
+    solution = ROOT / "solutions" / "p22"
+    assert quote_errors(solution / CHAPTER, solution) == []
+    assert (solution / CHAPTER).read_text() != (ROOT / "problems" / "p22" / CHAPTER).read_text()

@@ -132,6 +132,7 @@ def load4[dtype: DType](p: Ptr[dtype], inside: Bool, base: Int, kc: Int, k: Int,
     return v
 
 
+# ANCHOR: fused_normalize_on_load
 @always_inline
 def normalize(x: F4, mean: Float32, rstd: Float32, gamma: F4, beta: F4) -> F4:
     """Four x values of one row as they are staged: LayerNorm's output, before the matmul."""
@@ -141,6 +142,7 @@ def normalize(x: F4, mean: Float32, rstd: Float32, gamma: F4, beta: F4) -> F4:
     pass  # stub
     # END FILL ME IN
     return v
+# ANCHOR_END: fused_normalize_on_load
 
 
 def fused_kernel[dtype: DType](
@@ -161,6 +163,7 @@ def fused_kernel[dtype: DType](
     var warp_id = tid // WARP_SIZE
     var row0 = Int(block_idx.y) * BM
 
+    # ANCHOR: fused_stats
     # FILL ME IN [fused_stats] (roughly 20 lines)
     # Hint: warp `warp_id` owns tile rows m = warp_id * ROWS_PER_WARP + rr for
     # rr in range(ROWS_PER_WARP); clamp the matrix row to mm - 1 so the last
@@ -175,6 +178,7 @@ def fused_kernel[dtype: DType](
     # END FILL ME IN
     # Every warp reads rows other warps wrote: wait until all are there.
     barrier()
+    # ANCHOR_END: fused_stats
 
     # Thread tid stages tile row `mine` and k columns kq .. kq + 3 of every k step.
     var mine = tid // THREADS_PER_ROW
@@ -184,6 +188,7 @@ def fused_kernel[dtype: DType](
     var row_rstd = rstd_s[unsafe_offset=mine]
     var vec = kk_n % 4 == 0 and (Int(x) | Int(gamma) | Int(beta) | Int(w)) % LOAD4_ALIGN[dtype] == 0
 
+    # ANCHOR: fused_k_loop
     var ct = Int(col_tiles)
     for t in range(ct):
         var col0 = (Int(block_idx.x) * ct + t) * BN
@@ -212,6 +217,7 @@ def fused_kernel[dtype: DType](
             accumulate_tile(acc, a_s, b_s, ty, tx)
             barrier()
         store_tile[dtype, True](y, bias, acc, row0, col0, ty, tx, mm, nn)
+    # ANCHOR_END: fused_k_loop
 
 
 def col_tiles(rows: Int, n: Int, sm_count: Int, per_sm: Int) -> Int:

@@ -20,6 +20,7 @@ from .common import EPS, Ptr, block_sum
 comptime LN_BLOCK = 128
 
 
+# ANCHOR: layernorm_kernel
 def layernorm_kernel[dtype: DType](
     y: Ptr[dtype],
     x: Ptr[dtype],
@@ -39,8 +40,10 @@ def layernorm_kernel[dtype: DType](
     # Element i of a pointer p is p[unsafe_offset=i].
     pass  # stub
     # END FILL ME IN
+# ANCHOR_END: layernorm_kernel
 
 
+# ANCHOR: row_stats_cpu
 def row_stats_cpu[dtype: DType](x: Ptr[dtype], base: Int, hidden: Int) -> Tuple[Float32, Float32]:
     """Mean and rstd of x[unsafe_offset=base : base + hidden], two passes in float32."""
     # FILL ME IN [row_stats_cpu] (roughly 9 lines)
@@ -48,6 +51,7 @@ def row_stats_cpu[dtype: DType](x: Ptr[dtype], base: Int, hidden: Int) -> Tuple[
     # (mean, rsqrt(var + EPS)).
     return (Float32(0.0), Float32(0.0))  # stub
     # END FILL ME IN
+# ANCHOR_END: row_stats_cpu
 
 
 def layernorm_cpu[dtype: DType](

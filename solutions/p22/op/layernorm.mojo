@@ -20,6 +20,7 @@ from .common import EPS, Ptr, block_sum
 comptime LN_BLOCK = 128
 
 
+# ANCHOR: layernorm_kernel
 def layernorm_kernel[dtype: DType](
     y: Ptr[dtype],
     x: Ptr[dtype],
@@ -52,8 +53,10 @@ def layernorm_kernel[dtype: DType](
         var b = beta[unsafe_offset=i].cast[DType.float32]()
         y[unsafe_offset=base + i] = (xn * g + b).cast[dtype]()
     # END FILL ME IN
+# ANCHOR_END: layernorm_kernel
 
 
+# ANCHOR: row_stats_cpu
 def row_stats_cpu[dtype: DType](x: Ptr[dtype], base: Int, hidden: Int) -> Tuple[Float32, Float32]:
     """Mean and rstd of x[unsafe_offset=base : base + hidden], two passes in float32."""
     # FILL ME IN [row_stats_cpu] (roughly 9 lines)
@@ -69,6 +72,7 @@ def row_stats_cpu[dtype: DType](x: Ptr[dtype], base: Int, hidden: Int) -> Tuple[
         ss += d * d
     return (mean, rsqrt(ss / Float32(hidden) + EPS))
     # END FILL ME IN
+# ANCHOR_END: row_stats_cpu
 
 
 def layernorm_cpu[dtype: DType](
