@@ -278,9 +278,30 @@ def bench_args(doc: str, quick_help: str, dtypes: str, *flags: tuple[str, str]) 
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--dtypes", default=dtypes, help="comma-separated torch dtype names")
     p.add_argument("--append", action="store_true", help="keep the CSV's rows of the dtypes not run now")
+    p.add_argument("--shape", help="one shape only (e.g. 4096x768, or MxKxN): time it and print, write nothing")
     for name, help_text in flags:
         p.add_argument(name, action="store_true", help=help_text)
     return p.parse_args()
+
+
+def parse_shape(text: str, dims: int) -> tuple[int, ...]:
+    """``--shape``'s value: ``dims`` positive sizes joined by 'x' (``4096x768``).
+
+    Raises:
+        SystemExit: anything else, with a message naming --shape.
+    """
+    parts = text.lower().split("x")
+    if len(parts) != dims or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f"--shape: expected {dims} positive sizes joined by 'x', got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def print_rows(rows: list[dict], fields: Sequence[str]) -> None:
+    """``rows`` as an aligned text table of ``fields`` (a quick look, nothing written)."""
+    table = [list(fields)] + [["" if r.get(k) is None else str(r[k]) for k in fields] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(fields))]
+    for row in table:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def write_report(stem: Path, rows: list[dict], fields: Sequence[str], stamp: str, title: str, note: str) -> None:

@@ -16,6 +16,7 @@ Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm                       (needs a CUDA GPU)
     python scripts/bench_layernorm.py --quick
+    python scripts/bench_layernorm.py --shape 4096x768 --dtypes bfloat16   (one M x H, printed, nothing written)
     python scripts/bench_layernorm.py --plot-only   (PNG from the committed CSV)
     python scripts/bench_layernorm.py --dtypes bfloat16 --append   (add to an earlier float32 run)
 """
@@ -42,7 +43,9 @@ from ops.timing import (  # noqa: E402
     commit,
     gpu_name,
     measure,
+    parse_shape,
     plot_forward,
+    print_rows,
     save_plot,
     side_by_side,
     write_report,
@@ -234,6 +237,13 @@ def main() -> int:
     copy = copy_gbps()
     print(f"{gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
+    if args.shape:   # a quick look at one shape: forward and backward, printed
+        shape = parse_shape(args.shape, 2)
+        for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+            rows += bench_forward(dtype, [shape], ["fast"], copy, with_compile=not args.no_compile)
+            rows += bench_backward(dtype, [shape], copy)
+        print_rows(rows, FIELDS)
+        return 0
     fast = ["fast"] if args.quick else ["vector", "fast"]
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         grid = list(TARGETS) if args.quick else [(m, h) for m in GRID_M for h in GRID_H]

@@ -12,6 +12,7 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm-linear            (needs a CUDA GPU)
     python scripts/bench_layernorm_linear.py --quick
+    python scripts/bench_layernorm_linear.py --shape 4096x768x3072 --dtypes bfloat16   (one M x K x N, printed)
     python scripts/bench_layernorm_linear.py --plot-only
     python scripts/bench_layernorm_linear.py --dtypes float32 --append   (add to an earlier bfloat16 run)
     python scripts/bench_layernorm_linear.py --splits   (the fused kernel's k splits at small n:
@@ -43,7 +44,9 @@ from ops.timing import (  # noqa: E402
     call_fields,
     commit,
     gpu_name,
+    parse_shape,
     plot_forward,
+    print_rows,
     save_plot,
     side_by_side,
     write_report,
@@ -263,6 +266,14 @@ def main() -> int:
     if args.splits:
         write([r for d in args.dtypes.split(",") for r in bench_splits(getattr(torch, d))],
               "bench_layernorm_linear_splits")
+        return 0
+    if args.shape:   # a quick look at one shape: forward, backward and training step, printed
+        shape = parse_shape(args.shape, 3)
+        rows = []
+        for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+            rows += bench_forward(dtype, [shape], not args.no_compile)
+            rows += bench_backward(dtype, [shape]) + bench_train(dtype, [shape])
+        print_rows(rows, FIELDS)
         return 0
     full = list(dict.fromkeys(list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
     if args.sm90:

@@ -90,3 +90,13 @@ def test_kernel_time_on_the_gpu_counts_torch_and_max_kernels() -> None:
     w, b = torch.ones(4096, device="cuda"), torch.zeros(4096, device="cuda")
     ln = measure(lambda *a: layernorm_fwd(*a)[0], [(x, w, b)], iters=10, kernels=True)  # runs on MAX's queue
     assert 0.5 * ln.device_us < ln.kernel_us <= 1.05 * ln.device_us
+
+
+def test_parse_shape_takes_sizes_and_names_the_flag() -> None:
+    from ops.timing import parse_shape
+
+    assert parse_shape("4096x768x3072", 3) == (4096, 768, 3072)
+    assert parse_shape("1X7", 2) == (1, 7)
+    for bad in ("4096x768", "4096x0x8", "axbxc", "4096,768,3072", ""):
+        with pytest.raises(SystemExit, match="^--shape: expected 3 positive sizes"):
+            parse_shape(bad, 3)
