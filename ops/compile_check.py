@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ops import bridge
-from ops.bridge import GraphOp
+from ops.launch import bridge
+from ops.launch.bridge import GraphOp
 
 
 def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:

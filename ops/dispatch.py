@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.bridge import LIBRARY, GraphOp, Out
+from ops.launch.bridge import LIBRARY, GraphOp, Out
 
 SIZES = (1, 3, 6)
 

@@ -23,9 +23,9 @@ from functools import cache
 import torch
 from torch import nn
 
-from ops import bridge, direct
 from ops import layernorm_config as config
-from ops.bridge import LIBRARY, GraphOp, Out
+from ops.launch import bridge, direct
+from ops.launch.bridge import LIBRARY, GraphOp, Out
 from ops.layernorm_config import DTYPES, VARIANTS, Launch
 from ops.validate import check_grad, check_param, check_same, check_tensor
 
@@ -329,7 +329,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
     native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_with_stats
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
         out = native(x, weight, bias, eps, ACTIVATIONS[activation])
-        if out:   # empty: a call the C++ entry does not take (see ops/csrc/direct.cpp)
+        if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return tuple(out)
     _check_call(x, weight, bias, eps, variant, activation)
     if not _valid(x, weight, bias):
@@ -597,7 +597,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm   # as in layernorm_fwd
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
-        if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
+        if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
     if not _valid(x, weight, bias) or autocast_to_fp32(x):
         return _layernorm_adapted(x, weight, bias, eps, activation, variant)

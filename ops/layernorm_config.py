@@ -1,6 +1,6 @@
 """LayerNorm launch configurations: for a shape, which kernel instantiation runs, with which grid and block.
 
-The one source of truth for both routes: the direct launcher (``ops/direct.py``) launches what these
+The one source of truth for both routes: the direct launcher (``ops/launch/direct.py``) launches what these
 functions return, and the MAX ops (``layernorm_fwd``, ``layernorm_bwd`` in ``ops/kernels/layernorm.mojo``)
 take the same choice as their compile-time parameters (``Launch.op_parameters``). Tuned on the H100:
 per row length, the fastest register configuration of fp32 and bf16 sweeps (results/bench_layernorm.md);
@@ -15,7 +15,7 @@ from functools import cache
 
 import torch
 
-from ops.direct import KernelSpec
+from ops.launch.direct import KernelSpec
 
 WARP = 32
 VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)

@@ -46,9 +46,10 @@ from functools import cache
 import torch
 from torch import nn
 
-from ops import direct, layernorm
+from ops import layernorm
 from ops import layernorm_linear_config as config
-from ops.bridge import LIBRARY, GraphOp, Out
+from ops.launch import direct
+from ops.launch.bridge import LIBRARY, GraphOp, Out
 from ops.layernorm_linear_config import (  # noqa: F401 (auto's tuning, read here and by the tests as LL.<name>)
     FUSED16_MAX_N,
     FUSED16_MIN_K,
@@ -473,7 +474,7 @@ def _adapted_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_
 
 
 def _linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The Linear's part of every backward path (ops/csrc/direct.cpp's too): from contiguous dy [..., N] and xn
+    """The Linear's part of every backward path (ops/launch/direct.cpp's too): from contiguous dy [..., N] and xn
     [..., K], dxn = dy W (shaped like xn) and dW = dy^T xn by cuBLAS, db = dy's column sums."""
     n, k = weight.shape
     dy2 = dy.view(-1, n)
@@ -618,7 +619,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
             and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
             and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS):
         y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
-        if y is not None:   # None: a call the C++ entry does not take (see ops/csrc/direct.cpp)
+        if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
     tensors = (x, ln_weight, ln_bias, weight, bias)
     if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias)) or torch.is_autocast_enabled(
@@ -710,7 +711,7 @@ def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:
     """Tell the C++ entry whether ``algo`` on this shape (with or without a gradient to come) is "unfused",
-    the one it runs (ops/direct.py: remember)."""
+    the one it runs (ops/launch/direct.py: remember)."""
     k, n = x.shape[-1], weight.shape[0]
     rows, dtype, index, code = x.numel() // k, x.dtype, x.get_device(), ALGO_IDS.get(algo, -1)
     direct.remember(("linear", rows, k, n, dtype, index, code, grad), lambda native: native.set_linear_algo(

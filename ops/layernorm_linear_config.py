@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ops.direct import KernelSpec
+from ops.launch.direct import KernelSpec
 
 MODULE, SM90_MODULE = "layernorm_linear", "layernorm_linear_sm90"
 VECTOR_BYTES = 16   # ALIGN: one vector load
@@ -40,7 +40,7 @@ K_VEC, X_AL, W_AL, G_AL, B_AL = 1, 2, 4, 8, 16
 FOLD_VEC_BITS = K_VEC | W_AL | G_AL | B_AL   # fold_vector_width: w, gamma, beta and k
 MMA_VEC_BITS = K_VEC | X_AL | W_AL | G_AL    # fwd_gpu's vec_ok: x, w, gamma and k
 
-# The plan kinds the C++ entry runs (ops/csrc/direct.cpp: FusedPlan).
+# The plan kinds the C++ entry runs (ops/launch/direct.cpp: FusedPlan).
 KIND_FUSED16, KIND_FUSED32, KIND_SM90 = 1, 2, 3
 TMA_BF16, TMA_F16 = 9, 6   # CUtensorMapDataType
 

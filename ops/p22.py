@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ops.bridge import ROOT, GraphOp, Out
+from ops.launch.bridge import ROOT, GraphOp, Out
 from ops.reference import layernorm_linear_ref, layernorm_ref
 from ops.validate import check_same, check_size, check_tensor
 

@@ -1,4 +1,4 @@
-"""Host cost of calling a Mojo op from PyTorch: ops/bridge.py vs MAX's CustomOpLibrary.
+"""Host cost of calling a Mojo op from PyTorch: ops/launch/bridge.py vs MAX's CustomOpLibrary.
 
 For ops with 1, 3 and 6 input tensors (ops/kernels/dispatch.mojo, trivial
 kernels on 1024 floats) it reports the median host microseconds per call,
@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from ops import bridge  # noqa: E402
-from ops.bridge import LIBRARY  # noqa: E402
 from ops.dispatch import dispatch_op  # noqa: E402
+from ops.launch import bridge  # noqa: E402
+from ops.launch.bridge import LIBRARY  # noqa: E402
 from ops.timing import commit, gpu_name, kernel_times  # noqa: E402
 
 CALLS = 2000

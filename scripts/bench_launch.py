@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ops import direct  # noqa: E402
 from ops import layernorm as L  # noqa: E402
+from ops.launch import direct  # noqa: E402
 from ops.timing import commit, gpu_name, measure, write_report  # noqa: E402
 
 SHAPES = ((4, 768), (4096, 768), (16384, 4096))

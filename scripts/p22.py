@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from ops import bridge  # noqa: E402
+from ops.launch import bridge  # noqa: E402
 from ops.p22 import (  # noqa: E402
     PROBLEMS,
     SOLUTIONS,

@@ -1,11 +1,12 @@
-"""Shared fixtures: one pytest process shares every compiled model (ops/bridge.py caches them)."""
+"""Shared fixtures: one pytest process shares every compiled model (ops/launch/bridge.py caches them)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ops import bridge, direct, layernorm_config
+from ops import layernorm_config
+from ops.launch import bridge, direct
 
 HAS_GPU = torch.cuda.is_available()
 DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]

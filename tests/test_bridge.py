@@ -1,4 +1,4 @@
-"""ops/bridge.py: compile caching, stale-source safety, weight cache, stream ordering."""
+"""ops/launch/bridge.py: compile caching, stale-source safety, weight cache, stream ordering."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops import bridge
+from ops.launch import bridge
 from ops.p22 import SOLUTIONS, P22Kernels
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops import bridge, direct
 from ops import layernorm_config as config
 from ops import layernorm_linear_config as lnl_config
+from ops.launch import bridge, direct
 from ops.timing import captured
 
 SPEC = config.reduce_spec(torch.float32)
@@ -106,7 +106,7 @@ def test_argument_layout() -> None:
     assert offsets == [0, 8, 12, 64] and size == 192
 
 
-# ---------------------------------------------------------------- the C++ entries (ops/csrc/direct.cpp)
+# ---------------------------------------------------------------- the C++ entries (ops/launch/direct.cpp)
 
 def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     """The C++ library builds against the installed torch (CI has a compiler) and loads; its entries return None

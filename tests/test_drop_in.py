@@ -6,6 +6,7 @@ samples for layer_norm, torch.compile with dynamic shapes, and a second GPU. Val
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -319,3 +320,26 @@ def test_gpu_second_device_runs_there() -> None:
         assert compare(y, F.layer_norm(x.double(), (768,), w.double(), b.double()), torch.float32) is None
         assert compare(z, _lnl_ref(x.double(), w.double(), b.double(), weight.double(), None), torch.float32,
                        reduction=768) is None
+
+
+@NEEDS_TWO
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_gpu_data_parallel_step_matches_one_gpu(kind: str, tmp_path: Path) -> None:
+    """A DDP or FSDP2 training step (forward, backward, SGD) of a small model with our modules, its batch split
+    over two GPUs, gives the loss and parameters of the same step on one GPU (tests/multi_gpu_worker.py)."""
+    import subprocess
+    import sys
+
+    worker = str(Path(__file__).resolve().parent / "multi_gpu_worker.py")
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    for cmd in ([sys.executable, worker, "--kind", "single", "--out", str(one)],
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
+                 "--kind", kind, "--out", str(two)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    want, got = torch.load(one), torch.load(two)
+    torch.testing.assert_close(got["loss"], want["loss"], rtol=1e-5, atol=1e-6)
+    assert got["params"].keys() == want["params"].keys()
+    for name, p in want["params"].items():
+        torch.testing.assert_close(got["params"][name], p, rtol=1e-4, atol=1e-5, msg=name)
+

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from conftest import compiled_double
 from torch import nn
 
-from ops import direct
 from ops import layernorm_linear as LL
+from ops.launch import direct
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_stats_ref
 from ops.tolerance import compare
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops import bridge
+from ops.launch import bridge
 from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, col_tiles_override, fused, kernel_cases, make_inputs, unfused
 from ops.reference import layernorm_linear_ref
 from ops.tolerance import compare

@@ -1,1 +1,1 @@
-# The ops/ kernel library: ops registered here are called through ops/bridge.py.
+# The ops/ kernel library: ops registered here are called through ops/launch/bridge.py.

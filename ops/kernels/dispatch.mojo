@@ -2,7 +2,7 @@
 # elements. They exist to measure host dispatch cost (scripts/bench_dispatch.py):
 # the kernel is trivial so the call's host overhead is what gets timed.
 # dispatch_N returns a MAX-allocated output (the form CustomOpLibrary calls);
-# dispatch_N_dps writes into a caller-allocated buffer (the form ops/bridge.py calls).
+# dispatch_N_dps writes into a caller-allocated buffer (the form ops/launch/bridge.py calls).
 #
 # GPU mapping: a 1-D grid, one thread per element.
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-LIBRARY = Path(__file__).resolve().parent / "kernels"
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "ops" / "kernels"
 
 @dataclass(frozen=True)
 class Out:

@@ -1,13 +1,13 @@
 """The direct launcher: our Mojo kernels, compiled ahead to PTX, launched on torch's current CUDA stream.
 
-The MAX graph route (``ops/bridge.py``) costs 40-150 us of host time per call; a driver launch costs a few.
+The MAX graph route (``ops/launch/bridge.py``) costs 40-150 us of host time per call; a driver launch costs a few.
 This module:
 
 * compiles each kernel instantiation (a Mojo function with every compile-time parameter bound, a
   ``KernelSpec``) to PTX for the GPU's architecture with ``std.compile.compile_info`` in one
   ``mojo run`` per batch, into a cache keyed by the kernel package's content digest, the Mojo version and
   the target (an edited kernel is never stale); built lazily on first use with a progress line, or up front
-  by ``poe build-kernels`` (``python -m ops.direct``), on any machine, GPU or not;
+  by ``poe build-kernels`` (``python -m ops.launch.direct``), on any machine, GPU or not;
 * loads it with NVIDIA's ``cuda-core`` (``ObjectCode.from_ptx``) once per device;
 * launches it with ``cuda-bindings``' ``cuLaunchKernel`` on ``torch.cuda.current_stream()`` (so it is
   ordered with torch's work and captured by ``torch.cuda.graph``), its arguments packed into one reused
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ops.bridge import LIBRARY, MojoCompileError, _cache_dir, package_digest
+from ops.launch.bridge import LIBRARY, MojoCompileError, _cache_dir, package_digest
 
 # CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
 TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
@@ -309,10 +309,10 @@ class on_device:
 
 
 # --------------------------------------------------------------------------
-# The C++ host side (ops/csrc/direct.cpp): the eager calls' allocation, launch and autograd node in C++.
+# The C++ host side (ops/launch/direct.cpp): the eager calls' allocation, launch and autograd node in C++.
 # --------------------------------------------------------------------------
 
-NATIVE_SOURCE = Path(__file__).resolve().parent / "csrc" / "direct.cpp"
+NATIVE_SOURCE = Path(__file__).resolve().parent / "direct.cpp"
 
 
 class NativeBuildError(RuntimeError):
@@ -398,7 +398,7 @@ def load_native() -> NativeOps:
             return NATIVE
         ops = torch.ops.mojo_direct
         NATIVE.ops = ops
-        from ops import bridge
+        from ops.launch import bridge
 
         ops.set_poison(bool(bridge.poison_outputs))
         # the overloads' own callables: no OpOverload.__call__ frame per call

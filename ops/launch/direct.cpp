@@ -1,4 +1,4 @@
-// The direct launcher's host side in C++ (ops/direct.py builds and loads it): LayerNorm (+GELU) and the
+// The direct launcher's host side in C++ (ops/launch/direct.py builds and loads it): LayerNorm (+GELU) and the
 // unfused LayerNorm+Linear as torch operators with C++ autograd, and the fused and Hopper LayerNorm+Linear
 // forwards (no gradient), so that an eager call costs what a torch op costs (allocation, launch and the
 // backward's autograd node in C++, no Python per call).
@@ -188,7 +188,7 @@ struct FusedPlan {
 
 constexpr int64_t KIND_FUSED16 = 1, KIND_FUSED32 = 2, KIND_SM90 = 3;
 
-// Python keeps a record of what it handed over and clears both together (ops/direct.py: NativePlans).
+// Python keeps a record of what it handed over and clears both together (ops/launch/direct.py: NativePlans).
 std::mutex plans_lock;
 std::unordered_map<Key, FwdPlan, KeyHash> fwd_plans;
 std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;
