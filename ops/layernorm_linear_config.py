@@ -22,17 +22,19 @@ MODULE, SM90_MODULE = "layernorm_linear", "layernorm_linear_sm90"
 VECTOR_BYTES = 16   # ALIGN: one vector load
 
 # ops/kernels/layernorm_linear.mojo
-SK_THREADS, SK_BM, SK_BN, SK_GROUP = 128, 64, 64, 8   # fused kernels: threads, rows and columns per block
-MMA_STAGES, MMA_BK = 3, 64                            # the 16-bit kernel's cp.async ring: steps, k per step
-MMA_SMEM_BYTES = MMA_STAGES * ((SK_BM + SK_BN) * (MMA_BK + 8) + MMA_BK) * 2
-FIN_ROWS, FIN_COLS = 4, 64                            # float32 finish kernel: rows x columns per block
+TILE_THREADS, TILE_ROWS, TILE_COLS = 128, 64, 64   # fused kernels: threads, rows and columns per block
+STAGE_THREADS_PER_ROW = 8                          # threads staging one row (16 bytes each)
+MMA_STAGES, MMA_STEP_K = 3, 64                     # the 16-bit kernel's cp.async ring: steps, k per step
+MMA_SMEM_BYTES = MMA_STAGES * ((TILE_ROWS + TILE_COLS) * (MMA_STEP_K + 8) + MMA_STEP_K) * 2
+FINISH_ROWS, FINISH_COLS = 4, 64                            # float32 finish kernel: rows x columns per block
 FOLD_THREADS = 256                                    # fold kernel: one block per output column
 
 # ops/kernels/layernorm_linear_sm90.mojo
 PREP_WARPS = 8                                        # prep kernel: one warp per output column
-WG_BM, WG_BN, WG_BK, WG_STAGES = 128, 256, 64, 3      # tile rows, columns, k per ring slot, ring slots
+WG_TILE_ROWS, WG_TILE_COLS, WG_SLOT_K, WG_STAGES = 128, 256, 64, 3   # tile rows, columns, k per slot, slots
 WG_THREADS, WG_ROWS, WG_BOX, WG_EXT_COLS = 384, 64, 64, 8
-WG_SMEM_BYTES = (WG_STAGES * (WG_BM * WG_BK * 2 + WG_BN * WG_BK * 2 + WG_BN * WG_EXT_COLS * 2)
+WG_SMEM_BYTES = (WG_STAGES * (WG_TILE_ROWS * WG_SLOT_K * 2 + WG_TILE_COLS * WG_SLOT_K * 2
+                              + WG_TILE_COLS * WG_EXT_COLS * 2)
                  + 2 * WG_ROWS * 256 * 2 + 2 * WG_STAGES * 8)
 
 # align_mask bits: k a whole number of vectors, then each tensor's address 16-byte aligned.
@@ -93,13 +95,13 @@ def fold_step(dtype: torch.dtype, n: int, mask: int) -> Step:
 
 def split_chunk(k: int, splits: int, dtype: torch.dtype) -> int:
     """``fwd_gpu``'s k chunk per split: whole steps of either fused kernel."""
-    step = max(SK_GROUP * vector_width(dtype), MMA_BK)
+    step = max(STAGE_THREADS_PER_ROW * vector_width(dtype), MMA_STEP_K)
     return cdiv(cdiv(k, splits), step) * step
 
 
 def output_tiles(rows: int, n: int) -> int:
-    """How many SK_BM x SK_BN output tiles the fused kernels' grid covers."""
-    return cdiv(rows, SK_BM) * cdiv(n, SK_BN)
+    """How many TILE_ROWS x TILE_COLS output tiles the fused kernels' grid covers."""
+    return cdiv(rows, TILE_ROWS) * cdiv(n, TILE_COLS)
 
 
 def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
@@ -109,7 +111,7 @@ def scratch_sizes(rows: int, n: int, dtype: torch.dtype) -> dict[str, int]:
     if dtype == torch.float32:
         return {"part_acc": rows * n, "part_rows": 2 * rows}
     tiles = output_tiles(rows, n)
-    return {"part_acc": tiles * SK_BM * SK_BN, "part_rows": 2 * SK_BM * tiles}
+    return {"part_acc": tiles * TILE_ROWS * TILE_COLS, "part_rows": 2 * TILE_ROWS * tiles}
 
 
 def fused_plan(rows: int, k: int, n: int, dtype: torch.dtype, mask: int, splits: int) -> FusedPlan:
@@ -118,17 +120,17 @@ def fused_plan(rows: int, k: int, n: int, dtype: torch.dtype, mask: int, splits:
     chunk = split_chunk(k, splits, dtype)
     scratch = scratch_sizes(rows, n, dtype)
     vec_ok = has(mask, MMA_VEC_BITS)
-    grid = (cdiv(rows, SK_BM), cdiv(n, SK_BN), splits)
+    grid = (cdiv(rows, TILE_ROWS), cdiv(n, TILE_COLS), splits)
     if dtype == torch.float32:
         steps = (fold_step(dtype, n, mask),
-                 Step(KernelSpec(MODULE, "layernorm_linear_fwd_splitk", (dtype,), "ppppppiiiii"), grid, SK_THREADS),
+                 Step(KernelSpec(MODULE, "layernorm_linear_fwd_splitk", (dtype,), "ppppppiiiii"), grid, TILE_THREADS),
                  Step(KernelSpec(MODULE, "layernorm_linear_fwd_splitk_finish", (dtype,), "ppppppiiiif"),
-                      (cdiv(rows, FIN_ROWS), cdiv(n, FIN_COLS), 1), FIN_ROWS * FIN_COLS))
+                      (cdiv(rows, FINISH_ROWS), cdiv(n, FINISH_COLS), 1), FINISH_ROWS * FINISH_COLS))
         kind = KIND_FUSED32
     else:
         steps = (fold_step(dtype, n, mask),
                  Step(KernelSpec(MODULE, "layernorm_linear_fwd_mma", (dtype, vec_ok), "ppppppppppiiiif"), grid,
-                      SK_THREADS, MMA_SMEM_BYTES))
+                      TILE_THREADS, MMA_SMEM_BYTES))
         kind = KIND_FUSED16
     return FusedPlan(kind, steps, (splits, chunk, scratch["part_acc"], scratch["part_rows"], int(vec_ok)))
 
@@ -138,13 +140,13 @@ def sm90_plan(rows: int, k: int, n: int, dtype: torch.dtype, mask: int, sms: int
     persistent wgmma kernel over ceil(tiles / SMs) tiles per block. sizes: the TMA boxes (x, wg, y, ext; rows
     then columns), ext's columns and the tensor map data type."""
     vec = vector_width(dtype) if has(mask, FOLD_VEC_BITS) else 1
-    items = cdiv(rows, WG_BM) * cdiv(n, WG_BN)
+    items = cdiv(rows, WG_TILE_ROWS) * cdiv(n, WG_TILE_COLS)
     per = cdiv(items, sms)
     steps = (Step(KernelSpec(SM90_MODULE, "layernorm_linear_wgmma_prep", (dtype, vec), "ppppppii"),
                   (cdiv(n, PREP_WARPS), 1, 1), PREP_WARPS * 32),
              Step(KernelSpec(SM90_MODULE, "layernorm_linear_fwd_wgmma", (dtype,), "ttttppiiif"),
                   (cdiv(items, per), 1, 1), WG_THREADS, WG_SMEM_BYTES))
-    boxes = (WG_BM, WG_BK, WG_BN, WG_BK, WG_ROWS, WG_BOX, WG_BN // 8, 8 * WG_EXT_COLS)
+    boxes = (WG_TILE_ROWS, WG_SLOT_K, WG_TILE_COLS, WG_SLOT_K, WG_ROWS, WG_BOX, WG_TILE_COLS // 8, 8 * WG_EXT_COLS)
     return FusedPlan(KIND_SM90, steps, (*boxes, WG_EXT_COLS, TMA_BF16 if dtype == torch.bfloat16 else TMA_F16))
 
 
@@ -169,7 +171,7 @@ FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill 
 # per weight version; the sweep is due a rerun with the per-call fold): the tensor-core kernel
 # beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
 FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
-FUSED_BM, FUSED_BN = SK_BM, SK_BN  # rows and columns per block of the fused kernel
+FUSED_TILE_ROWS, FUSED_TILE_COLS = TILE_ROWS, TILE_COLS  # rows and columns per block of the fused kernel
 # k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
 # fp32 best near 256-1024 blocks, at 4b7006f the bf16 one; each split adds a [rows, n] fp32 partial.
 SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
@@ -189,7 +191,7 @@ SM90_MIN_N, SM90_MAX_N = 768, 3072
 # (results/bench_layernorm_linear_sm90.md and bench_layernorm_linear.md at 8aa98c9: 16384 x 1024 -> 3072,
 # runs of 12, 183.4 against 176.5 us; 16384 x 4096 -> 3072 694.4 against 620.5; version 5 had won both);
 # shorter runs, or x within that, won at every region shape of the sweep.
-SM90_TILE = (WG_BM, WG_BN)   # the Hopper kernel's output tile
+SM90_TILE = (WG_TILE_ROWS, WG_TILE_COLS)   # the Hopper kernel's output tile
 SM90_SHORT_RUN = 4
 SM90_RUN_MAX_X = 16384 * 768
 

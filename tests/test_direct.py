@@ -61,10 +61,10 @@ def test_every_default_kernel_has_a_spec() -> None:
 
 
 # The constants ops/layernorm_linear_config.py mirrors, as the kernel sources define them.
-MIRRORED = {"layernorm_linear": ("SK_THREADS", "SK_BM", "SK_BN", "SK_GROUP", "MMA_STAGES", "MMA_BK", "MMA_SMEM_BYTES",
-                                 "FIN_ROWS", "FIN_COLS", "FOLD_THREADS"),
-            "layernorm_linear_sm90": ("PREP_WARPS", "WG_BM", "WG_BN", "WG_BK", "WG_STAGES", "WG_THREADS", "WG_ROWS",
-                                      "WG_BOX", "WG_EXT_COLS", "WG_SMEM_BYTES")}
+MIRRORED = {"layernorm_linear": ("TILE_THREADS", "TILE_ROWS", "TILE_COLS", "STAGE_THREADS_PER_ROW", "MMA_STAGES",
+                                 "MMA_STEP_K", "MMA_SMEM_BYTES", "FINISH_ROWS", "FINISH_COLS", "FOLD_THREADS"),
+            "layernorm_linear_sm90": ("PREP_WARPS", "WG_TILE_ROWS", "WG_TILE_COLS", "WG_SLOT_K", "WG_STAGES",
+                                      "WG_THREADS", "WG_ROWS", "WG_BOX", "WG_EXT_COLS", "WG_SMEM_BYTES")}
 
 
 def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:

@@ -244,7 +244,7 @@ def test_fused_splits_rules() -> None:
         assert 1 < LL.fused_splits(4096, 4096, 64, dev) <= min(LL.SPLIT_MAX, 4096 // LL.SPLIT_MIN_K)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for rows in (2048, 4096, 16384):  # fp16/bf16: at most SPLIT_BLOCKS_PER_SM_16 blocks per SM
-            tiles = rows // LL.FUSED_BM
+            tiles = rows // LL.FUSED_TILE_ROWS
             sp = LL.fused_splits(rows, 4096, 64, dev, torch.bfloat16)
             assert sp == max(1, min(LL.SPLIT_BLOCKS_PER_SM_16 * sms // tiles, LL.SPLIT_MAX)), (rows, sp)
 

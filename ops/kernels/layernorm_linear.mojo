@@ -31,31 +31,31 @@ from max.gpu import MAX_THREADS_PER_BLOCK_METADATA
 from .layernorm import (ALIGN, F32, Ptr, aligned, group_sum, load_f32, normalized, row_stats_cpu, shifted_stats,
                         vector_width)
 
-comptime SK_THREADS = 128
-comptime SK_BM = 64          # rows per block: 4 warps x 16 mma rows
-comptime SK_BN = 64          # columns per block: 8 mma tiles of 8
-comptime SK_GROUP = 8        # threads staging one row: 8 x 16 bytes per step
-comptime SK_ROWS_PER_PASS = SK_THREADS // SK_GROUP
-comptime SK_PASSES = SK_BM // SK_ROWS_PER_PASS   # rows each thread stages per step
-comptime SK_ACC = SK_BM * SK_BN // SK_THREADS    # outputs per thread
+comptime TILE_THREADS = 128
+comptime TILE_ROWS = 64          # rows per block: 4 warps x 16 mma rows
+comptime TILE_COLS = 64          # columns per block: 8 mma tiles of 8
+comptime STAGE_THREADS_PER_ROW = 8        # threads staging one row: 8 x 16 bytes per step
+comptime STAGE_ROWS_PER_PASS = TILE_THREADS // STAGE_THREADS_PER_ROW
+comptime STAGE_PASSES = TILE_ROWS // STAGE_ROWS_PER_PASS   # rows each thread stages per step
+comptime OUTPUTS_PER_THREAD = TILE_ROWS * TILE_COLS // TILE_THREADS    # outputs per thread
 comptime MMA_M = 16
 comptime MMA_N = 8
 comptime MMA_K = 16
-comptime SIMT_TY = SK_THREADS // SK_GROUP        # fp32 patch: thread rows ty + 16 i, columns tx + 8 j
-comptime SIMT_ROWS = SK_BM // SIMT_TY
-comptime SIMT_COLS = SK_BN // SK_GROUP
+comptime SIMT_TY = TILE_THREADS // STAGE_THREADS_PER_ROW        # fp32 patch: thread rows ty + 16 i, columns tx + 8 j
+comptime SIMT_ROWS = TILE_ROWS // SIMT_TY
+comptime SIMT_COLS = TILE_COLS // STAGE_THREADS_PER_ROW
 comptime SIMT_PAD = 1         # fp32 shared rows of 32 + 1: the SIMT loop's column reads are conflict-free
 comptime SHIFT_SAMPLE = 8    # elements averaged into a row's shift
-comptime FIN_COLS = 64       # finish kernel: 4 rows x 64 columns per block
-comptime FIN_ROWS = 4
+comptime FINISH_COLS = 64       # finish kernel: 4 rows x 64 columns per block
+comptime FINISH_ROWS = 4
 # The 16-bit kernel's own finish, fp32 slots in its (then idle) shared memory: per row of the
 # tile its sums (then m1 and rstd) and shift, per column G and B, and the "last block" flag.
-comptime FIN_S1 = 0
-comptime FIN_S2 = FIN_S1 + SK_BM
-comptime FIN_G = FIN_S2 + SK_BM
-comptime FIN_B = FIN_G + SK_BN
-comptime FIN_SHIFT = FIN_B + SK_BN
-comptime FIN_FLAG = FIN_SHIFT + SK_BM
+comptime FINISH_AT_SUM1 = 0
+comptime FINISH_AT_SUM2 = FINISH_AT_SUM1 + TILE_ROWS
+comptime FINISH_AT_FOLD_G = FINISH_AT_SUM2 + TILE_ROWS
+comptime FINISH_AT_FOLD_B = FINISH_AT_FOLD_G + TILE_COLS
+comptime FINISH_AT_SHIFT = FINISH_AT_FOLD_B + TILE_COLS
+comptime FINISH_AT_FLAG = FINISH_AT_SHIFT + TILE_ROWS
 
 
 @always_inline
@@ -144,7 +144,7 @@ def stage_store[dtype: DType, VEC: Int, STRIDE: Int](
 
 @always_inline
 def simt_step[dtype: DType, STRIDE: Int](
-    mut acc: SIMD[F32, SK_ACC],
+    mut acc: SIMD[F32, OUTPUTS_PER_THREAD],
     a_s: Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     b_s: Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     ty: Int, tx: Int, q: Int,
@@ -155,7 +155,7 @@ def simt_step[dtype: DType, STRIDE: Int](
     comptime for i in range(SIMT_ROWS):
         av[i] = a_s[unsafe_offset=(ty + SIMT_TY * i) * STRIDE + q].cast[F32]()
     comptime for j in range(SIMT_COLS):
-        bv[j] = b_s[unsafe_offset=(tx + SK_GROUP * j) * STRIDE + q].cast[F32]()
+        bv[j] = b_s[unsafe_offset=(tx + STAGE_THREADS_PER_ROW * j) * STRIDE + q].cast[F32]()
     comptime for i in range(SIMT_ROWS):
         var part = acc.slice[SIMT_COLS, offset=i * SIMT_COLS]() + av[i] * bv
         acc = acc.insert[offset=i * SIMT_COLS](part)
@@ -166,42 +166,42 @@ def layernorm_linear_fwd_splitk[dtype: DType](   # float32 only (fp16/bf16: laye
     w: Ptr[dtype], rows: Int32, k: Int32, n: Int32, chunk: Int32, vec_ok: Int32,
 ):
     comptime VEC = vector_width[dtype]()
-    comptime BK = SK_GROUP * VEC
+    comptime BK = STAGE_THREADS_PER_ROW * VEC
     comptime STRIDE = BK + SIMT_PAD
-    comptime W = SK_PASSES * VEC
-    var a_s = stack_allocation[SK_BM * STRIDE, dtype, address_space=AddressSpace.SHARED]()
-    var b_s = stack_allocation[SK_BN * STRIDE, dtype, address_space=AddressSpace.SHARED]()
+    comptime W = STAGE_PASSES * VEC
+    var a_s = stack_allocation[TILE_ROWS * STRIDE, dtype, address_space=AddressSpace.SHARED]()
+    var b_s = stack_allocation[TILE_COLS * STRIDE, dtype, address_space=AddressSpace.SHARED]()
     var mm = Int(rows)
     var kk = Int(k)
     var nn = Int(n)
     var tid = Int(thread_idx.x)
-    var lr = tid // SK_GROUP
-    var lc = (tid % SK_GROUP) * VEC
-    var row0 = Int(block_idx.x) * SK_BM
-    var col0 = Int(block_idx.y) * SK_BN
+    var lr = tid // STAGE_THREADS_PER_ROW
+    var lc = (tid % STAGE_THREADS_PER_ROW) * VEC
+    var row0 = Int(block_idx.x) * TILE_ROWS
+    var col0 = Int(block_idx.y) * TILE_COLS
     var z = Int(block_idx.z)
     var k_lo = z * Int(chunk)
     var k_hi = min(kk, k_lo + Int(chunk))
     var vok = vec_ok != 0
 
-    var shift = SIMD[F32, SK_PASSES](0.0)
-    comptime for p in range(SK_PASSES):
-        shift[p] = row_shift(x, min(row0 + lr + SK_ROWS_PER_PASS * p, mm - 1), kk)
-    var s1 = SIMD[F32, SK_PASSES](0.0)
-    var s2 = SIMD[F32, SK_PASSES](0.0)
-    var acc = SIMD[F32, SK_ACC](0.0)
+    var shift = SIMD[F32, STAGE_PASSES](0.0)
+    comptime for p in range(STAGE_PASSES):
+        shift[p] = row_shift(x, min(row0 + lr + STAGE_ROWS_PER_PASS * p, mm - 1), kk)
+    var s1 = SIMD[F32, STAGE_PASSES](0.0)
+    var s2 = SIMD[F32, STAGE_PASSES](0.0)
+    var acc = SIMD[F32, OUTPUTS_PER_THREAD](0.0)
     var xr = SIMD[dtype, W](0)
     var wr = SIMD[dtype, W](0)
-    comptime for p in range(SK_PASSES):
-        var r = lr + SK_ROWS_PER_PASS * p
+    comptime for p in range(STAGE_PASSES):
+        var r = lr + STAGE_ROWS_PER_PASS * p
         xr = xr.insert[offset=p * VEC](stage_load[dtype, VEC](x, row0 + r, mm, kk, k_lo + lc, k_hi, vok))
         wr = wr.insert[offset=p * VEC](stage_load[dtype, VEC](w, col0 + r, nn, kk, k_lo + lc, k_hi, vok))
 
     for k0 in range(k_lo, k_hi, BK):
         var kg = k0 + lc
         var gv = stage_load[dtype, VEC](gamma, 0, 1, 0, kg, k_hi, vok).cast[F32]()
-        comptime for p in range(SK_PASSES):
-            var r = lr + SK_ROWS_PER_PASS * p
+        comptime for p in range(STAGE_PASSES):
+            var r = lr + STAGE_ROWS_PER_PASS * p
             var d = xr.slice[VEC, offset=p * VEC]().cast[F32]() - shift[p]
             if kg + VEC > k_hi:   # the chunk's tail: padding must not reach the sums
                 comptime for e in range(VEC):
@@ -213,20 +213,20 @@ def layernorm_linear_fwd_splitk[dtype: DType](   # float32 only (fp16/bf16: laye
             stage_store[dtype, VEC, STRIDE](b_s, r, lc, wr.slice[VEC, offset=p * VEC]())
         barrier()
         if k0 + BK < k_hi:   # next step's loads fly while this one computes
-            comptime for p in range(SK_PASSES):
-                var r = lr + SK_ROWS_PER_PASS * p
+            comptime for p in range(STAGE_PASSES):
+                var r = lr + STAGE_ROWS_PER_PASS * p
                 xr = xr.insert[offset=p * VEC](stage_load[dtype, VEC](x, row0 + r, mm, kk, kg + BK, k_hi, vok))
                 wr = wr.insert[offset=p * VEC](stage_load[dtype, VEC](w, col0 + r, nn, kk, kg + BK, k_hi, vok))
         comptime for q in range(BK):
-            simt_step[dtype, STRIDE](acc, a_s, b_s, tid // SK_GROUP, tid % SK_GROUP, q)
+            simt_step[dtype, STRIDE](acc, a_s, b_s, tid // STAGE_THREADS_PER_ROW, tid % STAGE_THREADS_PER_ROW, q)
         barrier()
 
     write_partials(part_acc, acc, row0, col0, z, mm, nn, tid)
-    comptime for p in range(SK_PASSES):
-        var t1 = lanes_sum[SK_GROUP](s1[p])
-        var t2 = lanes_sum[SK_GROUP](s2[p])
-        var r = lr + SK_ROWS_PER_PASS * p
-        if tid % SK_GROUP == 0:
+    comptime for p in range(STAGE_PASSES):
+        var t1 = lanes_sum[STAGE_THREADS_PER_ROW](s1[p])
+        var t2 = lanes_sum[STAGE_THREADS_PER_ROW](s2[p])
+        var r = lr + STAGE_ROWS_PER_PASS * p
+        if tid % STAGE_THREADS_PER_ROW == 0:
             if block_idx.y == 0 and row0 + r < mm:
                 part_rows[unsafe_offset=2 * (z * mm + row0 + r)] = t1
                 part_rows[unsafe_offset=2 * (z * mm + row0 + r) + 1] = t2
@@ -236,11 +236,11 @@ def layernorm_linear_fwd_splitk[dtype: DType](   # float32 only (fp16/bf16: laye
 
 comptime SPtr[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED]
 comptime MMA_STAGES = 3                   # k steps in flight per block (the cp.async ring)
-comptime MMA_BK = 64                      # k elements per step: 128 bytes of each 16-bit row
-comptime MMA_STRIDE = MMA_BK + 8          # shared rows: 16-byte aligned, fragment loads conflict-free
-comptime MMA_CHUNKS = MMA_BK // 8         # 16-byte copies per row per step
-comptime MMA_TILE = (SK_BM + SK_BN) * MMA_STRIDE + MMA_BK   # one step: x rows, w rows, gamma
-comptime MMA_COPIES = (SK_BM + SK_BN) * MMA_CHUNKS // SK_THREADS  # row copies per thread per step
+comptime MMA_STEP_K = 64                      # k elements per step: 128 bytes of each 16-bit row
+comptime MMA_STRIDE = MMA_STEP_K + 8          # shared rows: 16-byte aligned, fragment loads conflict-free
+comptime MMA_CHUNKS = MMA_STEP_K // 8         # 16-byte copies per row per step
+comptime MMA_TILE = (TILE_ROWS + TILE_COLS) * MMA_STRIDE + MMA_STEP_K   # one step: x rows, w rows, gamma
+comptime MMA_COPIES = (TILE_ROWS + TILE_COLS) * MMA_CHUNKS // TILE_THREADS  # row copies per thread per step
 comptime MMA_SMEM_BYTES = MMA_STAGES * MMA_TILE * 2
 comptime MMA_MIN_BLOCKS = 4               # blocks per SM the register budget must allow
 
@@ -268,21 +268,21 @@ def issue_step[dtype: DType, VEC_OK: Bool](
 ):
     """Starts the copies of one k step into tile: 64 x rows, 64 w rows, then gamma."""
     comptime for i in range(MMA_COPIES):
-        var idx = tid + SK_THREADS * i
+        var idx = tid + TILE_THREADS * i
         var r = idx // MMA_CHUNKS
         var kc = (idx % MMA_CHUNKS) * 8
         var dst = tile.unsafe_offset(r * MMA_STRIDE + kc)
-        if r < SK_BM:
+        if r < TILE_ROWS:
             chunk_copy[dtype, VEC_OK](dst, x, row0 + r, mm, kk, k0 + kc, k_hi)
         else:
-            chunk_copy[dtype, VEC_OK](dst, w, col0 + r - SK_BM, nn, kk, k0 + kc, k_hi)
+            chunk_copy[dtype, VEC_OK](dst, w, col0 + r - TILE_ROWS, nn, kk, k0 + kc, k_hi)
     if tid < MMA_CHUNKS:
-        chunk_copy[dtype, VEC_OK](tile.unsafe_offset((SK_BM + SK_BN) * MMA_STRIDE + tid * 8), gamma, 0, 1, kk,
+        chunk_copy[dtype, VEC_OK](tile.unsafe_offset((TILE_ROWS + TILE_COLS) * MMA_STRIDE + tid * 8), gamma, 0, 1, kk,
                                   k0 + tid * 8, k_hi)
 
 
 @__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(SK_THREADS)),
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(TILE_THREADS)),
     `nvvm.minctasm`=SIMDLength(MMA_MIN_BLOCKS),
 )
 def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
@@ -294,7 +294,7 @@ def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
     var kk = Int(k)
     var nn = Int(n)
     var tid = Int(thread_idx.x)
-    var col0 = Int(block_idx.y) * SK_BN
+    var col0 = Int(block_idx.y) * TILE_COLS
     var z = Int(block_idx.z)
     var k_lo = z * Int(chunk)
     var k_hi = min(kk, k_lo + Int(chunk))
@@ -304,13 +304,13 @@ def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
     var wrow = wid * MMA_M
     var g = lane // 4
     var t = lane % 4
-    var row0 = Int(block_idx.x) * SK_BM
-    var steps = ceildiv(max(k_hi - k_lo, 0), MMA_BK)
+    var row0 = Int(block_idx.x) * TILE_ROWS
+    var steps = ceildiv(max(k_hi - k_lo, 0), MMA_STEP_K)
 
     comptime for s in range(MMA_STAGES - 1):
         if s < steps:
             issue_step[dtype, VEC_OK](smem.unsafe_offset(s * MMA_TILE), x, gamma, w, row0, col0, mm, nn, kk,
-                                      k_lo + s * MMA_BK, k_hi, tid)
+                                      k_lo + s * MMA_STEP_K, k_hi, tid)
         async_copy_commit_group()   # empty groups keep the count uniform: step s is group s
     var r_top = row0 + wrow + g     # the thread's fragment rows: r_top, r_top + 8
     # ldmatrix x4 row addresses: lanes 8q.. 8q + 7 give matrix q's rows. A: q = 0..3 are rows 0-7 / 8-15
@@ -324,7 +324,7 @@ def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
     var s1 = SIMD[F32, 4](0.0)    # d @ ones: every column holds the row sums
     var s2a = SIMD[F32, 4](0.0)   # d @ d[0:8]^T: the diagonal holds rows 0-7's sums of squares
     var s2b = SIMD[F32, 4](0.0)   # d @ d[8:16]^T: rows 8-15
-    var acc = SIMD[F32, SK_ACC](0.0)
+    var acc = SIMD[F32, OUTPUTS_PER_THREAD](0.0)
     var slot = 0                         # step s's ring slot (s % MMA_STAGES without a division)
     var fill = MMA_STAGES - 1            # the slot step s + MMA_STAGES - 1 goes to
     for s in range(steps):
@@ -332,20 +332,20 @@ def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
         barrier()   # ... everyone's have, and everyone is done with the slot refilled next
         if s + MMA_STAGES - 1 < steps:
             issue_step[dtype, VEC_OK](smem.unsafe_offset(fill * MMA_TILE), x, gamma, w, row0, col0, mm, nn,
-                                      kk, k_lo + (s + MMA_STAGES - 1) * MMA_BK, k_hi, tid)
+                                      kk, k_lo + (s + MMA_STAGES - 1) * MMA_STEP_K, k_hi, tid)
         async_copy_commit_group()
         var a_s = smem.unsafe_offset(slot * MMA_TILE)
-        var b_s = a_s.unsafe_offset(SK_BM * MMA_STRIDE)
-        var g_s = b_s.unsafe_offset(SK_BN * MMA_STRIDE)
+        var b_s = a_s.unsafe_offset(TILE_ROWS * MMA_STRIDE)
+        var g_s = b_s.unsafe_offset(TILE_COLS * MMA_STRIDE)
         slot = 0 if slot == MMA_STAGES - 1 else slot + 1
         fill = 0 if fill == MMA_STAGES - 1 else fill + 1
-        var tail = k_lo + (s + 1) * MMA_BK > k_hi   # the chunk's last step may hold zero-filled columns
-        comptime for kq in range(0, MMA_BK, MMA_K):
+        var tail = k_lo + (s + 1) * MMA_STEP_K > k_hi   # the chunk's last step may hold zero-filled columns
+        comptime for kq in range(0, MMA_STEP_K, MMA_K):
             var c = kq + 2 * t
             var af = ld_matrix[simd_width=8](a_s.unsafe_offset(a_lm + kq))
             var a = af - shv
             if tail:   # zero-filled columns must not reach the sums
-                var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(k_lo + s * MMA_BK + c)
+                var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(k_lo + s * MMA_STEP_K + c)
                 a = cols.lt(SIMD[DType.int32, 8](Int32(k_hi))).select(a, SIMD[dtype, 8](0))
             var gm = g_s.unsafe_load[width=2, alignment=4](c).join(g_s.unsafe_load[width=2, alignment=4](c + 8))
             var t4 = SIMD[F32, 4](0.0)
@@ -355,7 +355,7 @@ def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
             s2a = t4
             mma(t4, a, a.slice[2, offset=2]().join(a.slice[2, offset=6]()), s2b)
             s2b = t4
-            comptime for np in range(SK_BN // (2 * MMA_N)):
+            comptime for np in range(TILE_COLS // (2 * MMA_N)):
                 var bq = ld_matrix[simd_width=8](b_s.unsafe_offset(b_lm + np * 2 * MMA_N * MMA_STRIDE + kq))
                 comptime for h in range(2):
                     comptime nt = 2 * np + h
@@ -368,27 +368,27 @@ def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
     var odd = g % 2 == 1
     var q2 = SIMD[F32, 2](warp.shuffle_idx(s2a[1] if odd else s2a[0], src),
                           warp.shuffle_idx(s2b[3] if odd else s2b[2], src))
-    barrier()   # the ring's memory is free: it now holds the tile's reductions (FIN_* offsets)
+    barrier()   # the ring's memory is free: it now holds the tile's reductions (FINISH_AT_* offsets)
     var red = smem.unsafe_bitcast[Float32]()
     if t == 0:
-        red[unsafe_offset=FIN_SHIFT + wrow + g] = sh0
-        red[unsafe_offset=FIN_SHIFT + wrow + g + 8] = sh1
+        red[unsafe_offset=FINISH_AT_SHIFT + wrow + g] = sh0
+        red[unsafe_offset=FINISH_AT_SHIFT + wrow + g + 8] = sh1
     var splits = Int(grid_dim.z)
     if splits == 1:   # the block holds the whole sums: straight to the finish
         if t == 0:
             comptime for h in range(2):
-                red[unsafe_offset=FIN_S1 + wrow + g + 8 * h] = s1[2 * h]
-                red[unsafe_offset=FIN_S2 + wrow + g + 8 * h] = q2[h]
+                red[unsafe_offset=FINISH_AT_SUM1 + wrow + g + 8 * h] = s1[2 * h]
+                red[unsafe_offset=FINISH_AT_SUM2 + wrow + g + 8 * h] = q2[h]
     else:
         var tile = Int(block_idx.x) * Int(grid_dim.y) + Int(block_idx.y)
         var tiles = Int(grid_dim.x) * Int(grid_dim.y)
         var slab = z * tiles + tile   # this block's slot in the [splits, tiles, ...] scratch
-        comptime for nt in range(SK_BN // MMA_N):   # fragment order: a warp's store is one 512-byte run
-            part_acc.unsafe_store[alignment=16]((slab * 8 + nt) * 4 * SK_THREADS + 4 * tid,
+        comptime for nt in range(TILE_COLS // MMA_N):   # fragment order: a warp's store is one 512-byte run
+            part_acc.unsafe_store[alignment=16]((slab * 8 + nt) * 4 * TILE_THREADS + 4 * tid,
                                                 acc.slice[4, offset=4 * nt]())
         if t == 0:
             comptime for h in range(2):
-                part_rows.unsafe_store[alignment=8](slab * 2 * SK_BM + 2 * (wrow + g + 8 * h),
+                part_rows.unsafe_store[alignment=8](slab * 2 * TILE_ROWS + 2 * (wrow + g + 8 * h),
                                                     SIMD[F32, 2](s1[2 * h], q2[h]))
         # The last of the tile's blocks to get here sums every split (threadFenceReduction's pattern).
         threadfence()
@@ -398,62 +398,62 @@ def layernorm_linear_fwd_mma[dtype: DType, VEC_OK: Bool](
                 counters.unsafe_offset(tile), Int32(1)) == Int32(splits - 1)
             if last:
                 counters[unsafe_offset=tile] = 0   # ready for the next call
-            red[unsafe_offset=FIN_FLAG] = 1.0 if last else 0.0
+            red[unsafe_offset=FINISH_AT_FLAG] = 1.0 if last else 0.0
         barrier()
-        if red[unsafe_offset=FIN_FLAG] == 0.0:
+        if red[unsafe_offset=FINISH_AT_FLAG] == 0.0:
             return
         threadfence()
         # Every split in the fixed order 0, 1, ..: bitwise the same whichever block finishes.
         var rs = SIMD[F32, 2](0.0)   # thread tid < 64: (s1, s2) of row tid
-        acc = SIMD[F32, SK_ACC](0.0)
+        acc = SIMD[F32, OUTPUTS_PER_THREAD](0.0)
         for zz in range(splits):
             var sl = zz * tiles + tile
-            comptime for nt in range(SK_BN // MMA_N):
+            comptime for nt in range(TILE_COLS // MMA_N):
                 acc = acc.insert[offset=4 * nt](acc.slice[4, offset=4 * nt]() + part_acc.unsafe_load[
-                    width=4, alignment=16]((sl * 8 + nt) * 4 * SK_THREADS + 4 * tid))
-            if tid < SK_BM:
-                rs += part_rows.unsafe_load[width=2, alignment=8](sl * 2 * SK_BM + 2 * tid)
-        if tid < SK_BM:
-            red[unsafe_offset=FIN_S1 + tid] = rs[0]
-            red[unsafe_offset=FIN_S2 + tid] = rs[1]
-    # G, then B + bias (FIN_B = FIN_G + 64): the tile's 64 columns of fold [2, n]
-    var fc = col0 + tid % SK_BN
-    red[unsafe_offset=FIN_G + tid] = fold[unsafe_offset=(tid // SK_BN) * nn + fc] if fc < nn else 0.0
+                    width=4, alignment=16]((sl * 8 + nt) * 4 * TILE_THREADS + 4 * tid))
+            if tid < TILE_ROWS:
+                rs += part_rows.unsafe_load[width=2, alignment=8](sl * 2 * TILE_ROWS + 2 * tid)
+        if tid < TILE_ROWS:
+            red[unsafe_offset=FINISH_AT_SUM1 + tid] = rs[0]
+            red[unsafe_offset=FINISH_AT_SUM2 + tid] = rs[1]
+    # G, then B + bias (FINISH_AT_FOLD_B = FINISH_AT_FOLD_G + 64): the tile's 64 columns of fold [2, n]
+    var fc = col0 + tid % TILE_COLS
+    red[unsafe_offset=FINISH_AT_FOLD_G + tid] = fold[unsafe_offset=(tid // TILE_COLS) * nn + fc] if fc < nn else 0.0
     barrier()
-    if tid < SK_BM:   # row statistics; mean and rstd out once per row (column-tile 0)
-        var m1, rstd = shifted_stats(red[unsafe_offset=FIN_S1 + tid], red[unsafe_offset=FIN_S2 + tid], 0.0, kk, eps)
-        red[unsafe_offset=FIN_S1 + tid] = m1
-        red[unsafe_offset=FIN_S2 + tid] = rstd
+    if tid < TILE_ROWS:   # row statistics; mean and rstd out once per row (column-tile 0)
+        var m1, rstd = shifted_stats(red[unsafe_offset=FINISH_AT_SUM1 + tid], red[unsafe_offset=FINISH_AT_SUM2 + tid], 0.0, kk, eps)
+        red[unsafe_offset=FINISH_AT_SUM1 + tid] = m1
+        red[unsafe_offset=FINISH_AT_SUM2 + tid] = rstd
         if block_idx.y == 0 and row0 + tid < mm:
             # mean - shift is m1 = s1 / k itself, never (shift + m1) - shift: no rounding through the large mean.
-            mean_out[unsafe_offset=row0 + tid] = red[unsafe_offset=FIN_SHIFT + tid] + m1
+            mean_out[unsafe_offset=row0 + tid] = red[unsafe_offset=FINISH_AT_SHIFT + tid] + m1
             rstd_out[unsafe_offset=row0 + tid] = rstd
     barrier()
     comptime for h in range(2):
         var lr = wrow + g + 8 * h
         var r = row0 + lr
-        var m1 = red[unsafe_offset=FIN_S1 + lr]
-        var rstd = red[unsafe_offset=FIN_S2 + lr]
-        comptime for nt in range(SK_BN // MMA_N):
+        var m1 = red[unsafe_offset=FINISH_AT_SUM1 + lr]
+        var rstd = red[unsafe_offset=FINISH_AT_SUM2 + lr]
+        comptime for nt in range(TILE_COLS // MMA_N):
             comptime for e in range(2):
                 var cl = nt * MMA_N + 2 * t + e
                 if r < mm and col0 + cl < nn:
-                    var v = rstd * (acc[4 * nt + 2 * h + e] - m1 * red[unsafe_offset=FIN_G + cl]) + red[
-                        unsafe_offset=FIN_B + cl]
+                    var v = rstd * (acc[4 * nt + 2 * h + e] - m1 * red[unsafe_offset=FINISH_AT_FOLD_G + cl]) + red[
+                        unsafe_offset=FINISH_AT_FOLD_B + cl]
                     y[unsafe_offset=r * nn + col0 + cl] = v.cast[dtype]()
 
 
 @always_inline
-def write_partials(part_acc: Ptr[F32], acc: SIMD[F32, SK_ACC], row0: Int, col0: Int, z: Int, mm: Int, nn: Int,
+def write_partials(part_acc: Ptr[F32], acc: SIMD[F32, OUTPUTS_PER_THREAD], row0: Int, col0: Int, z: Int, mm: Int, nn: Int,
                    tid: Int):
     """The fp32 block's products (thread patch: rows ty + 16 i, columns tx + 8 j) to part_acc[z, row0.., col0..]."""
     var base = z * mm * nn
-    var ty = tid // SK_GROUP
-    var tx = tid % SK_GROUP
+    var ty = tid // STAGE_THREADS_PER_ROW
+    var tx = tid % STAGE_THREADS_PER_ROW
     comptime for i in range(SIMT_ROWS):
         var r = row0 + ty + SIMT_TY * i
         comptime for j in range(SIMT_COLS):
-            var c = col0 + tx + SK_GROUP * j
+            var c = col0 + tx + STAGE_THREADS_PER_ROW * j
             if r < mm and c < nn:
                 part_acc[unsafe_offset=base + r * nn + c] = acc[i * SIMT_COLS + j]
 
@@ -468,8 +468,8 @@ def layernorm_linear_fwd_splitk_finish[dtype: DType](
     var kk = Int(k)
     var sp = Int(splits)
     var tid = Int(thread_idx.x)
-    var r = Int(block_idx.x) * FIN_ROWS + tid // FIN_COLS
-    var c = Int(block_idx.y) * FIN_COLS + tid % FIN_COLS
+    var r = Int(block_idx.x) * FINISH_ROWS + tid // FINISH_COLS
+    var c = Int(block_idx.y) * FINISH_COLS + tid % FINISH_COLS
     if r >= mm:
         return
     var s1: Float32 = 0.0
@@ -501,8 +501,8 @@ def launch_mma[dtype: DType, VEC_OK: Bool](
     comptime kernel = layernorm_linear_fwd_mma[dtype, VEC_OK]
     ctx.enqueue_function[kernel](y, mean, rstd, fold, part_acc, part_rows, counters, x, gamma, w,
                                  Int32(rows), Int32(k), Int32(n), Int32(chunk), eps,
-                                 grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
-                                 block_dim=SK_THREADS, shared_mem_bytes=MMA_SMEM_BYTES,
+                                 grid_dim=(ceildiv(rows, TILE_ROWS), ceildiv(n, TILE_COLS), splits),
+                                 block_dim=TILE_THREADS, shared_mem_bytes=MMA_SMEM_BYTES,
                                  func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(MMA_SMEM_BYTES)))
 
 
@@ -512,23 +512,23 @@ def fwd_gpu[dtype: DType](
     rows: Int, k: Int, n: Int, splits: Int, eps: Float32,
 ) raises:
     comptime VEC = vector_width[dtype]()
-    comptime BK = SK_GROUP * VEC
+    comptime BK = STAGE_THREADS_PER_ROW * VEC
     # Chunks are whole steps, so every step but a chunk's last is full and
     # vector loads stay aligned; a split past the end of k writes zeros.
-    comptime STEP = max(BK, MMA_BK)   # powers of two: whole steps of either kernel
+    comptime STEP = max(BK, MMA_STEP_K)   # powers of two: whole steps of either kernel
     var chunk = ceildiv(ceildiv(k, splits), STEP) * STEP
     var vec_ok = k % VEC == 0 and aligned(Int(x), Int(w), Int(gamma))
     comptime if dtype == F32:
         comptime kernel = layernorm_linear_fwd_splitk[dtype]
         ctx.enqueue_function[kernel](part_acc, part_rows, mean, x, gamma, w, Int32(rows), Int32(k),
                                      Int32(n), Int32(chunk), Int32(1 if vec_ok else 0),
-                                     grid_dim=(ceildiv(rows, SK_BM), ceildiv(n, SK_BN), splits),
-                                     block_dim=SK_THREADS)
+                                     grid_dim=(ceildiv(rows, TILE_ROWS), ceildiv(n, TILE_COLS), splits),
+                                     block_dim=TILE_THREADS)
         comptime finish = layernorm_linear_fwd_splitk_finish[dtype]
         ctx.enqueue_function[finish](y, mean, rstd, fold, part_acc, part_rows, Int32(rows), Int32(k),
                                      Int32(n), Int32(splits), eps,
-                                     grid_dim=(ceildiv(rows, FIN_ROWS), ceildiv(n, FIN_COLS)),
-                                     block_dim=FIN_ROWS * FIN_COLS)
+                                     grid_dim=(ceildiv(rows, FINISH_ROWS), ceildiv(n, FINISH_COLS)),
+                                     block_dim=FINISH_ROWS * FINISH_COLS)
     else:
         if vec_ok:
             launch_mma[dtype, True](ctx, y, mean, rstd, x, gamma, w, fold, part_acc, part_rows, counters, rows, k,

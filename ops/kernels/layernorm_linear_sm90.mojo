@@ -1,7 +1,7 @@
 # layernorm_linear_fwd_sm90: the bf16 forward of layernorm_linear.mojo (same algorithm, same outputs y, mean,
 # rstd) on Hopper's TMA and warp-group MMA (wgmma).
 #   layernorm_linear_wgmma_prep (every call, a warp per column): wg = w * gamma in bf16, and the fold's "ext" rows.
-#   layernorm_linear_fwd_wgmma: a persistent grid of blocks of 384 threads, each taking a contiguous run of WG_BM x WG_BN
+#   layernorm_linear_fwd_wgmma: a persistent grid of blocks of 384 threads, each taking a contiguous run of WG_TILE_ROWS x WG_TILE_COLS
 #     output tiles. Warp group 0 (one thread) produces: TMA copies of x and wg slices into a ring of WG_STAGES
 #     slots, guarded by full/empty mbarriers. Warp groups 1 and 2 consume 64 rows each: ldmatrix the A
 #     fragment, subtract the row's shift, wgmma m64n256k16 (A from registers, B from shared memory); on a row
@@ -35,20 +35,20 @@ from std.utils.static_tuple import StaticTuple
 from .layernorm import F32, Ptr, load_f32, vector_width
 from .layernorm_linear import SHIFT_SAMPLE, fold_row, fold_vector_width, lanes_sum, snap_shift
 
-comptime WG_BM = 128                  # rows per tile: two consumer warp groups of 64
-comptime WG_BN = 256                  # columns per tile: one wgmma m64n256 per k slice
-comptime WG_BK = 64                   # k per ring slot: one 128-byte swizzled row of 16-bit values
+comptime WG_TILE_ROWS = 128                  # rows per tile: two consumer warp groups of 64
+comptime WG_TILE_COLS = 256                  # columns per tile: one wgmma m64n256 per k slice
+comptime WG_SLOT_K = 64                   # k per ring slot: one 128-byte swizzled row of 16-bit values
 comptime WG_MMA_K = 16
 comptime WG_STAGES = 3                # ring slots of 52 KiB
 comptime WG_OUT_COLS = 256             # columns staged per TMA store round (the staging buffer's width)
 comptime WG_THREADS = 384             # producer + two consumer warp groups
 comptime WG_GROUP = 128               # threads per warp group
-comptime WG_ROWS = WG_BM // 2         # rows per consumer
+comptime WG_ROWS = WG_TILE_ROWS // 2         # rows per consumer
 comptime WG_BOX = 64                  # TMA store box: 64 x 64 values (128-byte rows)
-comptime WG_A_BYTES = WG_BM * WG_BK * 2
-comptime WG_B_BYTES = WG_BN * WG_BK * 2
+comptime WG_A_BYTES = WG_TILE_ROWS * WG_SLOT_K * 2
+comptime WG_B_BYTES = WG_TILE_COLS * WG_SLOT_K * 2
 comptime WG_EXT_COLS = 8             # k values per column of the fold's MMA (ext: [n, 8] bf16)
-comptime WG_EXT_BYTES = WG_BN * WG_EXT_COLS * 2
+comptime WG_EXT_BYTES = WG_TILE_COLS * WG_EXT_COLS * 2
 comptime WG_LOAD = WG_A_BYTES + WG_B_BYTES      # bytes of a slot's x and wg tiles
 comptime WG_SLOT = WG_LOAD + WG_EXT_BYTES       # a slot: x, wg, and (one slot per tile) the fold's ext rows
 comptime WG_OUT = WG_STAGES * WG_SLOT           # staging: [2 consumers][boxes][64 rows][128 bytes]
@@ -69,7 +69,7 @@ def b_desc(addr: Int) -> Int64:
 
 @always_inline
 def ext_desc(addr: Int) -> Int64:
-    """wgmma descriptor of the ext rows [WG_BN, 8] (bf16, K-major, no swizzle) at shared address addr: core
+    """wgmma descriptor of the ext rows [WG_TILE_COLS, 8] (bf16, K-major, no swizzle) at shared address addr: core
     matrices of 8 columns x 16 bytes, 128 bytes apart (the stride offset); leading offset 0, so the k 8-15
     half reads the k 0-7 core matrices again, against the A fragment's zero second half. (The offsets the
     other way round gave wrong results in session 24's probe.)"""
@@ -147,7 +147,7 @@ def ring() -> Tuple[SPtr[UInt8], SPtr[Int64], SPtr[Int64]]:
 @always_inline
 def tile_origin(t: Int, tiles_n: Int) -> Tuple[Int, Int]:
     """(row0, col0) of tile t in row-major order."""
-    return ((t // tiles_n) * WG_BM, (t % tiles_n) * WG_BN)
+    return ((t // tiles_n) * WG_TILE_ROWS, (t % tiles_n) * WG_TILE_COLS)
 
 
 @always_inline
@@ -183,9 +183,9 @@ def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], e_map: Po
             mbarrier_arrive_expect_tx_shared(full.unsafe_offset(slot),
                                              Int32(WG_LOAD + (WG_EXT_BYTES if with_ext else 0)))
             var a_s = base.unsafe_offset(slot * WG_SLOT)
-            cp_async_bulk_tensor_shared_cluster_global(a_s, x_map, full.unsafe_offset(slot), Index(s * WG_BK, row0))
+            cp_async_bulk_tensor_shared_cluster_global(a_s, x_map, full.unsafe_offset(slot), Index(s * WG_SLOT_K, row0))
             cp_async_bulk_tensor_shared_cluster_global(a_s.unsafe_offset(WG_A_BYTES), w_map, full.unsafe_offset(slot),
-                                                       Index(s * WG_BK, col0))
+                                                       Index(s * WG_SLOT_K, col0))
             if with_ext:
                 cp_async_bulk_tensor_shared_cluster_global(a_s.unsafe_offset(WG_LOAD), e_map, full.unsafe_offset(slot),
                                                            Index(0, col0 // 8))
@@ -209,9 +209,9 @@ def layernorm_linear_fwd_wgmma[dtype: DType](
     var mm = Int(rows)
     var kk = Int(k)
     var nn = Int(n)
-    var tiles_n = ceildiv(nn, WG_BN)
-    var items = ceildiv(mm, WG_BM) * tiles_n
-    var steps = ceildiv(kk, WG_BK)
+    var tiles_n = ceildiv(nn, WG_TILE_COLS)
+    var items = ceildiv(mm, WG_TILE_ROWS) * tiles_n
+    var steps = ceildiv(kk, WG_SLOT_K)
     if tid == 0:
         for s in range(WG_STAGES):
             mbarrier_init(full.unsafe_offset(s), 1)
@@ -237,19 +237,19 @@ def k_step[dtype: DType, sums: Bool](
 ):
     """One ring slot's four k slices: shifted A fragments into the MMAs, and (sums) into the row sums."""
     var b_addr = Int(a_s) + WG_A_BYTES
-    var tail = (s + 1) * WG_BK > kk
-    comptime for kq in range(WG_BK // WG_MMA_K):
+    var tail = (s + 1) * WG_SLOT_K > kk
+    comptime for kq in range(WG_SLOT_K // WG_MMA_K):
         var a = ld_matrix[simd_width=8](
             a_s.unsafe_offset(swz(lm_row, 2 * kq + lm_chunk)).unsafe_bitcast[Scalar[dtype]]()) - shv
         comptime if sums:
             if tail:   # zero-filled columns past k must not reach the sums (wg's are zero: the MMA is exact)
-                var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(s * WG_BK + kq * WG_MMA_K + 2 * tq)
+                var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(s * WG_SLOT_K + kq * WG_MMA_K + 2 * tq)
                 a = cols.lt(SIMD[DType.int32, 8](Int32(kk))).select(a, SIMD[dtype, 8](0))
             var d = a.cast[F32]()
             s8 += d
             q8 = d.fma(d, q8)
         wgmma_fence_aligned()
-        acc = wgmma_async[64, WG_BN, WG_MMA_K, a_type=dtype, b_type=dtype](
+        acc = wgmma_async[64, WG_TILE_COLS, WG_MMA_K, a_type=dtype, b_type=dtype](
             a, WGMMADescriptor[dtype](b_desc(b_addr + kq * WG_MMA_K * 2)), acc)
 
 
@@ -282,7 +282,7 @@ def ext_frag[dtype: DType](m1: SIMD[F32, 2], sigma: SIMD[F32, 2], tq: Int) -> SI
 def fold_mma[dtype: DType](mut acc: SIMD[F32, 128], ef: SIMD[dtype, 8], a_s: SPtr[UInt8]):
     """acc += the fold (ext rows of slot a_s against A fragment ef); uncommitted."""
     wgmma_fence_aligned()
-    acc = wgmma_async[64, WG_BN, WG_MMA_K, a_type=dtype, b_type=dtype](
+    acc = wgmma_async[64, WG_TILE_COLS, WG_MMA_K, a_type=dtype, b_type=dtype](
         ef, WGMMADescriptor[dtype](ext_desc(Int(a_s) + WG_LOAD)), acc)
 
 
@@ -396,7 +396,7 @@ def epilogue[dtype: DType](
     var lr = wrow - cw * WG_ROWS + g
     var sb = opaque(lr * 128 + g * 16 + 4 * tq)
     comptime BOXES = WG_OUT_COLS // WG_BOX
-    comptime for part in range(WG_BN // WG_OUT_COLS):
+    comptime for part in range(WG_TILE_COLS // WG_OUT_COLS):
         if lt == 0:
             cp_async_bulk_wait_group[0, True]()   # the previous stores have read the buffer
         named_barrier[WG_GROUP](Int32(1 + cw))
@@ -459,15 +459,15 @@ def launch_wgmma[dtype: DType](
                                    block_dim=PREP_WARPS * WARP_SIZE)
     comptime SW = TensorMapSwizzle.SWIZZLE_128B
     var x_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, x, rows * k, owning=False),
-                                                    Index(rows, k), Index(k, 1), Index(WG_BM, WG_BK))
+                                                    Index(rows, k), Index(k, 1), Index(WG_TILE_ROWS, WG_SLOT_K))
     var w_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, wg, n * k, owning=False),
-                                                    Index(n, k), Index(k, 1), Index(WG_BN, WG_BK))
+                                                    Index(n, k), Index(k, 1), Index(WG_TILE_COLS, WG_SLOT_K))
     var y_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, y, rows * n, owning=False),
                                                     Index(rows, n), Index(n, 1), Index(WG_ROWS, WG_BOX))
     var e_map = create_tma_descriptor[dtype, 2, TensorMapSwizzle.SWIZZLE_NONE](
         DeviceBuffer[dtype](ctx, ext, n * WG_EXT_COLS, owning=False), Index(n // 8, 8 * WG_EXT_COLS),
-        Index(8 * WG_EXT_COLS, 1), Index(WG_BN // 8, 8 * WG_EXT_COLS))
-    var items = ceildiv(rows, WG_BM) * ceildiv(n, WG_BN)
+        Index(8 * WG_EXT_COLS, 1), Index(WG_TILE_COLS // 8, 8 * WG_EXT_COLS))
+    var items = ceildiv(rows, WG_TILE_ROWS) * ceildiv(n, WG_TILE_COLS)
     # ceil(items / SMs) tiles per block (tile_range), so the grid can be a few blocks short of the SMs
     var per = ceildiv(items, ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT))
     comptime kernel = layernorm_linear_fwd_wgmma[dtype]
