@@ -576,15 +576,12 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: 
 
 
 def autograd_algo(algo: str, tensors: tuple[object, ...]) -> str:
-    """The algo the autograd forward runs: ``auto`` on fp16/bf16 x (``tensors[0]``) takes ``unfused`` when a
-    gradient will be taken, since that path keeps xn for dW and the backward after ``fused`` or ``sm90``
-    must recompute it, which costs more than those save in the forward (H100, bf16, results at 95f7c88:
-    backward 1.053x torch at (4096, 768 -> 3072) after sm90 and 1.007x at (4096, 4096 -> 64) after fused,
-    against 0.988x and 0.812x with xn kept at 4e65f40). Without gradients auto picks as in inference."""
+    """The algo the autograd forward runs on x = ``tensors[0]``: ``config.training_algo`` where a gradient will
+    be taken, else ``algo`` (auto then picks as in inference)."""
     x = tensors[0]
-    if (algo == "auto" and isinstance(x, torch.Tensor) and x.dtype != torch.float32 and torch.is_grad_enabled()
+    if (isinstance(x, torch.Tensor) and torch.is_grad_enabled()
             and any(getattr(t, "requires_grad", False) for t in tensors)):
-        return "unfused"
+        return config.training_algo(algo, x.dtype)
     return algo
 
 

@@ -5,9 +5,9 @@ The MAX ops (``layernorm_linear_fwd``, ``layernorm_linear_fwd_sm90``) make the s
 code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the constants below mirror that code's ``comptime``
 values, and ``tests/test_direct.py`` checks them against the kernel sources (a CPU test) and checks both routes'
 outputs bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
-section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``), each citing its
-evidence; ``ops/layernorm_linear.py`` (``pick_algo``, ``fused_splits``) reads them. A new GPU's tuning is a new
-table there.
+section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``,
+``training_algo``), each citing its evidence; ``ops/layernorm_linear.py`` (``pick_algo``, ``fused_splits``,
+``autograd_algo``) reads them. A new GPU's tuning is a new table there.
 """
 
 from __future__ import annotations
@@ -226,3 +226,11 @@ def split_count(rows: int, k: int, n: int, sms: int, dtype: torch.dtype) -> int:
     else:
         want = SPLIT_BLOCKS_PER_SM_16 * sms // tiles
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
+
+
+def training_algo(algo: str, dtype: torch.dtype) -> str:
+    """The forward algo when a gradient will be taken: ``auto`` on fp16/bf16 takes ``unfused``, since that path
+    keeps xn for dW and the backward after ``fused`` or ``sm90`` must recompute it, which costs more than those
+    save in the forward (H100, bf16, results at 95f7c88: backward 1.053x torch at (4096, 768 -> 3072) after sm90
+    and 1.007x at (4096, 4096 -> 64) after fused, against 0.988x and 0.812x with xn kept at 4e65f40)."""
+    return "unfused" if algo == "auto" and dtype != torch.float32 else algo
