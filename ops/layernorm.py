@@ -1,14 +1,15 @@
-"""LayerNorm (optionally followed by GELU) over the last dim, forward and backward, from Mojo.
+"""LayerNorm (optionally followed by GELU) over the trailing dims, forward and backward, on our Mojo kernels.
 
-Shapes: x [..., H] with H >= 1; weight (gamma) and bias (beta) [H], the same
-dtype as x (float32, float16 or bfloat16); mean and rstd [...] float32.
-Kernels: ``ops/kernels/layernorm.mojo`` (registered ``layernorm_fwd`` and
-``layernorm_bwd``). Layers of API, lowest first:
+Shapes: x [..., H]; weight (gamma) and bias (beta) [H] in x's dtype (float32, float16 or bfloat16), or float32
+for 16-bit x; mean and rstd [...] float32. Kernels: ``ops/kernels/layernorm.mojo`` (registered
+``layernorm_fwd`` and ``layernorm_bwd``); launch choices and tuning: ``ops/layernorm_config.py``.
+Layers of API, lowest first:
 
-* ``layernorm_fwd`` / ``layernorm_bwd``: validated calls of the two ops;
-* ``torch.ops.mojo.layernorm_fwd`` / ``layernorm_bwd``: the same as
-  ``torch.library`` custom ops with fake implementations (torch.compile);
-* ``layernorm`` (``LayerNormFunction``): autograd;
+* ``layernorm_fwd`` / ``layernorm_bwd``: validated calls of the two ops, no autograd;
+* ``torch.ops.mojo.layernorm_fwd`` / ``layernorm_bwd``: the same as ``torch.library`` custom ops with fake
+  implementations (torch.compile);
+* ``layernorm`` (``LayerNormFunction``, and the C++ entry on CUDA): autograd over the last dim;
+* ``layer_norm``: ``F.layer_norm``'s signature (any ``normalized_shape``, optional weight and bias);
 * ``LayerNorm``: an ``nn.Module`` that loads an ``nn.LayerNorm`` state dict.
 """
 
