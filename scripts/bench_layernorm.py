@@ -11,7 +11,8 @@ device copy bandwidth, and the ratio to torch eager (and torch.compile); then
 the same call's kernel time by CUPTI (torch.profiler), its GB/s and its ratio
 to torch's kernel time. Events also count the launch gaps and the hop between
 torch's stream and MAX's queue (about 2-3 us a call); kernel time does not.
-Every result is checked against the float64 reference before it is timed.
+Every result is checked against the float64 reference before it is timed. Rows of kind "fwd-strided" time a
+strided x (a transposed view) beside a contiguous one and a copy of x: ours copies it once.
 Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm                       (needs a CUDA GPU)
@@ -154,6 +155,35 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
     return rows
 
 
+def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 50) -> list[dict]:
+    """Forward of a strided x (a transposed view, strides (1, M)) beside a contiguous one, torch and ours, and a
+    copy of x: ours copies a strided x once, so "ours:strided" should cost at most "ours" plus "copy" (issue 34).
+    Rows of kind "fwd-strided"; vs_torch is against torch on the contiguous x."""
+    def torch_fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+
+    def ours(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return L.layernorm(x, w, b)
+
+    rows = []
+    for m, h in shapes:
+        sets = input_sets(m, h, dtype)
+        strided = [(x.t().contiguous().t(), w, b) for x, w, b in sets]   # the same values, not contiguous
+        contenders = [("torch", torch_fn, sets), ("torch:strided", torch_fn, strided), ("ours", ours, sets),
+                      ("ours:strided", ours, strided),
+                      ("copy", lambda x, y: y.copy_(x), [(x, torch.empty_like(x)) for x, _, _ in sets])]
+        for name, fn, inputs in contenders:
+            if name != "copy":
+                checked(fn, *inputs[0], "none", name)
+        times = side_by_side(contenders, iters, kernels=True)
+        for name, *_ in contenders:
+            rows.append(row("fwd-strided", name, dtype, m, h, times[name], 2 * m * h * dtype.itemsize, copy,
+                            times["torch"]))
+        print(" | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows if (r["M"], r["H"]) == (m, h)), flush=True)
+        del sets, strided, contenders
+    return rows
+
+
 def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, activation: str = "none",
                    iters: int = 50) -> list[dict]:
     kind = "bwd" if activation == "none" else "bwd+gelu"
@@ -252,6 +282,7 @@ def main() -> int:
                               with_copy=False)  # the grid above timed the copy at these shapes
         rows += bench_forward(dtype, list(LONG_ROWS), ["vector", "fast"], copy, with_compile=False)
         rows += bench_backward(dtype, list(BWD_SHAPES), copy)
+        rows += bench_strided(dtype, list(PROGRESSION), copy)
         rows += bench_forward(dtype, list(GELU_SHAPES), ["fast"], copy, "gelu", with_compile=not args.no_compile)
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
     kept = ""
