@@ -18,6 +18,7 @@
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
 #   layernorm-linear-sm90  the Hopper kernel beside torch, the default and cuBLAS -> bench_layernorm_linear_sm90.{md,csv}
+#   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
@@ -81,6 +82,9 @@ for step in "${steps[@]}"; do
     layernorm-linear-sm90)
       run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90
       [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
+    transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
+      run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab
+      [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"
       python scripts/sanitize_workload.py > /dev/null  # compile outside the sanitizer first
