@@ -156,8 +156,7 @@ def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:
     """``remember`` hands each plan over once, and at PLANS_MAX clears Python's record and the C++ tables
     together (a plan Python believes handed over is never missing there)."""
     native = direct.load_native().ops
-    native.clear_plans()
-    direct._native_keys.clear()
+    direct.forget_plans()
     monkeypatch.setattr(direct, "PLANS_MAX", 2)
     calls = []
 
@@ -169,8 +168,7 @@ def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [1, 2] and native.plan_counts()[0] == 2
     direct.remember(("ln_fwd", 3), register(3))   # the third: both sides cleared, then 3 kept
     assert native.plan_counts()[0] == 1 and direct._native_keys == {("ln_fwd", 3)}
-    native.clear_plans()
-    direct._native_keys.clear()
+    direct.forget_plans()
 
 
 def test_native_library_follows_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -418,8 +416,8 @@ def test_gpu_compiled_inference_calls_the_cpp_op(dtype: torch.dtype, algo: str, 
     lnw, lnb = torch.randn(768, device="cuda", dtype=dtype), torch.randn(768, device="cuda", dtype=dtype)
     w = torch.randn(512, 768, device="cuda", dtype=dtype) / 28
     bias = torch.randn(512, device="cuda", dtype=dtype) if with_bias else None
-    direct.load_native().ops.clear_plans()
-    direct._native_keys.clear()
+    direct.load_native()
+    direct.forget_plans()
     torch._dynamo.reset()
     fn = torch.compile(lambda x: layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo), fullgraph=True)
     with torch.no_grad():

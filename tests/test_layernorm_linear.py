@@ -408,9 +408,7 @@ def _spy_algos(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The fused and Hopper forwards the Python entries run, in order: through the C++ entry (``_fused_direct``,
     its ``picked`` argument) or through MAX (``sm90_fwd``, ``fused_fwd``). The C++ entry's plans are cleared first,
     so that no shape an earlier test ran bypasses the spies."""
-    if direct.NATIVE.ops is not None:
-        direct.NATIVE.ops.clear_plans()
-        direct._native_keys.clear()
+    direct.forget_plans()
     ran: list[str] = []
     real_direct, real_sm90, real_fused = LL._fused_direct, LL.sm90_fwd, LL.fused_fwd
 

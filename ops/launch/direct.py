@@ -421,10 +421,17 @@ def remember(key: tuple, register: Callable[[object], None]) -> None:
     if NATIVE.ops is None or key in _native_keys:
         return
     if len(_native_keys) >= PLANS_MAX:
-        _native_keys.clear()
-        NATIVE.ops.clear_plans()
+        forget_plans()
     _native_keys.add(key)
     register(NATIVE.ops)
+
+
+def forget_plans() -> None:
+    """Clear the C++ plan tables and Python's record of what it handed over, together (they stay in step); the
+    next call of each shape takes the Python route and hands its plan over again."""
+    _native_keys.clear()
+    if NATIVE.ops is not None:
+        NATIVE.ops.clear_plans()
 
 
 def set_poison(on: bool) -> None:
