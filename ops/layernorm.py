@@ -482,15 +482,16 @@ def bwd_call(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torc
     return torch.ops.mojo.layernorm_bwd(dy, x, weight, bias, mean, rstd, activation)
 
 
-def compiled_layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """The default LayerNorm of valid inputs as a torch.compile graph holds it (``config.COMPILED_LAYERNORM``):
-    torch's ``layer_norm``, which inductor fuses with its neighbours, or our op (no statistics kept where no
-    gradient is to come)."""
+def compiled_layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                       activation: str = "none") -> torch.Tensor:
+    """The default ("fast") act(LayerNorm(x)) of valid inputs as a torch.compile graph holds it
+    (``config.COMPILED_LAYERNORM``): torch's ``layer_norm``, which inductor fuses with its neighbours, or our op
+    (no statistics kept where no gradient is to come)."""
     if config.COMPILED_LAYERNORM == "inductor":
-        return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
+        return _ACT_FNS[activation](torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps))
     if no_grad_to_come(x, weight, bias):
-        return infer_call(x, weight, bias, eps)
-    return LayerNormFunction.apply(x, weight, bias, eps, "fast", "none")
+        return infer_call(x, weight, bias, eps, "fast", activation)
+    return LayerNormFunction.apply(x, weight, bias, eps, "fast", activation)
 
 
 _fakes_registered = False
@@ -602,9 +603,9 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
             return y
     if not _valid(x, weight, bias) or autocast_to_fp32(x):
         return _layernorm_adapted(x, weight, bias, eps, activation, variant)
-    if torch.compiler.is_compiling() and variant == "fast" and config.COMPILED_LAYERNORM == "inductor":
+    if torch.compiler.is_compiling() and variant == "fast":
         _check_call(x, weight, bias, eps, variant, activation)
-        return _ACT_FNS[activation](compiled_layernorm(x, weight, bias, eps))
+        return compiled_layernorm(x, weight, bias, eps, activation)
     if torch.compiler.is_compiling() and no_grad_to_come(x, weight, bias):
         _check_call(x, weight, bias, eps, variant, activation)
         return infer_call(x, weight, bias, eps, variant, activation)
