@@ -156,8 +156,9 @@ def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
                     model.load_state_dict(ref_model.state_dict())
                     model = ours_from(model) if impl != "torch" else model
                     fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
-                    fns[impl] = fn if impl == "torch" else with_compiled_layernorm(
-                        "ours" if impl == AB_IMPL else DEFAULT_CHOICE, fn)
+                    if AB_IMPL in impls and impl != "torch":   # ours' contenders toggle the knob (guarded)
+                        fn = with_compiled_layernorm("ours" if impl == AB_IMPL else DEFAULT_CHOICE, fn)
+                    fns[impl] = fn
                     for _ in range(3):
                         fns[impl]()
                     if mode == "cuda_graph":
