@@ -148,18 +148,27 @@ def anchored(text: str, name: str) -> str:
     return "\n".join(ln[indent:] for ln in body)
 
 
+def _quotes(lines: list[str]) -> list[tuple[int, re.Match, int | None]]:
+    """Each quote marker of a chapter's ``lines``: its index, its match, and the index of the fence that closes
+    the block after it (None when no fenced block follows the marker); the block's code is lines[i + 2:end]."""
+    found = []
+    for i, line in enumerate(lines):
+        if m := QUOTE.match(line):
+            fenced = i + 1 < len(lines) and lines[i + 1].startswith("```")
+            end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), len(lines))
+            found.append((i, m, end if fenced else None))
+    return found
+
+
 def quote_errors(chapter: Path, package: Path) -> list[str]:
     """Where ``chapter`` quotes code (a ``<!-- quote: FILE NAME -->`` line, then a fenced block) that is not the
     anchored region NAME of ``package``/FILE as it is now; empty when every quote is current."""
     errors = []
     lines = chapter.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if not (m := QUOTE.match(line)):
-            continue
-        if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):
+    for i, m, end in _quotes(lines):
+        if end is None:
             errors.append(f"{chapter}:{i + 1}: a quote marker without a fenced block after it")
             continue
-        end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), len(lines))
         try:
             want = anchored((package / m["file"]).read_text(), m["name"])
         except (OSError, SkeletonError) as e:
@@ -173,14 +182,7 @@ def quote_errors(chapter: Path, package: Path) -> list[str]:
 def requote(chapter: Path, package: Path) -> None:
     """Rewrite every quoted block of ``chapter`` from the anchored regions it names (``quote_errors``)."""
     lines = chapter.read_text().splitlines()
-    out, i = [], 0
-    while i < len(lines):
-        out.append(lines[i])
-        m = QUOTE.match(lines[i])
-        if m and i + 1 < len(lines) and lines[i + 1].startswith("```"):
-            end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), len(lines))
-            out += [lines[i + 1], *anchored((package / m["file"]).read_text(), m["name"]).splitlines()]
-            i = end
-            continue
-        i += 1
-    chapter.write_text("\n".join(out) + "\n")
+    for i, m, end in reversed(_quotes(lines)):   # from the last, so earlier indices stay valid
+        if end is not None:
+            lines[i + 2:end] = anchored((package / m["file"]).read_text(), m["name"]).splitlines()
+    chapter.write_text("\n".join(lines) + "\n")
