@@ -707,6 +707,19 @@ def constant(value: float, h: int, dtype: torch.dtype, device: torch.device) -> 
     return t
 
 
+def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``module.weight`` and ``module.bias``, for the modules' forwards: read from ``_parameters`` (about a
+    microsecond less per call than ``nn.Module.__getattr__``) where that is where they live (an ``nn.LayerNorm``,
+    ``nn.Linear`` or our ``LayerNorm``, not a subclass, that holds both names there and not in its ``__dict__``);
+    anything else (a parametrized or weight-normed module, a subclass, tracing) through ``getattr``."""
+    params = module._parameters
+    if (type(module) in _PLAIN_MODULES and "weight" in params and "bias" in params
+            and "weight" not in module.__dict__ and "bias" not in module.__dict__
+            and not torch.compiler.is_compiling()):
+        return params["weight"], params["bias"]
+    return module.weight, module.bias
+
+
 class LayerNorm(nn.Module):
     """Drop-in for ``nn.LayerNorm`` on our kernels (same arguments and parameter names, so its state dict loads).
 
@@ -760,7 +773,7 @@ class LayerNorm(nn.Module):
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight, self.bias
+        weight, bias = weight_and_bias(self)
         if len(self.normalized_shape) > 1 or weight is None or bias is None:
             # absent parameters are 1 and 0 on x's device (``constant``), as torch's module has none to move
             return layer_norm(x, self.normalized_shape, weight, bias, self.eps, activation=self.activation,
@@ -769,3 +782,6 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, activation={self.activation!r}"
+
+
+_PLAIN_MODULES = frozenset((nn.LayerNorm, nn.Linear, LayerNorm))   # weight_and_bias reads these directly

@@ -772,13 +772,14 @@ class FusedLayerNormLinear(nn.Sequential):
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ln, lin = self[0], self[1]
+        ln, lin = self._modules["0"], self._modules["1"]   # self[0] and self[1], without Sequential's indexing
+        ln_weight, ln_bias = layernorm.weight_and_bias(ln)
+        weight, bias = layernorm.weight_and_bias(lin)
         if len(ln.normalized_shape) > 1:
             return torch.nn.functional.linear(
-                layernorm.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps), lin.weight, lin.bias)
-        ln_weight, ln_bias = ln.weight, ln.bias
+                layernorm.layer_norm(x, ln.normalized_shape, ln_weight, ln_bias, ln.eps), weight, bias)
         if ln_weight is None or ln_bias is None:
-            k, dtype, device = lin.in_features, lin.weight.dtype, lin.weight.device
+            k, dtype, device = lin.in_features, weight.dtype, weight.device
             ln_weight = layernorm.constant(1.0, k, dtype, device) if ln_weight is None else ln_weight
             ln_bias = layernorm.constant(0.0, k, dtype, device) if ln_bias is None else ln_bias
-        return layernorm_linear(x, ln_weight, ln_bias, lin.weight, lin.bias, ln.eps, self.algo)
+        return layernorm_linear(x, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)

@@ -180,6 +180,52 @@ def test_fused_module_from_torch_every_combination(device: str, affine: bool, no
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-3, msg=name)
 
 
+class _Doubled(nn.Module):
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return 2 * w
+
+
+def _swap_weight(how: str, module: nn.Module, weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A call of ``module`` that must use ``weight`` in place of ``module[1].weight`` (or the LayerNorm's own),
+    swapped in ``how`` torch lets a user do it."""
+    target = module[1] if isinstance(module, nn.Sequential) else module
+    name = "1.weight" if isinstance(module, nn.Sequential) else "weight"
+    if how == "functional_call":
+        return lambda x: torch.func.functional_call(module, {name: weight}, (x,))
+    if how == "parametrize":   # the parameter moves out of _parameters; the class gets a property
+        with torch.no_grad():
+            target.weight.copy_(weight / 2)
+        torch.nn.utils.parametrize.register_parametrization(target, "weight", _Doubled())
+    elif how == "plain attribute":   # deleted, then a plain tensor in the instance's __dict__
+        del target.weight
+        target.weight = weight
+    elif how == "subclass":   # a subclass that answers .weight itself
+        target.__class__ = type("Sub", (type(target),), {"weight": property(lambda self: weight)})
+    return module
+
+
+@pytest.mark.parametrize("how", ["functional_call", "parametrize", "plain attribute", "subclass"])
+@pytest.mark.parametrize("kind", ["layernorm", "layernorm_linear"])
+def test_module_forward_uses_swapped_weight(device: str, how: str, kind: str) -> None:
+    """The forwards read parameters from ``_parameters`` where that is safe (``L.weight_and_bias``); a weight
+    swapped in any other way torch allows is the one used."""
+    if kind == "layernorm":
+        module = L.LayerNorm(24, device=device)
+        weight = torch.randn(24, device=device)
+    else:
+        module = LL.FusedLayerNormLinear(24, 10, device=device)
+        weight = torch.randn(10, 24, device=device)
+    x = torch.randn(5, 24, device=device)
+    with torch.no_grad():
+        nn.init.normal_(module.bias if kind == "layernorm" else module[1].bias)
+        y = _swap_weight(how, module, weight)(x)
+    if kind == "layernorm":
+        want = F.layer_norm(x.double(), (24,), weight.double(), module.bias.double())
+    else:
+        want = F.linear(F.layer_norm(x.double(), (24,)), weight.double(), module[1].bias.double())
+    assert (m := compare(y, want, torch.float32, reduction=24)) is None, m
+
+
 # ---------------------------------------------------------------- mixed precision and autocast
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
