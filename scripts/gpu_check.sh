@@ -31,10 +31,10 @@ status=0
 export OPS_COMMIT="${OPS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 stamp() { echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $OPS_COMMIT, $(date -u +%F)"; }
 run() {  # run <report name> <command...>: tee the output into $out/<name>.txt, remember failures
-  local name="$1"; shift
+  local name="$1" start=$SECONDS; shift
   { stamp; echo "\$ $*"; "$@"; } 2>&1 | tee "$out/$name.txt"
   local rc=${PIPESTATUS[0]}
-  echo "exit code: $rc" | tee -a "$out/$name.txt"
+  echo "exit code: $rc (wall $((SECONDS - start)) s)" | tee -a "$out/$name.txt"
   [ "$rc" -eq 0 ] || status=1
 }
 steps=("$@")
@@ -45,7 +45,7 @@ for step in "${steps[@]}"; do
     gpu-tests)  # in OPS_TEST_WORKERS processes (pytest-xdist; MAX's compiles dominate), then the kernel-timing
       # tests alone: their CUPTI timings must not share the GPU with other processes
       run gpu_tests bash -c "python -m pytest -q -rs -p no:cacheprovider tests -k '(cuda or gpu) and not test_timing' \
-        -n ${OPS_TEST_WORKERS:-4} --durations=15 && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu" ;;
+        -n ${OPS_TEST_WORKERS:-8} --durations=15 && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu" ;;
     direct-tests) run gpu_tests_drop_in python -m pytest -q -rs -p no:cacheprovider tests/test_drop_in.py \
       tests/test_direct.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;
