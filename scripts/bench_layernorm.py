@@ -12,7 +12,8 @@ the same call's kernel time by CUPTI (torch.profiler), its GB/s and its ratio
 to torch's kernel time. Events also count the launch gaps and the hop between
 torch's stream and MAX's queue (about 2-3 us a call); kernel time does not.
 Every result is checked against the float64 reference before it is timed. Rows of kind "fwd-strided" time a
-strided x (a transposed view) beside a contiguous one and a copy of x: ours copies it once.
+strided x (a transposed view) beside a contiguous one, a copy of x and one of the strided x (ours copies a
+strided x once, so ours:strided should cost at most ours plus copy:strided).
 Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm                       (needs a CUDA GPU)
@@ -141,7 +142,7 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
                 return L.layernorm_fwd(x, w, b, variant=v, activation=activation)[0]
             contenders.append((f"ours:{v}", variant, sets, iters if v in ("vector", "fast") else 5))
         for name, fn, *_ in contenders[1:]:
-            if name != "copy":
+            if not name.startswith("copy"):
                 checked(fn, *sets[0], activation, name)
         times = side_by_side(contenders, iters, kernels=True)
         t_torch, t_comp = times["torch"], times.get("torch.compile")
@@ -156,9 +157,11 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
 
 
 def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 50) -> list[dict]:
-    """Forward of a strided x (a transposed view, strides (1, M)) beside a contiguous one, torch and ours, and a
-    copy of x: ours copies a strided x once, so "ours:strided" should cost at most "ours" plus "copy" (issue 34).
-    Rows of kind "fwd-strided"; vs_torch is against torch on the contiguous x."""
+    """Forward of a strided x (a transposed view, strides (1, M)) beside a contiguous one, torch and ours, and
+    the copies: "copy" of the contiguous x, "copy:strided" of the strided x into a contiguous tensor (what ours
+    does with it first: ``x.contiguous()``, a transposing copy, slower than a plain one). So "ours:strided" should
+    cost at most "ours" plus "copy:strided" (issue 34). Rows of kind "fwd-strided"; vs_torch is against torch on
+    the contiguous x."""
     def torch_fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), w, b)
 
@@ -171,9 +174,11 @@ def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float
         strided = [(x.t().contiguous().t(), w, b) for x, w, b in sets]   # the same values, not contiguous
         contenders = [("torch", torch_fn, sets), ("torch:strided", torch_fn, strided), ("ours", ours, sets),
                       ("ours:strided", ours, strided),
-                      ("copy", lambda x, y: y.copy_(x), [(x, torch.empty_like(x)) for x, _, _ in sets])]
+                      ("copy", lambda x, y: y.copy_(x), [(x, torch.empty_like(x)) for x, _, _ in sets]),
+                      ("copy:strided", lambda x, y: y.copy_(x),
+                       [(x, torch.empty(x.shape, dtype=x.dtype, device=x.device)) for x, _, _ in strided])]
         for name, fn, inputs in contenders:
-            if name != "copy":
+            if not name.startswith("copy"):
                 checked(fn, *inputs[0], "none", name)
         times = side_by_side(contenders, iters, kernels=True)
         for name, *_ in contenders:
