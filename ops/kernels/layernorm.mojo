@@ -197,6 +197,18 @@ def store_slice[dtype: DType, VEC: Int, CH: Int, GT: Int](
 
 
 @always_inline
+def slice_sum[VEC: Int, CH: Int, RT: DType](v: SIMD[RT, CH * VEC]) -> Float32:
+    """Sum of this thread's vectors in fp32 (zeros past the row add nothing)."""
+    comptime if RT == F32:
+        return v.reduce_add().cast[F32]()
+    else:
+        var s: Float32 = 0.0
+        comptime for c in range(CH):
+            s += v.slice[VEC, offset=c * VEC]().cast[F32]().reduce_add()
+        return s
+
+
+@always_inline
 def slice_shifted_sum[VEC: Int, CH: Int, GT: Int, RT: DType = F32](
     v: SIMD[RT, CH * VEC], shift: Float32, first: Int, gt: Int, nv: Int,
 ) -> Float32:
@@ -355,10 +367,16 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     # own type: fp16/bf16 rows take half the registers, which an H100 A/B turned into
     # more resident rows (exp/s12_ln.py on branch s12-exp).
     var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
-    # The mean of x - x[0], plus x[0]: a row of one value gets exactly that value as its mean (so y = beta).
-    var shift = load_f32(x, base) if valid else Float32(0.0)
-    var s1 = slice_shifted_sum[VEC, CH, GT, dtype](v, shift, 0, gt, nv)
-    var mean = shift + group_sum[WPR, RPB](s1, sh, 0) / Float32(n)
+    # A row of one value must get exactly that value as its mean (so y = beta). fp16/bf16: the fp32 sum of up
+    # to 8192 equal 16-bit values is exact, so the plain mean is. fp32: the mean of x - x[0], plus x[0]; that
+    # costs 16-bit rows 8 registers and up to 16% at h 8192 (docs/kernels/layernorm.md), so they do without.
+    var mean: Float32
+    comptime if dtype == F32:
+        var shift = load_f32(x, base) if valid else Float32(0.0)
+        var s1 = slice_shifted_sum[VEC, CH, GT, dtype](v, shift, 0, gt, nv)
+        mean = shift + group_sum[WPR, RPB](s1, sh, 0) / Float32(n)
+    else:
+        mean = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
     var ss = slice_m2[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
     var rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
     if not valid:
