@@ -367,11 +367,11 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     # own type: fp16/bf16 rows take half the registers, which an H100 A/B turned into
     # more resident rows (exp/s12_ln.py on branch s12-exp).
     var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
-    # A row of one value must get exactly that value as its mean (so y = beta). fp16/bf16: the fp32 sum of up
-    # to 8192 equal 16-bit values is exact, so the plain mean is. fp32: the mean of x - x[0], plus x[0]; that
-    # costs 16-bit rows 8 registers and up to 16% at h 8192 (docs/kernels/layernorm.md), so they do without.
+    # A row of one value must get exactly that value as its mean (so y = beta). fp16/bf16 rows of at most 8192
+    # values: the fp32 sum of equal 16-bit values is exact there, so the plain mean is. Otherwise the mean of
+    # x - x[0], plus x[0]; that costs 16-bit rows 8 registers and up to 16% at h 8192 (docs/kernels/layernorm.md).
     var mean: Float32
-    comptime if dtype == F32:
+    comptime if dtype == F32 or CH * VEC * GT > 8192:
         var shift = load_f32(x, base) if valid else Float32(0.0)
         var s1 = slice_shifted_sum[VEC, CH, GT, dtype](v, shift, 0, gt, nv)
         mean = shift + group_sum[WPR, RPB](s1, sh, 0) / Float32(n)
