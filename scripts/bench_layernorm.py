@@ -67,11 +67,22 @@ FIELDS = ("kind", "impl", "dtype", "M", "H", "pipe_us", "pipe_vs_torch", "host_u
           "vs_torch", "vs_compile", "kernel_us", "kernel_GBps", "kernel_vs_torch")
 
 
+def copy_into(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The copy contenders' call: x into y."""
+    return y.copy_(x)
+
+
+def copy_contender(name: str, sets: list[tuple]) -> tuple:
+    """A contender copying each set's x into a new contiguous tensor (the ceiling at that size, or with a strided
+    x the copy ours makes of it)."""
+    return (name, copy_into, [(x, torch.empty(x.shape, dtype=x.dtype, device=x.device)) for x, *_ in sets])
+
+
 def copy_gbps() -> float:
     """Device-to-device copy bandwidth (read + write), the ceiling for these ops."""
     src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    t = measure(lambda a, b: b.copy_(a), [(src, dst)], iters=30)
+    t = measure(copy_into, [(src, dst)], iters=30)
     return 2 * src.numel() / t.device_us / 1e3
 
 
@@ -131,7 +142,7 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
         sets = input_sets(m, h, dtype)
         contenders: list[tuple] = [("torch", torch_fn, sets)]
         if with_copy and activation == "none":  # the ceiling at this size: a plain copy of the same bytes
-            contenders.append(("copy", lambda x, y: y.copy_(x), [(x, torch.empty_like(x)) for x, _, _ in sets]))
+            contenders.append(copy_contender("copy", sets))
         if compiled is not None:
             contenders.append(("torch.compile", compiled, sets))
         contenders.append(("ours", lambda x, w, b: L.layernorm(x, w, b, activation=activation), sets))
@@ -174,9 +185,7 @@ def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float
         strided = [(x.t().contiguous().t(), w, b) for x, w, b in sets]   # the same values, not contiguous
         contenders = [("torch", torch_fn, sets), ("torch:strided", torch_fn, strided), ("ours", ours, sets),
                       ("ours:strided", ours, strided),
-                      ("copy", lambda x, y: y.copy_(x), [(x, torch.empty_like(x)) for x, _, _ in sets]),
-                      ("copy:strided", lambda x, y: y.copy_(x),
-                       [(x, torch.empty(x.shape, dtype=x.dtype, device=x.device)) for x, _, _ in strided])]
+                      copy_contender("copy", sets), copy_contender("copy:strided", strided)]
         for name, fn, inputs in contenders:
             if not name.startswith("copy"):
                 checked(fn, *inputs[0], "none", name)
