@@ -277,11 +277,74 @@ def test_autocast_parity(device: str) -> None:
 
 # ---------------------------------------------------------------- numerics
 
+CONSTANTS = (0.1, -3.3, 1.0 / 3.0, 1e4 + 0.1, 7e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF], ids=str)
 def test_constant_rows_give_bias(device: str, dtype: torch.dtype) -> None:
-    x = torch.full((5, 768), 0.1, device=device, dtype=dtype)
-    w, b = torch.randn(768, device=device, dtype=dtype), torch.randn(768, device=device, dtype=dtype)
-    assert torch.equal(L.layernorm(x, w, b), b.expand_as(x))
+    """A row of one value c has mean exactly c, so y is exactly beta: every forward variant, widths on each side of
+    the register forward's limits (8192 16-bit values; longer rows take the cluster forward), values whose sums
+    round in fp32."""
+    variants = L.VARIANTS if device == "cuda" else ("fast",)
+    for h in (256, 768, 1000, 4096, 8192, 16384):
+        x = torch.tensor(CONSTANTS, dtype=torch.float64)[:, None].expand(-1, h).to(device, dtype)
+        w, b = torch.randn(h, device=device, dtype=dtype), torch.randn(h, device=device, dtype=dtype)
+        for variant in variants:
+            y = L.layernorm_fwd(x, w, b, variant=variant)[0]
+            assert torch.equal(y, b.expand_as(x)), f"{variant}, {dtype}, h {h}: {(y - b).abs().amax(1).tolist()}"
+
+
+def _pairwise_sum(a: torch.Tensor) -> torch.Tensor:
+    """Sum over the last (power-of-two) dim in halves: the order of Mojo's SIMD ``reduce_add`` and a butterfly
+    ``warp.sum``, in float32."""
+    while a.shape[-1] > 1:
+        a = a[..., : a.shape[-1] // 2] + a[..., a.shape[-1] // 2:]
+    return a[..., 0]
+
+
+def _row_group_sum(per_thread: torch.Tensor, wpr: int) -> torch.Tensor:
+    """``group_sum`` over [B, GT] per-thread partials: each warp's, then the WPR warps' in order."""
+    warps = _pairwise_sum(per_thread.view(-1, wpr, 32))
+    total = torch.zeros_like(warps[:, 0])
+    for w in range(wpr):
+        total = total + warps[:, w]
+    return total
+
+
+def _register_forward_means(c: torch.Tensor, h: int, vec: int, ch: int, wpr: int) -> tuple[torch.Tensor, ...]:
+    """float32 model of ``ln_fwd_regs``'s mean of rows of the values c: the plain mean m0 and the corrected
+    m0 + sum(x - m0) / h, with the kernel's partial sums in its order (thread gt holds chunks gt + k * GT)."""
+    gt = wpr * 32
+    row = torch.zeros(len(c), ch * gt * vec)
+    row[:, :h] = c[:, None]
+    held = row.view(-1, ch, gt, vec).transpose(1, 2)                  # [B, GT, CH, VEC]
+    m0 = _row_group_sum(_pairwise_sum(held.reshape(-1, gt, ch * vec)), wpr) / h
+    d = held - m0[:, None, None, None]
+    live = torch.arange(ch)[None, :] * gt + torch.arange(gt)[:, None] < h // vec   # [GT, CH]
+    per = torch.zeros(len(c), gt)
+    for k in range(ch):
+        per = per + torch.where(live[:, k], _pairwise_sum(d[:, :, k, :]), 0.0)
+    return m0, m0 + _row_group_sum(per, wpr) / h
+
+
+def test_register_forward_mean_is_exact_for_constant_rows() -> None:
+    """The argument behind ``ln_fwd_regs``'s corrected mean (docs/kernels/layernorm.md), checked in float32 with
+    the kernel's summation order and each width's float32 launch: the plain mean of a constant row is often a few
+    ulps off, the corrected one never is."""
+    from ops import layernorm_config
+    g = torch.Generator().manual_seed(0)
+    c = (torch.randn(300, generator=g, dtype=torch.float64)
+         * 10.0 ** torch.randint(-6, 6, (300,), generator=g)).float()
+    c = torch.cat([c, torch.tensor(CONSTANTS)])
+    plain_off = 0
+    for h in (4, 148, 256, 768, 1000, 1024, 4096, 8192):
+        spec = layernorm_config.fwd_launch(4096, h, torch.float32, True).spec(torch.float32, 0)
+        assert spec.name == "ln_fwd_regs", spec.expr
+        _, _, vec, ch, wpr, _ = spec.params
+        m0, mean = _register_forward_means(c, h, vec, ch, wpr)
+        assert torch.equal(mean, c), f"h {h}: corrected mean off for {c[mean != c].tolist()}"
+        plain_off += int((m0 != c).sum())
+    assert plain_off > 100   # the plain mean would fail: the model sees the rounding the correction removes
 
 
 def test_nan_and_inf_propagate_as_torch(device: str) -> None:

@@ -162,6 +162,29 @@ def group_sum[WPR: Int, RPB: Int](v: Float32, sh: Shared, slot: Int) -> Float32:
         return total
 
 
+@always_inline
+def group_sum_pair[WPR: Int, RPB: Int](a: Float32, b: Float32, sh: Shared, slot: Int) -> Tuple[Float32, Float32]:
+    """``group_sum`` of two values at once (one barrier), in slots ``slot`` and ``slot + 1``."""
+    var sa = warp.sum(a)
+    var sb = warp.sum(b)
+    comptime if WPR == 1:
+        return (sa, sb)
+    else:
+        var w = Int(thread_idx.x) // WARP_SIZE
+        var base = slot * RPB * WPR
+        if Int(thread_idx.x) % WARP_SIZE == 0:
+            sh[unsafe_offset=base + w] = sa
+            sh[unsafe_offset=base + RPB * WPR + w] = sb
+        barrier()
+        var ta: Float32 = 0.0
+        var tb: Float32 = 0.0
+        var first = base + (w // WPR) * WPR
+        comptime for i in range(WPR):
+            ta += sh[unsafe_offset=first + i]
+            tb += sh[unsafe_offset=first + RPB * WPR + i]
+        return (ta, tb)
+
+
 # ---------------------------------------------------------------- register slices
 # The register paths hold, per thread, the CH vectors first + c * GT + gt (c < CH)
 # of a row: first = 0 with a block (or a warp group) per row, a block's slice
@@ -218,6 +241,21 @@ def slice_shifted_sum[VEC: Int, CH: Int, GT: Int, RT: DType = F32](
         if first + c * GT + gt < nv:
             s += (v.slice[VEC, offset=c * VEC]().cast[F32]() - shift).reduce_add()
     return s
+
+
+@always_inline
+def slice_deviation_sums[VEC: Int, CH: Int, GT: Int, RT: DType = F32](
+    v: SIMD[RT, CH * VEC], mean: Float32, first: Int, gt: Int, nv: Int,
+) -> Tuple[Float32, Float32]:
+    """Sums of d = x - mean and of d^2 over this thread's vectors of the row (those below nv)."""
+    var s: Float32 = 0.0
+    var ss: Float32 = 0.0
+    comptime for c in range(CH):
+        if first + c * GT + gt < nv:
+            var d = v.slice[VEC, offset=c * VEC]().cast[F32]() - mean
+            s += d.reduce_add()
+            ss += (d * d).reduce_add()
+    return (s, ss)
 
 
 @always_inline
@@ -355,7 +393,8 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     Needs h % VEC == 0, h <= CH * VEC * GT and 16-byte aligned pointers.
     """
     comptime GT = WPR * WARP_SIZE
-    var sh = stack_allocation[2 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
+    comptime CORRECTED = dtype == F32 or CH * VEC * GT > 8192   # the mean's correction (below) takes a third slot
+    var sh = stack_allocation[(3 if CORRECTED else 2) * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
     var gt = tid % GT
     var row = Int(block_idx.x) * RPB + tid // GT
@@ -368,17 +407,19 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     # more resident rows (exp/s12_ln.py on branch s12-exp).
     var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
     # A row of one value must get exactly that value as its mean (so y = beta). fp16/bf16 rows of at most 8192
-    # values: the fp32 sum of equal 16-bit values is exact there, so the plain mean is. Otherwise the mean of
-    # x - x[0], plus x[0]; that costs 16-bit rows 8 registers and up to 16% at h 8192 (docs/kernels/layernorm.md).
-    var mean: Float32
-    comptime if dtype == F32 or CH * VEC * GT > 8192:
-        var shift = load_f32(x, base) if valid else Float32(0.0)
-        var s1 = slice_shifted_sum[VEC, CH, GT, dtype](v, shift, 0, gt, nv)
-        mean = shift + group_sum[WPR, RPB](s1, sh, 0) / Float32(n)
+    # values: the fp32 sum of equal 16-bit values is exact there, so the plain mean is. Otherwise the plain mean
+    # m0 is corrected by the mean of d = x - m0, which the variance's pass sums anyway (docs/kernels/layernorm.md).
+    var mean = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
+    var rstd: Float32
+    comptime if CORRECTED:
+        var sums = slice_deviation_sums[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
+        var total = group_sum_pair[WPR, RPB](sums[0], sums[1], sh, 1)
+        var st = shifted_stats(total[0], total[1], mean, n, eps)
+        mean = st[0]
+        rstd = st[1]
     else:
-        mean = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
-    var ss = slice_m2[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
-    var rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
+        var ss = slice_m2[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
+        rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
     if not valid:
         return
     store_normalized_slice[dtype, act, VEC, CH, GT, dtype](y, gamma, beta, v, mean, rstd, base, 0, gt, nv)
