@@ -329,22 +329,22 @@ def _register_forward_means(c: torch.Tensor, h: int, vec: int, ch: int, wpr: int
 
 def test_register_forward_mean_is_exact_for_constant_rows() -> None:
     """The argument behind ``ln_fwd_regs``'s corrected mean (docs/kernels/layernorm.md), checked in float32 with
-    the kernel's summation order and each width's float32 launch: the plain mean of a constant row is often a few
-    ulps off, the corrected one never is."""
+    the kernel's summation order, at widths whose float32 launch takes it (rows of 4096 values or more): the plain
+    mean of a constant row is often a few ulps off, the corrected one never is."""
     from ops import layernorm_config
     g = torch.Generator().manual_seed(0)
     c = (torch.randn(300, generator=g, dtype=torch.float64)
          * 10.0 ** torch.randint(-6, 6, (300,), generator=g)).float()
     c = torch.cat([c, torch.tensor(CONSTANTS)])
     plain_off = 0
-    for h in (4, 148, 256, 768, 1000, 1024, 4096, 8192):
+    for h in (2052, 3000, 4096, 5000, 6144, 8192):
         spec = layernorm_config.fwd_launch(4096, h, torch.float32, True).spec(torch.float32, 0)
-        assert spec.name == "ln_fwd_regs", spec.expr
         _, _, vec, ch, wpr, _ = spec.params
+        assert spec.name == "ln_fwd_regs" and ch * vec * wpr * 32 >= 4096, spec.expr
         m0, mean = _register_forward_means(c, h, vec, ch, wpr)
         assert torch.equal(mean, c), f"h {h}: corrected mean off for {c[mean != c].tolist()}"
         plain_off += int((m0 != c).sum())
-    assert plain_off > 100   # the plain mean would fail: the model sees the rounding the correction removes
+    assert plain_off > 50   # the plain mean would fail: the model sees the rounding the correction removes
 
 
 def test_nan_and_inf_propagate_as_torch(device: str) -> None:

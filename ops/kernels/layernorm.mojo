@@ -393,7 +393,7 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     Needs h % VEC == 0, h <= CH * VEC * GT and 16-byte aligned pointers.
     """
     comptime GT = WPR * WARP_SIZE
-    comptime CORRECTED = dtype == F32 or CH * VEC * GT > 8192   # the mean's correction (below) takes a third slot
+    comptime CORRECTED = dtype == F32 and CH * VEC * GT >= 4096   # the mean's correction (below): a third slot
     var sh = stack_allocation[(3 if CORRECTED else 2) * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
     var gt = tid % GT
@@ -406,18 +406,30 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     # own type: fp16/bf16 rows take half the registers, which an H100 A/B turned into
     # more resident rows (exp/s12_ln.py on branch s12-exp).
     var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
-    # A row of one value must get exactly that value as its mean (so y = beta). fp16/bf16 rows of at most 8192
-    # values: the fp32 sum of equal 16-bit values is exact there, so the plain mean is. Otherwise the plain mean
-    # m0 is corrected by the mean of d = x - m0, which the variance's pass sums anyway (docs/kernels/layernorm.md).
-    var mean = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
+    # A row of one value must get exactly that value as its mean (so y = beta); docs/kernels/layernorm.md has the
+    # argument and the H100 numbers behind each choice:
+    # - fp16/bf16 rows of at most 8192 values: the fp32 sum of equal 16-bit values is exact, so the plain mean is.
+    # - fp32 rows of 4096 or more values (CORRECTED): the plain mean m0, corrected by the mean of d = x - m0,
+    #   which the variance's pass sums anyway; the shift below costs these 4 registers and 9% of their time.
+    # - otherwise (shorter fp32 rows, 16-bit rows over 8192): the mean of x - x[0], plus x[0], which has less
+    #   latency there than the correction's second reduction (up to 8%) and, at 32768, fewer registers (127
+    #   against 133, over the 128 a 512-thread block may have).
+    var mean: Float32
     var rstd: Float32
     comptime if CORRECTED:
-        var sums = slice_deviation_sums[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
+        var m0 = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
+        var sums = slice_deviation_sums[VEC, CH, GT, dtype](v, m0, 0, gt, nv)
         var total = group_sum_pair[WPR, RPB](sums[0], sums[1], sh, 1)
-        var st = shifted_stats(total[0], total[1], mean, n, eps)
+        var st = shifted_stats(total[0], total[1], m0, n, eps)
         mean = st[0]
         rstd = st[1]
     else:
+        comptime if dtype == F32 or CH * VEC * GT > 8192:
+            var shift = load_f32(x, base) if valid else Float32(0.0)
+            var s1 = slice_shifted_sum[VEC, CH, GT, dtype](v, shift, 0, gt, nv)
+            mean = shift + group_sum[WPR, RPB](s1, sh, 0) / Float32(n)
+        else:
+            mean = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
         var ss = slice_m2[VEC, CH, GT, dtype](v, mean, 0, gt, nv)
         rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
     if not valid:
