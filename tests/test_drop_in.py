@@ -347,6 +347,23 @@ def test_register_forward_mean_is_exact_for_constant_rows() -> None:
     assert plain_off > 50   # the plain mean would fail: the model sees the rounding the correction removes
 
 
+@pytest.mark.parametrize(("dtype", "widths"), [(torch.bfloat16, (8192, 16384, 32768, 65536)),
+                                               (torch.float16, (4096, 8192))], ids=str)
+def test_register_forward_plain_mean_of_16_bit_rows_is_exact(dtype: torch.dtype, widths: tuple[int, ...]) -> None:
+    """Where ``ln_fwd_regs`` keeps the plain mean of 16-bit rows (PLAIN_EXACT: bf16 rows up to 65536 values, fp16
+    up to 8192), each partial sum of a constant row is exact in float32 (8 + 16 and 11 + 13 significant bits), so
+    the mean is the value; a float32 row of the same widths is the control, whose plain mean rounds."""
+    g = torch.Generator().manual_seed(1)
+    c = (torch.randn(200, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-4, 4, (200,), generator=g))
+    c16 = c.to(dtype).float()
+    c32 = c.float()
+    for h in widths:
+        m0, _ = _register_forward_means(c16, h, 8, h // 4096 if h >= 4096 else 1, 16)
+        assert torch.equal(m0, c16), f"{dtype} h {h}: plain mean off for {c16[m0 != c16].tolist()}"
+        control, _ = _register_forward_means(c32, h, 8, h // 4096 if h >= 4096 else 1, 16)
+        assert not torch.equal(control, c32)
+
+
 def test_nan_and_inf_propagate_as_torch(device: str) -> None:
     x = torch.randn(4, 32, device=device)
     x[1, 3], x[2, 5] = float("nan"), float("inf")

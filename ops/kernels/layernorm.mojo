@@ -408,12 +408,15 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
     # A row of one value must get exactly that value as its mean (so y = beta); docs/kernels/layernorm.md has the
     # argument and the H100 numbers behind each choice:
-    # - fp16/bf16 rows of at most 8192 values: the fp32 sum of equal 16-bit values is exact, so the plain mean is.
+    # - bf16 rows of at most 65536 values, fp16 ones of at most 8192 (PLAIN_EXACT): every partial sum of equal
+    #   16-bit values is exact in fp32 there (8 + 16 and 11 + 13 significant bits), so the plain mean is.
     # - fp32 rows of 4096 or more values (CORRECTED): the plain mean m0, corrected by the mean of d = x - m0,
     #   which the variance's pass sums anyway; the shift below costs these 4 registers and 9% of their time.
-    # - otherwise (shorter fp32 rows, 16-bit rows over 8192): the mean of x - x[0], plus x[0], which has less
-    #   latency there than the correction's second reduction (up to 8%) and, at 32768, fewer registers (127
-    #   against 133, over the 128 a 512-thread block may have).
+    # - otherwise (shorter fp32 rows, longer fp16 ones): the mean of x - x[0], plus x[0], which has less latency
+    #   there than the correction's second reduction (up to 8%) and, at 32768, fewer registers (127 against
+    #   133, over the 128 a 512-thread block may have).
+    comptime PLAIN_EXACT = (dtype == DType.bfloat16 and CH * VEC * GT <= 65536) or (
+        dtype == DType.float16 and CH * VEC * GT <= 8192)
     var mean: Float32
     var rstd: Float32
     comptime if CORRECTED:
@@ -424,7 +427,7 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         mean = st[0]
         rstd = st[1]
     else:
-        comptime if dtype == F32 or CH * VEC * GT > 8192:
+        comptime if not PLAIN_EXACT:
             var shift = load_f32(x, base) if valid else Float32(0.0)
             var s1 = slice_shifted_sum[VEC, CH, GT, dtype](v, shift, 0, gt, nv)
             mean = shift + group_sum[WPR, RPB](s1, sh, 0) / Float32(n)
