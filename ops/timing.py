@@ -325,19 +325,55 @@ def kept_rows(csv_path: Path, dtypes: set[str]) -> list[dict]:
     return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r["dtype"] not in dtypes]
 
 
-def kept_stamp(csv_path: Path) -> str:
-    """What to add to the stamp of a report that keeps ``kept_rows`` of ``csv_path``: the earlier report's own
-    stamp, so each row's commit stays known ('' when there is no earlier report)."""
+KEPT = "; rows of other dtypes kept from: "
+
+
+def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
+    """The runs a report's stamp names, newest first: each run's dtypes (None: all the rest) and its own stamp.
+
+    A report rerun for some dtypes (``appended``) is stamped "<stamp> (D1,D2 rows); rows of other dtypes kept
+    from: <the earlier report's stamp>"; the oldest run, unlabelled, wrote whatever no later one did.
+    """
+    runs = []
+    for seg in stamp.split(KEPT):
+        label = re.search(r" \(([\w,]+) rows\)$", seg)
+        runs.append((frozenset(label.group(1).split(",")), seg[: label.start()]) if label else (None, seg))
+    return runs
+
+
+def stamp_commit(stamp: str, dtype: str) -> str:
+    """The commit of the run that wrote ``dtype``'s rows of a report stamped ``stamp`` ('?' if none says)."""
+    for dtypes, own in stamp_runs(stamp):
+        if dtypes is None or dtype in dtypes:
+            found = re.search(r"commit (\w+)", own)
+            return found.group(1) if found else "?"
+    return "?"
+
+
+def kept_stamp(csv_path: Path, dtypes: set[str] | None = None) -> str:
+    """What to add to the stamp of a report that keeps ``kept_rows(csv_path, dtypes)``: the earlier report's
+    stamp, less the runs none of whose rows are kept, so each kept row's commit stays known ('' when there is
+    no earlier report)."""
     if not csv_path.exists():
         return ""
-    return f"; rows of other dtypes kept from: {csv_path.read_text().splitlines()[0].lstrip('# ')}"
+    lines = csv_path.read_text().splitlines()
+    kept = {r["dtype"] for r in csv.DictReader(lines[1:])} - (dtypes or set())
+    runs, owned = [], set()
+    for run_dtypes, own in stamp_runs(lines[0].lstrip("# ")):
+        wrote = (kept - owned) if run_dtypes is None else (run_dtypes & kept) - owned
+        if wrote:
+            runs.append(own if run_dtypes is None else f"{own} ({','.join(sorted(run_dtypes))} rows)")
+        owned |= wrote
+        if run_dtypes is None:
+            break
+    return KEPT + KEPT.join(runs) if runs else ""
 
 
 def appended(csv_path: Path, dtypes: str, rows: list[dict]) -> tuple[list[dict], str]:
     """A run of the comma-separated ``dtypes`` added to the report at ``csv_path``: the earlier report's rows
     of other dtypes, then ``rows``, and what the new report's stamp appends (``kept_stamp``)."""
     kept = kept_rows(csv_path, set(dtypes.split(",")))
-    return kept + rows, f" ({dtypes} rows){kept_stamp(csv_path)}"
+    return kept + rows, f" ({dtypes} rows){kept_stamp(csv_path, set(dtypes.split(',')))}"
 
 
 def plot_forward(csv_path: Path, png: Path, title: str, value: str, ylabel: str, shape_cols: Sequence[str],

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ops.timing import stamp_commit  # noqa: E402
+
 README = ROOT / "README.md"
 BEGIN = "<!-- results:begin (scripts/readme_tables.py writes this section from results/; do not edit) -->"
 END = "<!-- results:end -->"
@@ -25,17 +28,6 @@ def read(name: str) -> tuple[str, list[dict]]:
     """A report's stamp (its first line, without '# ') and its rows."""
     lines = (ROOT / "results" / f"{name}.csv").read_text().splitlines()
     return lines[0].lstrip("# "), list(csv.DictReader(lines[1:]))
-
-
-def commit_of(stamp: str, dtype: str) -> str:
-    """The commit that wrote ``dtype``'s rows: a report rerun for some dtypes (``--append``) stamps each run,
-    "<stamp> (D rows); rows of other dtypes kept from: <older stamp>"; an unlabelled stamp holds the rest."""
-    segments = stamp.split("rows of other dtypes kept from:")
-    for seg in segments:
-        if f"({dtype} rows)" in seg or "rows)" not in seg:
-            found = re.search(r"commit (\w+)", seg)
-            return found.group(1) if found else "?"
-    return "?"
 
 
 def transformer_table() -> list[str]:
@@ -61,18 +53,19 @@ def per_call_table() -> list[str]:
         v = [float(r["pipe_vs_torch"]) for r in ln if (r["kind"], r["impl"], r["dtype"]) == ("fwd", "ours", dtype)]
         if v:
             out.append(f"| LayerNorm forward, {len(v)} shapes | {dtype} | median {statistics.median(v):.3g}, "
-                       f"worst {max(v):.3g} | {commit_of(ln_stamp, dtype)} |")
+                       f"worst {max(v):.3g} | {stamp_commit(ln_stamp, dtype)} |")
     for kind, label in (("fwd", "forward"), ("train", "training step (forward + backward)")):
         want = (kind, "ours", "bfloat16", *HEADLINE_SHAPE)
         for r in lnl:
             if (r["kind"], r["impl"], r["dtype"], r["M"], r["K"], r["N"]) == want:
                 out.append(f"| LayerNorm+Linear {label}, {'x'.join(HEADLINE_SHAPE[:2])}->{HEADLINE_SHAPE[2]} | "
-                           f"bfloat16 | {r['pipe_vs_torch']} | {commit_of(lnl_stamp, 'bfloat16')} |")
+                           f"bfloat16 | {r['pipe_vs_torch']} | {stamp_commit(lnl_stamp, 'bfloat16')} |")
     big = [float(r["pipe_vs_torch"]) for r in lnl
            if (r["kind"], r["impl"], r["dtype"]) == ("fwd", "ours", "bfloat16") and int(r["M"]) >= 1024]
     if big:
+        commit = stamp_commit(lnl_stamp, "bfloat16")
         out.append(f"| LayerNorm+Linear forward, {len(big)} shapes with M >= 1024 | bfloat16 | "
-                   f"median {statistics.median(big):.3g}, worst {max(big):.3g} | {commit_of(lnl_stamp, 'bfloat16')} |")
+                   f"median {statistics.median(big):.3g}, worst {max(big):.3g} | {commit} |")
     out += ["", f"{ln_stamp.split(';')[0]}."]
     return out
 

@@ -15,6 +15,7 @@ from ops.timing import (
     kept_stamp,
     measure,
     plot_forward,
+    stamp_commit,
     write_report,
 )
 
@@ -77,6 +78,22 @@ def test_appended_report_keeps_the_other_dtypes_rows_and_their_stamp(tmp_path: P
     assert appended(csv_path, "bfloat16", new) == (
         [{"dtype": "float32", "us": "2.0"}] + new,
         " (bfloat16 rows); rows of other dtypes kept from: GPU: test; commit aaa")
+
+
+def test_each_dtypes_commit_is_the_newest_run_that_wrote_it(tmp_path: Path) -> None:
+    """Reruns of some dtypes chain their stamps; each dtype's commit is the newest run's that names it (a run
+    of two dtypes names both), and runs that no kept row came from drop out of the chain."""
+    csv_path = tmp_path / "bench_x.csv"
+    rows = [{"dtype": d, "us": 1.0} for d in ("float32", "float16", "bfloat16")]
+    write_report(tmp_path / "bench_x", rows, ["dtype", "us"], "GPU: g; commit a1", "T", "note")
+    for commit, dtypes in (("b2", "float32,float16"), ("c3", "bfloat16"), ("d4", "float32")):
+        new = [{"dtype": d, "us": 2.0} for d in dtypes.split(",")]
+        rows, kept = appended(csv_path, dtypes, new)
+        write_report(tmp_path / "bench_x", rows, ["dtype", "us"], f"GPU: g; commit {commit}{kept}", "T", "note")
+    stamp = csv_path.read_text().splitlines()[0].lstrip("# ")
+    assert [stamp_commit(stamp, d) for d in ("float32", "float16", "bfloat16")] == ["d4", "b2", "c3"]
+    assert "a1" not in stamp and stamp.count("commit") == 3, stamp   # a1's rows were all rewritten
+    assert stamp_commit("GPU: g; commit e5", "float32") == "e5" and stamp_commit("GPU: g", "float32") == "?"
 
 
 @pytest.mark.gpu

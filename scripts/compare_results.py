@@ -1,0 +1,89 @@
+"""Kernel times in results/ against those committed at an earlier revision: did a change move device time?
+
+    python scripts/compare_results.py 0306017            (prints the comparison)
+    python scripts/compare_results.py 0306017 --write    (and writes results/kernel_times_vs_0306017.md)
+
+Rows of bench_layernorm.csv and bench_layernorm_linear.csv are matched by their key columns (kind, contender,
+dtype, shape) and compared by ``kernel_us`` (CUPTI device time). torch's and the
+copy's rows are the control: their ratios show how far the two runs' machines agree. Each ratio's commits come
+from the reports' stamps, per dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ops.timing import stamp_commit  # noqa: E402
+
+BENCHES = ("bench_layernorm", "bench_layernorm_linear")
+KEY_COLUMNS = ("kind", "impl", "dtype", "M", "H", "K", "N")
+
+
+def parse(text: str) -> tuple[str, dict[tuple[str, ...], float]]:
+    """A report's stamp and its kernel time per row key (rows without one are left out)."""
+    lines = text.splitlines()
+    rows = list(csv.DictReader(lines[1:]))
+    if not rows:
+        return lines[0].lstrip("# "), {}
+    key_cols = [c for c in rows[0] if c in KEY_COLUMNS]
+    return lines[0].lstrip("# "), {tuple(r[c] for c in key_cols): float(r["kernel_us"])
+                                    for r in rows if r.get("kernel_us")}
+
+
+def at_revision(rev: str, name: str) -> str:
+    """results/<name>.csv as committed at ``rev``."""
+    return subprocess.run(["git", "show", f"{rev}:results/{name}.csv"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def compare(name: str, rev: str, band: float) -> list[str]:
+    """Markdown lines: per dtype and contender, the new/old kernel-time ratios; then the rows outside the band."""
+    old_stamp, old = parse(at_revision(rev, name))
+    new_stamp, new = parse((ROOT / "results" / f"{name}.csv").read_text())
+    ratios: dict[tuple[str, str], list[tuple[float, tuple[str, ...]]]] = {}
+    for key, us in new.items():
+        if key in old and old[key] > 0:
+            ratios.setdefault((key[2], key[1]), []).append((us / old[key], key))
+    out = [f"## {name}", "", "| dtype | contender | rows | commits (old -> new) | median | min | max |",
+           "|---|---|---|---|---|---|---|"]
+    outside = []
+    for (dtype, impl), rs in sorted(ratios.items()):
+        values = [r for r, _ in rs]
+        commits = f"{stamp_commit(old_stamp, dtype)} -> {stamp_commit(new_stamp, dtype)}"
+        out.append(f"| {dtype} | {impl} | {len(rs)} | {commits} | {statistics.median(values):.3f} | "
+                   f"{min(values):.3f} | {max(values):.3f} |")
+        outside += [(r, key) for r, key in rs if abs(r - 1.0) > band]
+    out += ["", f"Rows more than {band:.0%} off ({len(outside)}):", ""]
+    if outside:
+        out += ["| row | old us | new us | new / old |", "|---|---|---|---|"]
+        out += [f"| {' '.join(key)} | {old[key]} | {new[key]} | {r:.3f} |" for r, key in sorted(outside)]
+    return out + [""]
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("rev", help="the git revision whose committed reports are the baseline")
+    p.add_argument("--band", type=float, default=0.05, help="list rows whose ratio is off by more (default 0.05)")
+    p.add_argument("--write", action="store_true", help="write results/kernel_times_vs_<rev>.md")
+    a = p.parse_args(argv)
+    lines = [f"# Kernel times in results/ against {a.rev}'s", "",
+             f"`python scripts/compare_results.py {a.rev}`: new / old CUPTI kernel time per row.", ""]
+    for name in BENCHES:
+        lines += compare(name, a.rev, a.band)
+    text = "\n".join(lines)
+    print(text)
+    if a.write:
+        (ROOT / "results" / f"kernel_times_vs_{a.rev}.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
