@@ -8,11 +8,13 @@ the "device" is the host, so wall time per call is reported instead.
 Kernel time (optional): what CUPTI (torch.profiler) records for the call's own
 kernels, memsets and copies, without the launch gaps and stream hops that the
 events also count; each call is delimited by a tiny spin kernel.
-Host latency: wall time for the call to return (launch cost), measured over a
-burst of calls with no synchronisation in between.
 Pipelined time (the headline, what a user's loop feels): PIPELINE calls back to back,
 allocations included, one synchronisation, divided; the median of REPEATS such runs.
 It is the larger of host and device time per call, plus whatever they fail to overlap.
+Host time: in the same runs, the time until the last call has returned (before the
+synchronisation), divided: what a call costs the host while it runs ahead of the device.
+(A median of single calls timed apart, as before 2026-11-26, read up to 5x the pipelined
+time of host-bound calls, which cannot be: see docs/library.md.)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import csv
 import dataclasses
 import itertools
+import math
 import re
 import statistics
 import time
@@ -44,7 +47,8 @@ _NOT_WORK = re.compile("annotation|sync")  # CUPTI device records that are not k
 
 @dataclass(frozen=True)
 class Timing:
-    """Median device time and host latency of one call, in microseconds."""
+    """One call's medians in microseconds: device time, host time and pipelined time (NaN and None when not
+    timed pipelined), and optionally kernel time."""
 
     device_us: float
     host_us: float
@@ -83,17 +87,12 @@ def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tenso
             t0 = time.perf_counter()
             fn(*args)
             device_times.append((time.perf_counter() - t0) * 1e6)
-    host_times = []
-    for i in range(iters):
-        args = input_sets[i % len(input_sets)]
-        t0 = time.perf_counter()
-        fn(*args)
-        host_times.append((time.perf_counter() - t0) * 1e6)
-    _sync(device)
     kernel = kernel_us(fn, input_sets, iters) if kernels and device.type == "cuda" else None
     device_us = statistics.median(device_times)
-    pipe = pipelined_us(fn, input_sets, pipeline_calls(device_us)) if pipelined else None
-    return Timing(device_us, statistics.median(host_times), iters, kernel, pipe)
+    if not pipelined:
+        return Timing(device_us, math.nan, iters, kernel)
+    runs = pipelined_runs({"fn": _cycling(fn, input_sets)}, pipeline_calls(device_us), REPEATS, device)["fn"]
+    return Timing(device_us, runs.host_us, iters, kernel, runs.pipelined_us)
 
 
 def pipeline_calls(device_us: float) -> int:
@@ -109,14 +108,26 @@ def side_by_side(contenders: Sequence[tuple], iters: int = 50, kernels: bool = F
                for c in contenders}
     cycling = {c[0]: _cycling(c[1], c[2]) for c in contenders}
     calls = pipeline_calls(max(t.device_us for t in timings.values()))
-    pipe = pipelined_side_by_side(cycling, calls, REPEATS, contenders[0][2][0][0].device)
-    return {name: dataclasses.replace(t, pipelined_us=pipe[name]) for name, t in timings.items()}
+    runs = pipelined_runs(cycling, calls, REPEATS, contenders[0][2][0][0].device)
+    return {name: dataclasses.replace(t, pipelined_us=runs[name].pipelined_us, host_us=runs[name].host_us)
+            for name, t in timings.items()}
 
 
 def _cycling(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]]) -> Callable[[], object]:
     """``fn`` as a call without arguments that takes the next input set each time."""
     sets = itertools.cycle(input_sets)
     return lambda: fn(*next(sets))
+
+
+def copy_into(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The copy contenders' call: x into y."""
+    return y.copy_(x)
+
+
+def copy_contender(name: str, sets: Sequence[Sequence[torch.Tensor]]) -> tuple:
+    """A contender copying each set's x (its first tensor) into a new contiguous tensor: the ceiling at that size,
+    or, with a strided x, the copy that our ops make of it first."""
+    return (name, copy_into, [(x, torch.empty(x.shape, dtype=x.dtype, device=x.device)) for x, *_ in sets])
 
 
 def call_fields(t: Timing, baseline: Timing) -> dict[str, float]:
@@ -126,38 +137,40 @@ def call_fields(t: Timing, baseline: Timing) -> dict[str, float]:
             "pipe_vs_torch": round(t.pipelined_us / baseline.pipelined_us, 3)}
 
 
-def pipelined_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]],
-                 calls: int = PIPELINE, repeats: int = REPEATS) -> float:
-    """Median over ``repeats`` runs of: ``calls`` back-to-back calls (cycling through ``input_sets``,
-    allocations included), one synchronisation, wall time divided by ``calls``."""
-    device = input_sets[0][0].device
-    runs = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        for i in range(calls):
-            fn(*input_sets[i % len(input_sets)])
-        _sync(device)
-        runs.append((time.perf_counter() - t0) * 1e6 / calls)
-    return statistics.median(runs)
+@dataclass(frozen=True)
+class Pipelined:
+    """Per call, medians over runs of back-to-back calls: until the synchronisation returned (``pipelined_us``)
+    and until the last call returned (``host_us``), in microseconds."""
+
+    pipelined_us: float
+    host_us: float
 
 
-def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,
-                           device: torch.device | str = "cuda") -> dict[str, float]:
-    """``pipelined_us`` of several contenders, their runs interleaved (A, B, A, B, ...) so that a drift in the
-    host's speed (a noisy machine) falls on all of them alike; per contender the median of ``repeats`` runs of
-    ``calls`` back-to-back calls with one synchronisation, in microseconds per call."""
+def pipelined_runs(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,
+                   device: torch.device | str = "cuda") -> dict[str, Pipelined]:
+    """Runs of ``calls`` back-to-back calls with one synchronisation, of several contenders, their runs
+    interleaved (A, B, A, B, ...) so that a drift in the host's speed (a noisy machine) falls on all of them alike;
+    per contender the medians of ``repeats`` runs."""
     device = torch.device(device)
-    runs: dict[str, list[float]] = {name: [] for name in fns}
+    pipe: dict[str, list[float]] = {name: [] for name in fns}
+    host: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            t1 = time.perf_counter()
             _sync(device)
-            runs[name].append((time.perf_counter() - t0) * 1e6 / calls)
-    return {name: statistics.median(r) for name, r in runs.items()}
+            host[name].append((t1 - t0) * 1e6 / calls)
+            pipe[name].append((time.perf_counter() - t0) * 1e6 / calls)
+    return {name: Pipelined(statistics.median(pipe[name]), statistics.median(host[name])) for name in fns}
+
+
+def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,
+                           device: torch.device | str = "cuda") -> dict[str, float]:
+    """The pipelined time per call of each contender (``pipelined_runs``), in microseconds."""
+    return {name: r.pipelined_us for name, r in pipelined_runs(fns, calls, repeats, device).items()}
 
 
 def captured(fn: Callable[[], object], warmup: int = 3,
@@ -282,6 +295,18 @@ def bench_args(doc: str, quick_help: str, dtypes: str, *flags: tuple[str, str]) 
     for name, help_text in flags:
         p.add_argument(name, action="store_true", help=help_text)
     return p.parse_args()
+
+
+def run_without_gpu(args: argparse.Namespace, plot: Callable[[], None], name: str) -> int | None:
+    """What a benchmark does before it needs the GPU: draw the plot for ``--plot-only`` (exit status 0), or
+    say that ``name`` needs a CUDA GPU where there is none (2); None: go on and time."""
+    if args.plot_only:
+        plot()
+        return 0
+    if not torch.cuda.is_available():
+        print(f"{name} needs a CUDA GPU")
+        return 2
+    return None
 
 
 def parse_shape(text: str, dims: int) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,3 +55,22 @@ def compare(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, reduction:
     first = tuple(int(i) for i in bad[0])
     err = (g - r).abs().nan_to_num(nan=math.inf)
     return Mismatch(int(bad.shape[0]), g.numel(), first, float(r[first]), float(g[first]), float(err.max()))
+
+
+def compare_named(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor], like: Sequence[torch.Tensor],
+                  sums: dict[str, tuple[int, float]], dtype: torch.dtype) -> str | None:
+    """The first wrong result of several, as a message naming it; None when all match.
+
+    Args:
+        got: the results, in the order of ``sums``.
+        ref: their float64 references.
+        like: per result, the tensor whose dtype it must have (a gradient: its input's).
+        sums: per result name, ``(reduction, cond)`` for :func:`compare`.
+        dtype: the dtype whose row of the table applies.
+    """
+    for (name, (reduction, cond)), g, r, t in zip(sums.items(), got, ref, like, strict=True):
+        if g.dtype != t.dtype or g.shape != r.shape:
+            return f"{name}: {g.dtype} {tuple(g.shape)}, expected {t.dtype} {tuple(r.shape)}"
+        if (bad := compare(g, r, dtype, reduction=reduction, cond=cond)) is not None:
+            return f"{name}: {bad}"
+    return None

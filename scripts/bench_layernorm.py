@@ -36,22 +36,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
+from ops import timing  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
-from ops.timing import (  # noqa: E402
-    Timing,
-    appended,
-    bench_args,
-    call_fields,
-    commit,
-    gpu_name,
-    measure,
-    parse_shape,
-    plot_forward,
-    print_rows,
-    save_plot,
-    side_by_side,
-    write_report,
-)
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -67,22 +53,11 @@ FIELDS = ("kind", "impl", "dtype", "M", "H", "pipe_us", "pipe_vs_torch", "host_u
           "vs_torch", "vs_compile", "kernel_us", "kernel_GBps", "kernel_vs_torch")
 
 
-def copy_into(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The copy contenders' call: x into y."""
-    return y.copy_(x)
-
-
-def copy_contender(name: str, sets: list[tuple]) -> tuple:
-    """A contender copying each set's x into a new contiguous tensor (the ceiling at that size, or with a strided
-    x the copy ours makes of it)."""
-    return (name, copy_into, [(x, torch.empty(x.shape, dtype=x.dtype, device=x.device)) for x, *_ in sets])
-
-
 def copy_gbps() -> float:
     """Device-to-device copy bandwidth (read + write), the ceiling for these ops."""
     src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    t = measure(copy_into, [(src, dst)], iters=30)
+    t = timing.measure(timing.copy_into, [(src, dst)], iters=30)
     return 2 * src.numel() / t.device_us / 1e3
 
 
@@ -99,11 +74,11 @@ def input_sets(m: int, h: int, dtype: torch.dtype, with_dy: bool = False) -> lis
     return sets
 
 
-def row(kind: str, impl: str, dtype: torch.dtype, m: int, h: int, t: Timing, nbytes: int,
-        copy: float, torch_t: Timing, compile_t: Timing | None = None) -> dict:
+def row(kind: str, impl: str, dtype: torch.dtype, m: int, h: int, t: timing.Timing, nbytes: int,
+        copy: float, torch_t: timing.Timing, compile_t: timing.Timing | None = None) -> dict:
     gbps = nbytes / t.device_us / 1e3
     return {"kind": kind, "impl": impl, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
-            **call_fields(t, torch_t), "us": round(t.device_us, 2), "GBps": round(gbps, 1),
+            **timing.call_fields(t, torch_t), "us": round(t.device_us, 2), "GBps": round(gbps, 1),
             "pct_copy": round(100 * gbps / copy, 1),
             "vs_torch": round(t.device_us / torch_t.device_us, 3),
             "vs_compile": None if compile_t is None else round(t.device_us / compile_t.device_us, 3),
@@ -142,7 +117,7 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
         sets = input_sets(m, h, dtype)
         contenders: list[tuple] = [("torch", torch_fn, sets)]
         if with_copy and activation == "none":  # the ceiling at this size: a plain copy of the same bytes
-            contenders.append(copy_contender("copy", sets))
+            contenders.append(timing.copy_contender("copy", sets))
         if compiled is not None:
             contenders.append(("torch.compile", compiled, sets))
         contenders.append(("ours", lambda x, w, b: L.layernorm(x, w, b, activation=activation), sets))
@@ -155,7 +130,7 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
         for name, fn, *_ in contenders[1:]:
             if not name.startswith("copy"):
                 checked(fn, *sets[0], activation, name)
-        times = side_by_side(contenders, iters, kernels=True)
+        times = timing.side_by_side(contenders, iters, kernels=True)
         t_torch, t_comp = times["torch"], times.get("torch.compile")
         nbytes = 2 * m * h * dtype.itemsize
         for name, *_ in contenders:
@@ -185,11 +160,11 @@ def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float
         strided = [(x.t().contiguous().t(), w, b) for x, w, b in sets]   # the same values, not contiguous
         contenders = [("torch", torch_fn, sets), ("torch:strided", torch_fn, strided), ("ours", ours, sets),
                       ("ours:strided", ours, strided),
-                      copy_contender("copy", sets), copy_contender("copy:strided", strided)]
+                      timing.copy_contender("copy", sets), timing.copy_contender("copy:strided", strided)]
         for name, fn, inputs in contenders:
             if not name.startswith("copy"):
                 checked(fn, *inputs[0], "none", name)
-        times = side_by_side(contenders, iters, kernels=True)
+        times = timing.side_by_side(contenders, iters, kernels=True)
         for name, *_ in contenders:
             rows.append(row("fwd-strided", name, dtype, m, h, times[name], 2 * m * h * dtype.itemsize, copy,
                             times["torch"]))
@@ -227,7 +202,7 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: floa
             def liger_bwd(x, w, b, dy, mean, rstd, stats=stats):
                 return lg.layer_norm_backward(dy, x, w, b, *stats[id(x)])
             contenders.append(("liger", liger_bwd, sets))
-        times = side_by_side(contenders, iters, kernels=True)
+        times = timing.side_by_side(contenders, iters, kernels=True)
         for name, *_ in contenders:
             rows.append(row(kind, name, dtype, m, h, times[name], nbytes, copy, times["torch"]))
         print(" | ".join(f"{r['kind']} {r['impl']} M={m} H={h} {r['pipe_us']}us {r['GBps']}GB/s"
@@ -249,44 +224,41 @@ def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]]) -> tuple[Callable,
 
 def write(rows: list[dict], copy: float, kept: str = "") -> None:
     """The report (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
-    stamp = f"GPU: {gpu_name()}; commit {commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
-    write_report(OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
-                 "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
-                 "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
-                 "the host's time per call. ours: the public layernorm; ours:<variant>: layernorm_fwd of that "
-                 "kernel variant; liger: Liger-Kernel. Device time per call (CUDA events, median, inputs rotated past "
-                 "L2). GB/s counts x read + y write "
-                 "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager. impl `copy` is torch's "
-                 "device copy of the same tensor (x read + y write), the ceiling at that size. kernel_*: the same "
-                 "call's kernels alone, by CUPTI (torch.profiler; median over as many calls, each call's busy time "
-                 "on the device), without the launch gaps and the stream hop that the events include; "
-                 "kernel_vs_torch divides by torch's kernel time.")
+    stamp = f"GPU: {timing.gpu_name()}; commit {timing.commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
+    timing.write_report(
+        OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
+        "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
+        "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
+        "the host's time per call. ours: the public layernorm; ours:<variant>: layernorm_fwd of that "
+        "kernel variant; liger: Liger-Kernel. Device time per call (CUDA events, median, inputs rotated past "
+        "L2). GB/s counts x read + y write "
+        "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager. impl `copy` is torch's "
+        "device copy of the same tensor (x read + y write), the ceiling at that size. kernel_*: the same "
+        "call's kernels alone, by CUPTI (torch.profiler; median over as many calls, each call's busy time "
+        "on the device), without the launch gaps and the stream hop that the events include; "
+        "kernel_vs_torch divides by torch's kernel time.")
 
 
 def plot() -> None:
     """GB/s of torch vs ours per forward shape, one panel per dtype, from the committed CSV."""
-    plot_forward(OUT / "bench_layernorm.csv", OUT / "bench_layernorm.png", "LayerNorm forward", "GBps",
-                 "GB/s (x read + y write)", ("M", "H"), "{}x{}",
-                 ("copy", "torch", "torch.compile", "liger", "ours"))
+    timing.plot_forward(OUT / "bench_layernorm.csv", OUT / "bench_layernorm.png", "LayerNorm forward", "GBps",
+                        "GB/s (x read + y write)", ("M", "H"), "{}x{}",
+                        ("copy", "torch", "torch.compile", "liger", "ours"))
 
 
 def main() -> int:
-    args = bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16")
-    if args.plot_only:
-        plot()
-        return 0
-    if not torch.cuda.is_available():
-        print("bench_layernorm needs a CUDA GPU")
-        return 2
+    args = timing.bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16")
+    if (status := timing.run_without_gpu(args, plot, "bench_layernorm")) is not None:
+        return status
     copy = copy_gbps()
-    print(f"{gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
+    print(f"{timing.gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
     if args.shape:   # a quick look at one shape: forward and backward, printed
-        shape = parse_shape(args.shape, 2)
+        shape = timing.parse_shape(args.shape, 2)
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             rows += bench_forward(dtype, [shape], ["fast"], copy, with_compile=not args.no_compile)
             rows += bench_backward(dtype, [shape], copy)
-        print_rows(rows, FIELDS)
+        timing.print_rows(rows, FIELDS)
         return 0
     fast = ["fast"] if args.quick else ["vector", "fast"]
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
@@ -301,9 +273,9 @@ def main() -> int:
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows, kept = appended(OUT / "bench_layernorm.csv", args.dtypes, rows)
+        rows, kept = timing.appended(OUT / "bench_layernorm.csv", args.dtypes, rows)
     write(rows, copy, kept)
-    save_plot(plot)
+    timing.save_plot(plot)
     return 0
 
 

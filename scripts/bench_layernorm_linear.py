@@ -36,21 +36,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm_linear as LL  # noqa: E402
+from ops import timing  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
-from ops.timing import (  # noqa: E402
-    Timing,
-    appended,
-    bench_args,
-    call_fields,
-    commit,
-    gpu_name,
-    parse_shape,
-    plot_forward,
-    print_rows,
-    save_plot,
-    side_by_side,
-    write_report,
-)
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -61,6 +48,7 @@ TARGETS = ((4096, 768, 3072), (4096, 4096, 64), (4096, 4096, 4096))
 SPLIT_SHAPES = ((4096, 4096, 64), (4096, 4096, 128), (4096, 768, 64), (16384, 1024, 64), (512, 4096, 64),
                 (16, 4096, 64), (4096, 4096, 256))
 SPLIT_COUNTS = (1, 2, 4, 8, 16)
+STRIDED_SHAPES = ((4096, 768, 3072), (4096, 4096, 64))
 SM90_SHAPES = ((4096, 768, 3072), (16384, 768, 3072), (4096, 1024, 4096), (4096, 4096, 4096))
 ROTATE_BYTES = 256 << 20
 FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "pipe_us", "pipe_vs_torch", "host_us", "us", "TFLOPs", "vs_torch",
@@ -110,13 +98,14 @@ def check_forward(fn: Callable, s: tuple, what: str) -> None:
         raise SystemExit(f"{what} is wrong at x {tuple(x.shape)} weight {tuple(w.shape)} {x.dtype}: {bad}")
 
 
-def row(kind: str, impl: str, s: tuple, t: Timing, torch_t: Timing, mb: float) -> dict:
+def row(kind: str, impl: str, s: tuple, t: timing.Timing, torch_t: timing.Timing, mb: float) -> dict:
     x, w = s[0], s[3]
     (m, k), n = x.shape, w.shape[0]
     flops = 2 * m * n * k * (2 if kind == "bwd" else 1)
     return {"kind": kind, "impl": impl, "dtype": str(x.dtype).removeprefix("torch."), "M": m, "K": k, "N": n,
-            **call_fields(t, torch_t), "us": round(t.device_us, 2), "TFLOPs": round(flops / t.device_us / 1e6, 2),
-            "vs_torch": round(t.device_us / torch_t.device_us, 3), "peak_MB": round(mb, 1),
+            **timing.call_fields(t, torch_t), "us": round(t.device_us, 2),
+            "TFLOPs": round(flops / t.device_us / 1e6, 2), "vs_torch": round(t.device_us / torch_t.device_us, 3),
+            "peak_MB": round(mb, 1),
             "kernel_us": round(t.kernel_us, 2), "kernel_vs_torch": round(t.kernel_us / torch_t.kernel_us, 3)}
 
 
@@ -133,7 +122,7 @@ def time_contenders(dtype: torch.dtype, shape: tuple[int, int, int],
     named = contenders(sets)
     for impl, fn in named:
         check_forward(fn, sets[0], impl)
-    times = side_by_side([(impl, fn, sets) for impl, fn in named], iters_for(m, k, n), kernels=True)
+    times = timing.side_by_side([(impl, fn, sets) for impl, fn in named], iters_for(m, k, n), kernels=True)
     rows = [row("fwd", impl, sets[0], times[impl], times[named[0][0]], peak_mb(fn, sets[0])) for impl, fn in named]
     print(f"fwd {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows), flush=True)
     return rows
@@ -190,6 +179,28 @@ def prepared(impl: str, sets: Sets) -> list[tuple]:
     return graphs
 
 
+def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[dict]:
+    """Forward of a strided x (a transposed view) beside a contiguous one, torch and ours (algo auto), and the copy
+    of the strided x into a contiguous tensor ("copy:strided", what ours does with it first). "ours:strided" should
+    cost at most "ours" plus "copy:strided" (issue 34). Rows of kind "fwd-strided", against torch on contiguous x."""
+    rows = []
+    for m, k, n in shapes:
+        sets = input_sets(m, k, n, dtype)
+        strided = [(x.t().contiguous().t(), *rest) for x, *rest in sets]   # the same values, not contiguous
+        contenders = [("torch", torch_eager, sets), ("torch:strided", torch_eager, strided),
+                      ("ours", ours("auto"), sets), ("ours:strided", ours("auto"), strided)]
+        for name, fn, inputs in contenders:
+            check_forward(fn, inputs[0], name)
+        contenders.append(timing.copy_contender("copy:strided", strided))
+        times = timing.side_by_side(contenders, iters_for(m, k, n), kernels=True)
+        rows += [row("fwd-strided", name, sets[0], times[name], times["torch"], peak_mb(fn, inputs[0]))
+                 for name, fn, inputs in contenders]
+        print(f"fwd-strided {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us"
+                                                                     for r in rows[-len(contenders):]), flush=True)
+        del sets, strided, contenders
+    return rows
+
+
 def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[dict]:
     rows = []
     for m, k, n in shapes:
@@ -202,7 +213,8 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> li
             if (bad := compare(gv, r, dtype, reduction=max(m, n * k), cond=10.0)) is not None:
                 raise SystemExit(f"backward {name} is wrong at M={m} K={k} N={n} {dtype}: {bad}")
         graphs = {impl: prepared(impl, sets) for impl in ("torch", "ours")}
-        times = side_by_side([(impl, run_grads, g) for impl, g in graphs.items()], iters_for(m, k, n), kernels=True)
+        times = timing.side_by_side([(impl, run_grads, g) for impl, g in graphs.items()], iters_for(m, k, n),
+                                    kernels=True)
         for impl, g in graphs.items():
             rows.append(row("bwd", impl, sets[0], times[impl], times["torch"], peak_mb(run_grads, g[0])))
         del graphs
@@ -222,7 +234,7 @@ def bench_train(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[
     for m, k, n in shapes:
         sets = [tuple(t.detach() for t in s) for s in input_sets(m, k, n, dtype)[:4]]
         steps = {"torch": step(torch_eager), "ours": step(LL.layernorm_linear)}
-        times = side_by_side([(impl, fn, sets) for impl, fn in steps.items()], iters_for(m, k, n), kernels=True)
+        times = timing.side_by_side([(impl, fn, sets) for impl, fn in steps.items()], iters_for(m, k, n), kernels=True)
         for impl, fn in steps.items():
             rows.append(row("train", impl, sets[0], times[impl], times["torch"], peak_mb(fn, sets[0])))
         print(f"train {dtype} M={m} K={k} N={n}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us" for r in rows[-2:]),
@@ -232,35 +244,33 @@ def bench_train(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[
 
 def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = "") -> None:
     """The report ``stem`` (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
-    write_report(OUT / stem, rows, FIELDS, f"GPU: {gpu_name()}; commit {commit()}; TF32 off{kept}",
-                 "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
-                 "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
-                 "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
-                 "the host's time per call. ours: the public layernorm_linear (algo auto; ours:<algo> forces one). "
-                 "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
-                 "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
-                 "(backward: torch autograd). peak_MB: memory one call allocates at its peak. kernel_us: the "
-                 "call's kernels, memsets and copies alone, by CUPTI (torch.profiler; median over as many calls, "
-                 "each call's busy time on the device), without the launch gaps and stream hops that the events "
-                 "include; kernel_vs_torch divides by torch's kernel time.")
+    timing.write_report(
+        OUT / stem, rows, FIELDS, f"GPU: {timing.gpu_name()}; commit {timing.commit()}; TF32 off{kept}",
+        "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
+        "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
+        "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
+        "the host's time per call. ours: the public layernorm_linear (algo auto; ours:<algo> forces one). "
+        "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
+        "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
+        "(backward: torch autograd). peak_MB: memory one call allocates at its peak. kernel_us: the "
+        "call's kernels, memsets and copies alone, by CUPTI (torch.profiler; median over as many calls, "
+        "each call's busy time on the device), without the launch gaps and stream hops that the events "
+        "include; kernel_vs_torch divides by torch's kernel time.")
 
 
 def plot() -> None:
     """Forward time relative to torch eager per shape, one panel per dtype, from the committed CSV."""
-    plot_forward(OUT / "bench_layernorm_linear.csv", OUT / "bench_layernorm_linear.png", "LayerNorm+Linear forward",
-                 "pipe_vs_torch", "pipelined time / torch eager", ("M", "K", "N"), "{}x{}->{}", log=True)
+    timing.plot_forward(OUT / "bench_layernorm_linear.csv", OUT / "bench_layernorm_linear.png",
+                        "LayerNorm+Linear forward", "pipe_vs_torch", "pipelined time / torch eager", ("M", "K", "N"),
+                        "{}x{}->{}", log=True)
 
 
 def main() -> int:
-    args = bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
-                      ("--splits", "sweep the fused kernel's k splits instead (small n)"),
-                      ("--sm90", "time the Hopper kernel (algo sm90, bfloat16) instead"))
-    if args.plot_only:
-        plot()
-        return 0
-    if not torch.cuda.is_available():
-        print("bench_layernorm_linear needs a CUDA GPU")
-        return 2
+    args = timing.bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
+                             ("--splits", "sweep the fused kernel's k splits instead (small n)"),
+                             ("--sm90", "time the Hopper kernel (algo sm90, bfloat16) instead"))
+    if (status := timing.run_without_gpu(args, plot, "bench_layernorm_linear")) is not None:
+        return status
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if args.splits:
@@ -268,12 +278,12 @@ def main() -> int:
               "bench_layernorm_linear_splits")
         return 0
     if args.shape:   # a quick look at one shape: forward, backward and training step, printed
-        shape = parse_shape(args.shape, 3)
+        shape = timing.parse_shape(args.shape, 3)
         rows = []
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             rows += bench_forward(dtype, [shape], not args.no_compile)
             rows += bench_backward(dtype, [shape]) + bench_train(dtype, [shape])
-        print_rows(rows, FIELDS)
+        timing.print_rows(rows, FIELDS)
         return 0
     full = list(dict.fromkeys(list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
     if args.sm90:
@@ -285,11 +295,12 @@ def main() -> int:
         rows += bench_forward(dtype, grid, not args.no_compile)
         rows += bench_backward(dtype, list(TARGETS))
         rows += bench_train(dtype, list(TARGETS))
+        rows += bench_strided(dtype, list(STRIDED_SHAPES))
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows, kept = appended(OUT / "bench_layernorm_linear.csv", args.dtypes, rows)
+        rows, kept = timing.appended(OUT / "bench_layernorm_linear.csv", args.dtypes, rows)
     write(rows, kept=kept)
-    save_plot(plot)
+    timing.save_plot(plot)
     return 0
 
 

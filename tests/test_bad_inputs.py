@@ -55,14 +55,6 @@ def _raises(fn: Callable[[], object], err: type[Exception], name: str) -> None:
     assert str(info.value).startswith(f"{name}:"), f"the error does not name {name}: {info.value}"
 
 
-@pytest.mark.parametrize("entry", list(LN_ENTRIES))
-@pytest.mark.parametrize("case,arg,value,err,name", LN_CASES, ids=[c[0] for c in LN_CASES])
-def test_layernorm_bad_input(entry: str, case: str, arg: str, value: object, err: type[Exception],
-                             name: str) -> None:
-    args = _ln_args() | {arg: value}
-    _raises(lambda: LN_ENTRIES[entry](**args), err, name)
-
-
 LN_MORE = [
     ("activation", lambda a: L.layernorm(a["x"], a["weight"], a["bias"], activation="relu"), ValueError, "activation"),
     ("variant", lambda a: L.layernorm_fwd(a["x"], a["weight"], a["bias"], variant="nope"), ValueError, "variant"),
@@ -159,12 +151,19 @@ LNL_ENTRIES: dict[str, Callable[..., object]] = {
 }
 
 
-@pytest.mark.parametrize("entry", list(LNL_ENTRIES))
-@pytest.mark.parametrize("case,arg,value,err,name", LNL_CASES, ids=[c[0] for c in LNL_CASES])
-def test_layernorm_linear_bad_input(entry: str, case: str, arg: str, value: object, err: type[Exception],
-                                    name: str) -> None:
-    args = _lnl_args() | {arg: value}
-    _raises(lambda: LNL_ENTRIES[entry](**args), err, name)
+def _every_entry(entries: dict[str, Callable[..., object]], make_args: Callable[[], dict[str, object]],
+                 cases: list[tuple]) -> list:
+    """Each case of an op's table on each of its entries, as pytest params."""
+    return [pytest.param(entries[e], make_args, arg, value, err, name, id=f"{e}-{case}")
+            for e in entries for case, arg, value, err, name in cases]
+
+
+@pytest.mark.parametrize("entry,make_args,arg,value,err,name",
+                         _every_entry(LN_ENTRIES, _ln_args, LN_CASES) + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES))
+def test_bad_input(entry: Callable[..., object], make_args: Callable[[], dict[str, object]], arg: str, value: object,
+                   err: type[Exception], name: str) -> None:
+    args = make_args() | {arg: value}
+    _raises(lambda: entry(**args), err, name)
 
 
 def test_layernorm_linear_bad_algo() -> None:

@@ -11,7 +11,7 @@ from torch import nn
 from ops import layernorm_linear as LL
 from ops.launch import direct
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_ref, layernorm_stats_ref
-from ops.tolerance import compare
+from ops.tolerance import compare, compare_named
 
 # (leading dims..., K, N): K and N off the 16/64 tiles, 1-element edges, a 2-D batch.
 SHAPES = [(1, 1, 1), (7, 37, 5), (37, 64, 65), (3, 1000, 7), (5, 1023, 130), (2, 3, 24, 40), (70, 130, 64)]
@@ -63,10 +63,8 @@ def check_grads(got: tuple[torch.Tensor, ...], x: torch.Tensor, g: torch.Tensor,
     dw_cond = cond * max(1.0, float((dy.double().reshape(-1, n).abs().T @ xn).max()) / rows)
     sums = {"dx": (n * k, dx_cond), "dln_weight": (rows * n, cond), "dln_bias": (rows * n, 1.0),
             "dweight": (rows, dw_cond), "dbias": (rows, 1.0)}
-    for (name, (red, c)), gv, r, t in zip(sums.items(), got, ref, (x, g, b, w, bias), strict=True):
-        assert gv.dtype == t.dtype and gv.shape == r.shape, name
-        bad = compare(gv, r, x.dtype, reduction=red, cond=c)
-        assert bad is None, f"{name}, {x.dtype}, x {tuple(x.shape)}, weight {tuple(w.shape)} {where}: {bad}"
+    bad = compare_named(got, ref, (x, g, b, w, bias), sums, x.dtype)
+    assert bad is None, f"{x.dtype}, x {tuple(x.shape)}, weight {tuple(w.shape)} {where}: {bad}"
 
 
 @pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)

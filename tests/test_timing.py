@@ -1,6 +1,8 @@
 """ops.timing's CUPTI kernel time: device records split into calls at the marker kernel (on the CPU), and
-the kernel time of torch and MAX kernels (on the GPU); the benchmarks' report and plot from a CSV."""
+the kernel time of torch and MAX kernels (on the GPU); the benchmarks' report and plot from a CSV; host time
+from the pipelined runs; the issues' targets read from the reports (scripts/check_targets.py)."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,13 @@ from ops.timing import (
     kept_stamp,
     measure,
     plot_forward,
+    side_by_side,
     stamp_commit,
     write_report,
 )
 
 MARK = f"{MARK_KERNEL}(long)"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 
 def test_calls_are_split_at_markers_and_overlaps_count_once() -> None:
@@ -117,3 +121,39 @@ def test_parse_shape_takes_sizes_and_names_the_flag() -> None:
     for bad in ("4096x768", "4096x0x8", "axbxc", "4096,768,3072", ""):
         with pytest.raises(SystemExit, match="^--shape: expected 3 positive sizes"):
             parse_shape(bad, 3)
+
+
+def _bench_rows(kind: str, cases: dict[str, dict[str, float]], **key: str) -> list[dict[str, str]]:
+    return [{"kind": kind, "impl": impl, "dtype": "bfloat16", **key, **{c: str(v) for c, v in cols.items()}}
+            for impl, cols in cases.items()]
+
+
+def test_targets_are_the_worst_row_and_a_miss_is_a_miss() -> None:
+    """scripts/check_targets.py: each target is its worst row against the issue's limit, so one row over the
+    limit fails it; the strided budget is ours plus the strided copy."""
+    import check_targets
+
+    stamp = "GPU: H100; commit abc1234"
+    fast = {"torch": {"pipe_us": 30, "host_us": 20, "us": 20}, "ours": {"pipe_us": 24, "host_us": 25, "us": 10}}
+    slow_host = {"torch": {"pipe_us": 30, "host_us": 20, "us": 20}, "ours": {"pipe_us": 24, "host_us": 31, "us": 10}}
+    strided = {"ours": {"pipe_us": 10}, "copy:strided": {"pipe_us": 20}, "ours:strided": {"pipe_us": 33}}
+    rows = (_bench_rows("fwd", fast, M="1", H="256") + _bench_rows("fwd", slow_host, M="2", H="256")
+            + _bench_rows("fwd-strided", strided, M="4096", H="768"))
+    host, big, small, copy = check_targets.layernorm_checks(stamp, rows)
+    assert (host.value, host.where, host.commit, host.met) == (1.55, "fwd bfloat16 2x256", "abc1234", False)
+    assert big.met and big.value == 0.8 and small.value is None and not small.met   # no rows: not met
+    assert copy.value == 1.1 and not copy.met
+    train = [{"mode": "cuda_graph", "phase": "train", "tokens": t, "impl": "ours", "vs_torch": v}
+             for t, v in (("128", "0.9"), ("4096", "0.96"))]
+    graph_train = [c for c in check_targets.transformer_checks(stamp, train) if "cuda_graph train" in c.target]
+    assert [(c.value, c.where, c.met) for c in graph_train] == [(0.96, "4096 tokens", False)]
+
+
+def test_host_time_is_part_of_the_pipelined_time() -> None:
+    """Host time comes from the pipelined runs (until the last call returned), so it is never more than the
+    pipelined time; side_by_side gives every contender both."""
+    sets = [(torch.randn(64, 256),)]
+    t = measure(torch.nn.functional.gelu, sets, iters=5)
+    assert 0 < t.host_us <= t.pipelined_us
+    both = side_by_side([("a", torch.nn.functional.gelu, sets), ("b", torch.tanh, sets)], iters=5)
+    assert all(0 < x.host_us <= x.pipelined_us for x in both.values())

@@ -699,16 +699,17 @@ TORCH_LIBRARY(mojo_direct, m) {
 
 // The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
 // the backend kernels, with no grad to come.
-TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
+static void impl_entries(torch::Library& m) {
   m.impl("layernorm", &layernorm);
   m.impl("layernorm_linear", &layernorm_linear);
 }
 
+TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) { impl_entries(m); }
+
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
+  impl_entries(m);
   m.impl("layernorm_with_stats", &layernorm_with_stats);
   m.impl("layernorm_linear_with_stats", &layernorm_linear_with_stats);
-  m.impl("layernorm", &layernorm);
-  m.impl("layernorm_linear", &layernorm_linear);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CUDA, m) {

@@ -1,0 +1,198 @@
+"""The open issues' speed targets, checked against the committed results: which are met, by how much.
+
+    python scripts/check_targets.py            (prints the table)
+    python scripts/check_targets.py --write    (and writes results/targets.md)
+    python scripts/check_targets.py --strict   (exit status 1 while a target is not met)
+
+Each target is read as its issue writes it (33: fast calls, 34: strided inputs) from results/bench_layernorm.csv,
+results/bench_layernorm_linear.csv, results/bench_transformer.csv and results/gpu_tests.txt; device time against
+an earlier revision comes from scripts/compare_results.py. A row of the table is the worst case over every row
+that the target covers, with where it was measured and the commit that measured it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import compare_results  # noqa: E402
+
+from ops.timing import stamp_commit  # noqa: E402
+
+Rows = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target: the worst ``value`` over the rows it covers, against ``limit`` (met while value <= limit)."""
+
+    issue: int
+    target: str
+    limit: float
+    value: float | None
+    where: str
+    commit: str
+
+    @property
+    def met(self) -> bool:
+        return self.value is not None and self.value <= self.limit
+
+
+def read(name: str) -> tuple[str, Rows]:
+    """results/<name>.csv: its stamp (first line) and rows."""
+    lines = (ROOT / "results" / f"{name}.csv").read_text().splitlines()
+    return lines[0].lstrip("# "), list(csv.DictReader(lines[1:]))
+
+
+def shape(r: dict[str, str]) -> str:
+    return "x".join(r[c] for c in ("M", "H", "K", "N") if r.get(c))
+
+
+def keyed(rows: Rows, kind: str, impl: str) -> dict[tuple[str, str], dict[str, str]]:
+    """Rows of one kind and contender, by (dtype, shape)."""
+    return {(r["dtype"], shape(r)): r for r in rows if r["kind"] == kind and r["impl"] == impl}
+
+
+def worst(issue: int, target: str, limit: float, stamp: str, cases: Iterable[tuple[float, str, str]]) -> Check:
+    """The Check of the largest value among ``cases`` (value, dtype, where)."""
+    cases = list(cases)
+    if not cases:
+        return Check(issue, target, limit, None, "no rows", "")
+    value, dtype, where = max(cases)
+    return Check(issue, target, limit, value, where, stamp_commit(stamp, dtype))
+
+
+def ratios(rows: Rows, kind: str, column: str, impl: str = "ours", base: str = "torch",
+           keep: Callable[[dict[str, str], dict[str, str]], bool] = lambda ours, torch: True
+           ) -> list[tuple[float, str, str]]:
+    """(ours / torch in ``column``, dtype, where) per shape of ``kind`` that ``keep`` keeps."""
+    torch_rows = keyed(rows, kind, base)
+    out = []
+    for key, r in keyed(rows, kind, impl).items():
+        t = torch_rows.get(key)
+        if t and float(t[column]) > 0 and keep(r, t):
+            out.append((round(float(r[column]) / float(t[column]), 3), key[0], f"{kind} {key[0]} {key[1]}"))
+    return out
+
+
+def strided_check(op: str, stamp: str, rows: Rows) -> Check:
+    """Issue 34: a strided x costs at most one copy over a contiguous one, pipelined (rows "fwd-strided")."""
+    ours, copy = keyed(rows, "fwd-strided", "ours"), keyed(rows, "fwd-strided", "copy:strided")
+    cases = []
+    for (dtype, s), r in keyed(rows, "fwd-strided", "ours:strided").items():
+        budget = float(ours[dtype, s]["pipe_us"]) + float(copy[dtype, s]["pipe_us"])
+        cases.append((round(float(r["pipe_us"]) / budget, 3), dtype, f"{dtype} {s}: {r['pipe_us']} us against "
+                      f"{ours[dtype, s]['pipe_us']} + {copy[dtype, s]['pipe_us']}"))
+    return worst(34, f"{op}, strided x, pipelined: ours:strided / (ours + copy:strided)", 1.0, stamp, cases)
+
+
+def layernorm_checks(stamp: str, rows: Rows) -> list[Check]:
+    big = lambda ours, torch: float(torch["us"]) >= 15   # noqa: E731  torch's device time, as the issue says
+    small = lambda ours, torch: float(torch["us"]) < 15   # noqa: E731
+    return [
+        worst(33, "LayerNorm forward host time / torch's", 1.5, stamp, ratios(rows, "fwd", "host_us")),
+        worst(33, "LayerNorm forward pipelined / torch's, torch's device time >= 15 us", 1.0, stamp,
+              ratios(rows, "fwd", "pipe_us", keep=big)),
+        worst(33, "LayerNorm forward pipelined / torch's, torch's device time < 15 us", 1.5, stamp,
+              ratios(rows, "fwd", "pipe_us", keep=small)),
+        strided_check("LayerNorm", stamp, rows),
+    ]
+
+
+def layernorm_linear_checks(stamp: str, rows: Rows) -> list[Check]:
+    bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
+    target = lambda ours, torch: shape(ours) == "4096x768x3072"   # noqa: E731
+    return [
+        worst(33, "LayerNorm+Linear forward host time / torch's", 1.5, stamp, ratios(rows, "fwd", "host_us")),
+        worst(33, "LayerNorm+Linear bf16 4096x768->3072 forward pipelined / torch's", 0.85, stamp,
+              ratios(bf16, "fwd", "pipe_us", keep=target)),
+        worst(33, "LayerNorm+Linear bf16 forward pipelined / torch's, M >= 1024", 1.05, stamp,
+              ratios(bf16, "fwd", "pipe_us", keep=lambda ours, torch: int(ours["M"]) >= 1024)),
+        worst(33, "LayerNorm+Linear bf16 4096x768->3072 training step pipelined / torch's", 0.95, stamp,
+              ratios(bf16, "train", "pipe_us", keep=target)),
+        strided_check("LayerNorm+Linear", stamp, rows),
+    ]
+
+
+TRANSFORMER_LIMITS = {("eager", "infer"): 1.0, ("eager", "train"): 1.0, ("cuda_graph", "train"): 0.95,
+                      ("compile", "infer"): 1.0, ("compile", "train"): 1.0}
+
+
+def transformer_checks(stamp: str, rows: Rows) -> list[Check]:
+    ours = [r for r in rows if r["impl"] == "ours"]
+    checks = [worst(33, f"transformer {mode} {phase} / torch's", limit, stamp,
+                    [(float(r["vs_torch"]), "", f"{r['tokens']} tokens") for r in ours
+                     if (r["mode"], r["phase"]) == (mode, phase)])
+              for (mode, phase), limit in TRANSFORMER_LIMITS.items()]
+    checks.append(worst(33, "transformer cuda_graph infer 8x512 / torch's", 0.92, stamp,
+                        [(float(r["vs_torch"]), "", "4096 tokens") for r in ours
+                         if (r["mode"], r["phase"], r["tokens"]) == ("cuda_graph", "infer", "4096")]))
+    return checks
+
+
+def device_time_check(rev: str, band: float) -> Check:
+    """Our contenders' CUPTI kernel time against ``rev``'s committed reports (issue 33: no regression)."""
+    cases = []
+    for name in compare_results.BENCHES:
+        try:
+            _, old = compare_results.parse(compare_results.at_revision(rev, name))
+        except subprocess.CalledProcessError as e:   # a shallow clone: no baseline to compare with
+            return Check(33, f"device time of ours / {rev}'s (kernel_us)", 1.0 + band, None, e.stderr.strip(), "")
+        stamp, new = compare_results.parse((ROOT / "results" / f"{name}.csv").read_text())
+        cases += [(round(us / old[key], 3), key[2], f"{name}: {' '.join(key)} ({old[key]} -> {us} us)")
+                  for key, us in new.items() if key[1].startswith("ours") and old.get(key, 0) > 0]
+    value, dtype, where = max(cases)
+    return Check(33, f"device time of ours / {rev}'s (kernel_us)", 1.0 + band, value, where,
+                 stamp_commit(stamp, dtype))
+
+
+def suite_check() -> Check:
+    text = (ROOT / "results" / "gpu_tests.txt").read_text()
+    wall = re.findall(r"wall (\d+) s", text)
+    head = text.splitlines()[0] if text else ""
+    commit = m.group(1) if (m := re.search(r"commit (\w+)", head)) else ""
+    return Check(33, "GPU test suite wall time (s)", 300, float(wall[-1]) if wall else None,
+                 "scripts/gpu_check.sh gpu-tests", commit)
+
+
+def checks(rev: str, band: float) -> list[Check]:
+    return (layernorm_checks(*read("bench_layernorm")) + layernorm_linear_checks(*read("bench_layernorm_linear"))
+            + transformer_checks(*read("bench_transformer")) + [device_time_check(rev, band), suite_check()])
+
+
+def table(found: list[Check]) -> str:
+    lines = ["| issue | target | limit | worst measured | where | commit | met |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c.issue} | {c.target} | {c.limit:g} | {'-' if c.value is None else f'{c.value:g}'} | {c.where} "
+              f"| {c.commit} | {'yes' if c.met else '**no**'} |" for c in found]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rev", default="0306017", help="the baseline of device time (default 0306017, before issue 35)")
+    p.add_argument("--band", type=float, default=0.05, help="noise allowed on device time (default 0.05)")
+    p.add_argument("--write", action="store_true", help="write results/targets.md")
+    p.add_argument("--strict", action="store_true", help="exit status 1 while a target is not met")
+    a = p.parse_args(argv)
+    found = checks(a.rev, a.band)
+    text = "\n".join(["# The open issues' speed targets in results/", "",
+                      "`python scripts/check_targets.py --write`: the worst case of each target over the rows it "
+                      "covers (ratios are ours / torch's in the same run).", "", table(found), ""])
+    print(text)
+    if a.write:
+        (ROOT / "results" / "targets.md").write_text(text)
+    return 1 if a.strict and not all(c.met for c in found) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
