@@ -252,6 +252,48 @@ def test_gpu_native_layernorm_linear_is_the_python_route(dtype: torch.dtype, row
         assert torch.equal(m(x), python[0])
 
 
+def _strided(base: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Views of base [64, 5, h] that the kernels do not take as they are."""
+    return {"transposed": base.transpose(0, 1), "cls-slice": base[:, 0], "expanded": base[0, 0].expand(3, 7, -1)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_native_takes_strided_x(dtype: torch.dtype) -> None:
+    """A strided x goes through the C++ entries with one copy (ops/launch/direct.cpp's dense), not back to Python:
+    bitwise the contiguous x's output and gradients (LayerNorm, unfused LayerNorm+Linear), statistics and fused
+    forward."""
+    from ops.layernorm import layernorm, layernorm_fwd
+    from ops.layernorm_linear import ALGO_IDS, FusedLayerNormLinear
+
+    torch.manual_seed(0)
+    base = torch.randn(64, 5, 768, device="cuda").to(dtype)
+    seq = torch.nn.Sequential(torch.nn.LayerNorm(768), torch.nn.Linear(768, 96)).to("cuda", dtype)
+    unfused, fused = (FusedLayerNormLinear.from_torch(seq, algo=a) for a in ("unfused", "fused"))
+    ln, lin = unfused[0], unfused[1]
+    lnl_args = (ln.weight, ln.bias, lin.weight, lin.bias, ln.eps)
+    for view, x0 in _strided(base).items():
+        x, dense = x0.detach().requires_grad_(), x0.contiguous().requires_grad_()
+        for fn, params, n in ((lambda t: layernorm(t, ln.weight, ln.bias), [ln.weight, ln.bias], 768),
+                              (unfused, list(unfused.parameters()), 96)):
+            dy = torch.randn(*x.shape[:-1], n, device="cuda").to(dtype)
+            want = _grads(fn(dense), [dense, *params], dy)
+            want = _grads(fn(dense), [dense, *params], dy)   # the second: the C++ route, plans handed over
+            got = _grads(fn(x), [x, *params], dy)
+            for i, (a, b) in enumerate(zip(got, want, strict=True)):
+                assert torch.equal(a, b), f"{view}, {n}: output {i}"
+        with torch.no_grad():
+            assert direct.NATIVE.layernorm(x, ln.weight, ln.bias, ln.eps, 0) is not None, view
+            assert direct.NATIVE.layernorm_linear(x, *lnl_args, ALGO_IDS["unfused"]) is not None, view
+            stats = direct.NATIVE.layernorm_with_stats(x, ln.weight, ln.bias, ln.eps, 0)
+            assert stats, view
+            for a, b in zip(stats, layernorm_fwd(dense, ln.weight, ln.bias), strict=True):
+                assert torch.equal(a, b), view
+            want = fused(dense)
+            assert direct.NATIVE.layernorm_linear(x, *lnl_args, ALGO_IDS["fused"]) is not None, view
+            assert torch.equal(fused(x), want), view
+
+
 FUSED_CASES = [("fused", torch.float32, (300, 1023, 64)), ("fused", torch.float32, (2, 3, 256, 5)),
                ("fused", torch.bfloat16, (2, 1024, 2048, 64)), ("fused", torch.float16, (129, 768, 37)),
                ("sm90", torch.bfloat16, (300, 768, 264)), ("sm90", torch.bfloat16, (2, 2048, 1024, 768))]

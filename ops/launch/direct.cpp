@@ -5,8 +5,9 @@
 //
 // It decides nothing: Python (ops/layernorm_config.py, ops/layernorm_linear_config.py) chooses every launch and
 // hands each choice to the plan tables below (set_fwd_plan, set_bwd_plan, set_linear_algo, set_fused_plan) the
-// first time it sees a shape. An op returns an undefined tensor (None in Python) for any call it does not take: no
-// plan yet, a tensor that is strided, empty, on the CPU or of another dtype, an eps that is not positive.
+// first time it sees a shape. A strided x is copied once (dense). An op returns an undefined tensor (None in
+// Python) for any call it does not take: no plan yet, a strided weight or bias, an empty x, tensors on the CPU or
+// of another dtype, an eps that is not positive.
 // Python then runs its own route, with its named errors, and registers the plan for the next call.
 // layernorm_fwd / layernorm_infer / layernorm_bwd (with COMPILED_LAYERNORM "ours") and layernorm_linear_infer are
 // the ops torch.compile's graphs call (fakes in ops/layernorm.py, ops/layernorm_linear.py); they, and the autograd
@@ -230,15 +231,22 @@ bool supported(at::ScalarType dtype) {
 
 // What the C++ route takes: non-empty contiguous CUDA tensors of one supported dtype on one device, weight and
 // bias [H] with H x's last dim (Python's layernorm._valid), and a positive eps; not under CUDA autocast (Python
-// follows torch's autocast policy there).
-bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+// follows torch's autocast policy there). With any_layout, x may be strided (see dense).
+bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool any_layout = false) {
   if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0) || at::autocast::is_autocast_enabled(at::kCUDA))
     return false;
   const auto dtype = x.scalar_type();
   const int64_t h = x.size(-1);
   return supported(dtype) && w.scalar_type() == dtype && b.scalar_type() == dtype && w.device() == x.device() &&
          b.device() == x.device() && w.dim() == 1 && b.dim() == 1 && w.size(0) == h && b.size(0) == h &&
-         x.is_contiguous() && w.is_contiguous() && b.is_contiguous();
+         (any_layout || x.is_contiguous()) && w.is_contiguous() && b.is_contiguous();
+}
+
+// x as the kernels take it: a strided x of a call the C++ route takes otherwise is copied once (torch's
+// contiguous(); with autograd, the copy's backward puts the gradient back in place, as Python's layernorm.adapt
+// does); any other x as it is.
+Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  return x.is_contiguous() || !takes(x, w, b, eps, true) ? x : x.contiguous();
 }
 
 // ---------------------------------------------------------------- LayerNorm forward and backward
@@ -358,7 +366,8 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
 };
 
 // act(LayerNorm(x)) with autograd, or undefined for a call the Python route takes.
-Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+Tensor layernorm(const Tensor& x_in, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  const Tensor x = dense(x_in, w, b, eps);
   auto plan = fwd_plan(x, w, b, eps, act);
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
@@ -515,9 +524,10 @@ std::optional<FusedPlan> fused_plan(const Tensor& x, const Tensor& lnw, const Te
 
 // ops/layernorm_linear.py's layernorm_linear_fwd (y, mean, rstd) where ``algo`` resolves to "fused" or "sm90"
 // and Python handed over the plan; none for a call Python takes.
-std::vector<Tensor> layernorm_linear_with_stats(const Tensor& x, const Tensor& lnw, const Tensor& lnb,
+std::vector<Tensor> layernorm_linear_with_stats(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb,
                                                 const Tensor& w, const std::optional<Tensor>& bias, double eps,
                                                 int64_t algo) {
+  const Tensor x = dense(x_in, lnw, lnb, eps);
   auto plan = fused_plan(x, lnw, lnb, w, bias, eps, algo);
   if (!plan) return {};
   c10::DeviceGuard guard(x.device());
@@ -528,13 +538,15 @@ std::vector<Tensor> layernorm_linear_with_stats(const Tensor& x, const Tensor& l
 
 // Linear(LayerNorm(x)) with autograd where ``algo`` (an index into layernorm_linear.ALGOS) resolves to
 // "unfused" (set_linear_algo), or undefined for a call the Python route takes.
-Tensor layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
                         const std::optional<Tensor>& bias, double eps, int64_t algo) {
-  if (!takes(x, lnw, lnb, eps) || !linear_takes(x, w, bias)) return Tensor();
-  const bool grad = grad_to_come({&x, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
-  auto unfused = find(linear_unfused, lnl_key(x, w, algo, grad));
+  if (!takes(x_in, lnw, lnb, eps, true) || !linear_takes(x_in, w, bias)) return Tensor();
+  const bool grad = grad_to_come({&x_in, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
+  auto unfused = find(linear_unfused, lnl_key(x_in, w, algo, grad));
+  // The fused and Hopper forwards with a gradient to come: Python's autograd.
+  if ((!unfused || !*unfused) && grad) return Tensor();
+  const Tensor x = dense(x_in, lnw, lnb, eps);
   if (!unfused || !*unfused) {
-    if (grad) return Tensor();   // fused and Hopper forwards with a gradient to come: Python's autograd
     auto fused = find(fused_plans, fused_key(x, lnw, lnb, w, algo));
     if (!fused) return Tensor();
     c10::DeviceGuard guard(x.device());
@@ -569,7 +581,7 @@ Triple layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double e
 
 // ops/layernorm.py's layernorm_fwd (y, mean, rstd) in eager: the three, or none for a call Python takes.
 std::vector<Tensor> layernorm_with_stats(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
-  auto out = ln_fwd_stats(x, w, b, eps, act);
+  auto out = ln_fwd_stats(dense(x, w, b, eps), w, b, eps, act);
   if (!out) return {};
   return {std::get<0>(*out), std::get<1>(*out), std::get<2>(*out)};
 }
