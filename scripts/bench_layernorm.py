@@ -229,7 +229,8 @@ def write(rows: list[dict], copy: float, kept: str = "") -> None:
         OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
         "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
         "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
-        "the host's time per call. ours: the public layernorm; ours:<variant>: layernorm_fwd of that "
+        "the host's time per call in the same runs (until the last call returned). ours: the public layernorm; "
+        "ours:<variant>: layernorm_fwd of that "
         "kernel variant; liger: Liger-Kernel. Device time per call (CUDA events, median, inputs rotated past "
         "L2). GB/s counts x read + y write "
         "(backward: x, dy read + dx write). vs_torch < 1 is faster than torch eager. impl `copy` is torch's "

@@ -249,13 +249,16 @@ def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = ""
         "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
         "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
         "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
-        "the host's time per call. ours: the public layernorm_linear (algo auto; ours:<algo> forces one). "
+        "the host's time per call in the same runs (until the last call returned). ours: the public "
+        "layernorm_linear (algo auto; ours:<algo> forces one). "
         "Device time per call (CUDA events, median, inputs rotated past L2). TFLOPs counts 2*M*N*K "
         "(backward: twice that). vs_torch < 1 is faster than torch eager F.linear(F.layer_norm(x)) "
         "(backward: torch autograd). peak_MB: memory one call allocates at its peak. kernel_us: the "
         "call's kernels, memsets and copies alone, by CUPTI (torch.profiler; median over as many calls, "
         "each call's busy time on the device), without the launch gaps and stream hops that the events "
-        "include; kernel_vs_torch divides by torch's kernel time.")
+        "include; kernel_vs_torch divides by torch's kernel time. Kind fwd-strided: torch:strided and "
+        "ours:strided take a transposed (strided) x of the same values; copy:strided copies it into a contiguous "
+        "tensor (what ours does first).")
 
 
 def plot() -> None:
