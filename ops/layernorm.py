@@ -134,8 +134,8 @@ def fwd_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, varia
 # What a direct call needs beyond its tensors, per (rows, h, dtype, vec_ok, variant, act, device index):
 # the loaded kernel and its grid, block and cluster size. Depends on shapes and dtypes only.
 _fwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, int]] = {}
-# The backward's, per (parts, h, dtype, vec_ok, act, device index): parts is worked out at every call, so
-# OPS_LN_BWD_PARTS takes effect at once.
+# The backward's, per (parts, h, dtype, vec_ok, act, device index, forced config): parts and the forced config
+# are worked out at every call, so OPS_LN_BWD_PARTS and OPS_LN_BWD_CONFIG take effect at once.
 _bwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]] = {}
 _PLANS_MAX = direct.PLANS_MAX
 
@@ -192,22 +192,22 @@ def stat_addresses(stats: torch.Tensor) -> tuple[int, int]:
     return stats.data_ptr(), stats.data_ptr() + 4 * stats.shape[1]
 
 
-def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int
+def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int, forced: int | None
               ) -> tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]:
-    launch = config.bwd_launch(parts, h, dtype, vec_ok)
+    launch = config.bwd_launch(parts, h, dtype, vec_ok, forced)
     if len(_bwd_plans) >= _PLANS_MAX:
         _bwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
             direct.kernel(config.reduce_spec(dtype), index))
-    _bwd_plans[(parts, h, dtype, vec_ok, act, index)] = plan
+    _bwd_plans[(parts, h, dtype, vec_ok, act, index, forced)] = plan
     return plan
 
 
 def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int, parts: int,
                      plan: tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]) -> None:
     """Hand a backward plan to the C++ entries (keyed by rows: they do not work out the row groups), unless
-    OPS_LN_BWD_PARTS forces the groups (those calls stay on this route)."""
-    if os.environ.get("OPS_LN_BWD_PARTS"):
+    OPS_LN_BWD_PARTS or OPS_LN_BWD_CONFIG forces the launch (those calls stay on this route)."""
+    if os.environ.get("OPS_LN_BWD_PARTS") or os.environ.get("OPS_LN_BWD_CONFIG"):
         return
     rows_kernel, grid, block, reduce = plan
     direct.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
@@ -223,10 +223,10 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
     rows = x.numel() // h if h else 0
     index = x.get_device()
     vec_ok = _vec_ok(h, x.dtype, dy, x, weight, bias)
-    parts = bwd_parts(rows, h, x.dtype, x.device)
-    plan = _bwd_plans.get((parts, h, x.dtype, vec_ok, act, index))
+    parts, forced = bwd_parts(rows, h, x.dtype, x.device), config.bwd_config()
+    plan = _bwd_plans.get((parts, h, x.dtype, vec_ok, act, index, forced))
     if plan is None:
-        plan = _bwd_plan(parts, h, x.dtype, vec_ok, act, index)
+        plan = _bwd_plan(parts, h, x.dtype, vec_ok, act, index, forced)
     _native_bwd_plan(rows, h, x.dtype, vec_ok, act, index, parts, plan)
     rows_kernel, grid, block, reduce = plan
     dx = _empty(x.shape, x.dtype, x.device)
@@ -390,7 +390,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     parts = bwd_parts(rows, h, x.dtype, x.device)
     launch = _CPU_BWD_LAUNCH
     if x.is_cuda:
-        launch = config.bwd_launch(parts, h, x.dtype, _vec_ok(h, x.dtype, dy, x, weight, bias))
+        launch = config.bwd_launch(parts, h, x.dtype, _vec_ok(h, x.dtype, dy, x, weight, bias), config.bwd_config())
     dx, dweight, dbias, _, _ = bwd_op(activation, launch)(dy2, x2, weight, bias, mean.view(-1), rstd.view(-1),
                                                           sizes={"parts": parts})
     return dx.view(x.shape), dweight, dbias

@@ -179,15 +179,29 @@ def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: 
 
 
 @cache
-def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool) -> Launch:
+def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int | None = None) -> Launch:
     """The backward's row-group kernel for ``parts`` groups of rows of h (``vec_ok`` as in ``fwd_launch``,
-    for dx, dy, x, gamma and beta)."""
+    for dx, dy, x, gamma and beta): the first register configuration that holds the row. ``config`` forces
+    ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
+
+    Raises:
+        ValueError: a forced configuration that does not hold the row (or a row the register kernel cannot take).
+    """
     vec = vector_width(dtype)
     nv = h // vec
-    for ch, wpr, rpb in BWD_REGS:
+    for ch, wpr, rpb in BWD_REGS if config is None else BWD_REGS[config:config + 1]:
         if vec_ok and nv <= ch * wpr * WARP:
             return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (-(-parts // rpb), 1, 1), wpr * rpb * WARP)
+    if config is not None:
+        raise ValueError(f"OPS_LN_BWD_CONFIG: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
     return _loop(1, 8, parts, "ln_bwd_loop") if h <= 1024 else _loop(8, 1, parts, "ln_bwd_loop")
+
+
+def bwd_config() -> int | None:
+    """The backward's register configuration forced by OPS_LN_BWD_CONFIG (an index into BWD_REGS; a benchmark's
+    sweep, which, as OPS_LN_BWD_PARTS, keeps those calls on the Python route), or None."""
+    forced = os.environ.get("OPS_LN_BWD_CONFIG")
+    return int(forced) if forced else None
 
 
 def reduce_spec(dtype: torch.dtype) -> KernelSpec:

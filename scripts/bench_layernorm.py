@@ -21,12 +21,15 @@ Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
     python scripts/bench_layernorm.py --shape 4096x768 --dtypes bfloat16   (one M x H, printed, nothing written)
     python scripts/bench_layernorm.py --plot-only   (PNG from the committed CSV)
     python scripts/bench_layernorm.py --dtypes bfloat16 --append   (add to an earlier float32 run)
+    python scripts/bench_layernorm.py --bwd-sweep   (the backward's launch choices -> bench_layernorm_bwd_sweep.*)
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +39,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
+from ops import layernorm_config as config  # noqa: E402
 from ops import timing  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
@@ -46,6 +50,10 @@ GRID_H = (256, 768, 1024, 4096, 8192)
 TARGETS = ((16384, 4096), (4096, 8192))  # the >= 2.75 TB/s points
 PROGRESSION = ((4096, 768), (16384, 4096), (4096, 8192))
 LONG_ROWS = ((4096, 16384), (512, 32768), (32, 65536))  # fast: a cluster of blocks per row; vector: one block
+BWD_SWEEP_SHAPES = ((4096, 768), (16384, 768), (1024, 768), (4096, 1024), (4096, 4096))
+BWD_SWEEP_PER_SM = (1, 2, 4, 8, 12, 16)
+SWEEP_FIELDS = ("dtype", "M", "H", "per_sm", "parts", "config", "ch", "wpr", "rpb", "blocks", "threads", "default",
+                "us", "kernel_us", "GBps", "pct_copy")
 BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
 GELU_SHAPES = ((4096, 768), (16384, 4096))
 ROTATE_BYTES = 256 << 20  # input sets per shape cover at least this much (H100 L2: 50 MB)
@@ -210,6 +218,62 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: floa
     return rows
 
 
+@contextmanager
+def forced(**env: str) -> Iterator[None]:
+    """Environment variables set for the calls inside (the backward's tuning knobs)."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 30) -> list[dict]:
+    """The backward's launch choices at each shape: each register configuration that holds the row
+    (OPS_LN_BWD_CONFIG) at each count of row groups per SM (OPS_LN_BWD_PARTS), checked against the float64
+    reference, then timed (CUPTI kernel time of the row-group and column-sum kernels). ``default`` marks what
+    ops/layernorm_config.py chooses; GB/s counts x, dy read and dx written."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = []
+    for m, h in shapes:
+        sets = [(*s, *L.layernorm_fwd(*s[:3])[1:]) for s in input_sets(m, h, dtype, True)]
+        x, w, b, dy, mean, rstd = sets[0]
+        ref = layernorm_grads_ref(x, w, b, dy)
+        parts = L.bwd_parts(m, h, dtype, x.device)
+        default, seen = (parts, config.bwd_launch(parts, h, dtype, True)), set()
+        for per_sm in BWD_SWEEP_PER_SM:
+            parts = min(m, per_sm * sms)
+            if parts in seen:
+                continue
+            seen.add(parts)
+            for i, (ch, wpr, rpb) in enumerate(config.BWD_REGS):
+                try:
+                    launch = config.bwd_launch(parts, h, dtype, True, i)
+                except ValueError:
+                    continue   # it does not hold the row
+                with forced(OPS_LN_BWD_PARTS=str(parts), OPS_LN_BWD_CONFIG=str(i)):
+                    for name, g, r, n in zip(("dx", "dw", "db"), L.layernorm_bwd(dy, x, w, b, mean, rstd), ref,
+                                             (h, m, m), strict=True):
+                        if (bad := compare(g, r, dtype, reduction=n)) is not None:
+                            raise SystemExit(f"backward {name} is wrong at M={m} H={h} {dtype} config {i} parts "
+                                             f"{parts}: {bad}")
+                    t = timing.measure(lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd), sets,
+                                       iters, kernels=True, pipelined=False)
+                gbps = 3 * m * h * dtype.itemsize / t.kernel_us / 1e3
+                out.append({"dtype": str(dtype).removeprefix("torch."), "M": m, "H": h, "per_sm": per_sm,
+                            "parts": parts, "config": i, "ch": ch, "wpr": wpr, "rpb": rpb, "blocks": launch.grid[0],
+                            "threads": launch.block, "default": (parts, launch) == default,
+                            "us": round(t.device_us, 2), "kernel_us": round(t.kernel_us, 2), "GBps": round(gbps, 1),
+                            "pct_copy": round(100 * gbps / copy, 1)})
+                print(" ".join(f"{k}={v}" for k, v in out[-1].items()), flush=True)
+    return out
+
+
 def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]]) -> tuple[Callable, list[tuple]]:
     """torch autograd's backward through F.gelu(F.layer_norm(x)): the call and its prepared graphs."""
     graphs = []
@@ -248,12 +312,21 @@ def plot() -> None:
 
 
 def main() -> int:
-    args = timing.bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16")
+    args = timing.bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16",
+                             ("--bwd-sweep", "sweep the backward's row groups and register configurations instead"))
     if (status := timing.run_without_gpu(args, plot, "bench_layernorm")) is not None:
         return status
     copy = copy_gbps()
     print(f"{timing.gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
+    if args.bwd_sweep:
+        rows = [r for d in args.dtypes.split(",") for r in bench_bwd_sweep(getattr(torch, d), list(BWD_SWEEP_SHAPES),
+                                                                           copy)]
+        timing.write_report(OUT / "bench_layernorm_bwd_sweep", rows, SWEEP_FIELDS,
+                            f"GPU: {timing.gpu_name()}; commit {timing.commit()}; device copy {copy:.0f} GB/s",
+                            "LayerNorm backward launch sweep (scripts/bench_layernorm.py --bwd-sweep)",
+                            bench_bwd_sweep.__doc__.replace("\n    ", " "))
+        return 0
     if args.shape:   # a quick look at one shape: forward and backward, printed
         shape = timing.parse_shape(args.shape, 2)
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):

@@ -14,6 +14,7 @@
 #   timing-tests  only the CUPTI kernel-time tests on the GPU -> gpu_tests_timing.txt
 #   layernorm   LayerNorm benchmark -> bench_layernorm.{md,csv,png}
 #   layernorm:D1,D2  the same for those dtypes only, kept next to the CSV's other dtypes (to rerun one)
+#   layernorm-bwd-sweep  the LayerNorm backward's row groups x register configurations -> bench_layernorm_bwd_sweep.{md,csv}
 #   layernorm-linear  LayerNorm+Linear benchmark -> bench_layernorm_linear.{md,csv,png}
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
@@ -69,6 +70,9 @@ for step in "${steps[@]}"; do
     layernorm:*)
       run "bench_layernorm_log_${step#*:}" python scripts/bench_layernorm.py --dtypes "${step#*:}" --append
       [ "$out" = results ] || cp results/bench_layernorm.* "$out"/ ;;
+    layernorm-bwd-sweep)
+      run bench_layernorm_bwd_sweep_log python scripts/bench_layernorm.py --bwd-sweep --dtypes bfloat16,float32
+      [ "$out" = results ] || cp results/bench_layernorm_bwd_sweep.* "$out"/ ;;
     layernorm-linear)
       run bench_layernorm_linear_log python scripts/bench_layernorm_linear.py
       [ "$out" = results ] || cp results/bench_layernorm_linear.* "$out"/ ;;

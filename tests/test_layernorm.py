@@ -128,6 +128,22 @@ def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int,
     assert L.bwd_parts(rows, h, dtype, torch.device("cpu")) == 1
 
 
+def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPS_LN_BWD_CONFIG (the sweep's knob) forces a register configuration that holds the row, names itself
+    where it does not, and is off by default; the default is the first that holds the row."""
+    from ops import layernorm_config as config
+
+    monkeypatch.delenv("OPS_LN_BWD_CONFIG", raising=False)
+    assert config.bwd_config() is None
+    default = config.bwd_launch(528, 768, torch.bfloat16, True)
+    assert default.params == (8, *config.BWD_REGS[2]) and default.grid == (132, 1, 1) and default.block == 128
+    monkeypatch.setenv("OPS_LN_BWD_CONFIG", "3")
+    wide = config.bwd_launch(528, 768, torch.bfloat16, True, config.bwd_config())
+    assert wide.params == (8, 2, 4, 1) and wide.grid == (528, 1, 1) and wide.block == 128
+    with pytest.raises(ValueError, match="OPS_LN_BWD_CONFIG: BWD_REGS.0. does not hold a row of 768"):
+        config.bwd_launch(528, 768, torch.bfloat16, True, 0)
+
+
 def test_module_loads_torch_state_dict(device: str) -> None:
     torch_ln = torch.nn.LayerNorm(96, eps=1e-6, device=device)
     with torch.no_grad():
