@@ -289,8 +289,10 @@ def test_gpu_native_takes_strided_x(dtype: torch.dtype) -> None:
             assert stats, view
             for a, b in zip(stats, layernorm_fwd(dense, ln.weight, ln.bias), strict=True):
                 assert torch.equal(a, b), view
-            want = fused(dense)
-            assert direct.NATIVE.layernorm_linear(x, *lnl_args, ALGO_IDS["fused"]) is not None, view
+            want = fused(dense)   # the plan handed over
+            f_ln, f_lin = fused[0], fused[1]
+            assert direct.NATIVE.layernorm_linear(x, f_ln.weight, f_ln.bias, f_lin.weight, f_lin.bias, f_ln.eps,
+                                                  ALGO_IDS["fused"]) is not None, view
             assert torch.equal(fused(x), want), view
 
 
