@@ -149,11 +149,10 @@ def device_time_check(rev: str, band: float) -> Check:
         except subprocess.CalledProcessError as e:   # a shallow clone: no baseline to compare with
             return Check(33, f"device time of ours / {rev}'s (kernel_us)", 1.0 + band, None, e.stderr.strip(), "")
         stamp, new = compare_results.parse((ROOT / "results" / f"{name}.csv").read_text())
-        cases += [(round(us / old[key], 3), key[2], f"{name}: {' '.join(key)} ({old[key]} -> {us} us)")
-                  for key, us in new.items() if key[1].startswith("ours") and old.get(key, 0) > 0]
-    value, dtype, where = max(cases)
-    return Check(33, f"device time of ours / {rev}'s (kernel_us)", 1.0 + band, value, where,
-                 stamp_commit(stamp, dtype))
+        cases += [(round(us / old[key], 3), stamp_commit(stamp, key[2]), f"{name}: {' '.join(key)} ({old[key]} -> "
+                   f"{us} us)") for key, us in new.items() if key[1].startswith("ours") and old.get(key, 0) > 0]
+    value, commit, where = max(cases)
+    return Check(33, f"device time of ours / {rev}'s (kernel_us)", 1.0 + band, value, where, commit)
 
 
 def suite_check() -> Check:
