@@ -12,13 +12,18 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     poe bench-transformer                          (needs a CUDA GPU)
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
+    python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import statistics
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -181,6 +186,34 @@ def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
     return rows
 
 
+def across_processes(argv: list[str], processes: int) -> list[dict]:
+    """This script's rows, run in ``processes`` fresh processes (a process's host can be a few percent off for
+    its whole life, which interleaving within it cannot even out), as ``process_medians`` of them."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(processes):
+            out = Path(tmp) / f"rows{i}.json"
+            subprocess.run([sys.executable, __file__, *argv, "--rows-out", str(out)], check=True)
+            runs.append(json.loads(out.read_text()))
+    return process_medians(runs)
+
+
+def process_medians(runs: list[list[dict]]) -> list[dict]:
+    """Per (mode, phase, tokens, impl): the median ms over the runs, and the median of each run's ratio to torch
+    (each ratio compares contenders timed side by side in one process)."""
+    by_key: dict[tuple, list[dict]] = {}
+    for rows in runs:
+        for r in rows:
+            by_key.setdefault((r["mode"], r["phase"], r["tokens"], r["impl"]), []).append(r)
+    out = []
+    for (mode, phase, tokens, impl), rs in by_key.items():
+        ms = statistics.median(float(r["ms"]) for r in rs)
+        out.append({"mode": mode, "phase": phase, "tokens": tokens, "impl": impl, "ms": round(ms, 4),
+                    "tokens_per_s": round(int(tokens) / ms * 1e3),
+                    "vs_torch": round(statistics.median(float(r["vs_torch"]) for r in rs), 3)})
+    return out
+
+
 def write_layernorm_ab(rows: list[dict]) -> None:
     """The compile rows of torch, ours and AB_IMPL side by side: the evidence for COMPILED_LAYERNORM's default."""
     rows = [r for r in rows if r["mode"] == "compile"]
@@ -191,7 +224,7 @@ def write_layernorm_ab(rows: list[dict]) -> None:
                  f"(COMPILED_LAYERNORM = 'ours'). Pipelined ms per call, median of {REPEATS} interleaved runs.")
 
 
-def write(rows: list[dict], modes: list[str]) -> None:
+def write(rows: list[dict], modes: list[str], processes: int = 1) -> None:
     """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
     rows = [r for r in rows if r["impl"] in ("torch", "ours")]
     csv_path = OUT.with_suffix(".csv")
@@ -202,7 +235,9 @@ def write(rows: list[dict], modes: list[str]) -> None:
     stamp = f"GPU: {gpu_name()}; commit {commit()}"
     write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
                  f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {REPEATS} runs, "
-                 "torch's and ours interleaved); "
+                 "torch's and ours interleaved"
+                 + (f"; then the median over {processes} fresh processes, of the ms and of each process's vs_torch"
+                    if processes > 1 else "") + "); "
                  "train = forward + backward + AdamW. vs_torch = ours / torch in the same mode.")
     try:
         plot(rows, stamp)
@@ -233,12 +268,22 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--layernorm-ab", action="store_true",
                    help=f"compile mode: also ours with our LayerNorm ops in the graph ({AB_OUT.name}.md)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run in this many fresh processes; report the medians over them")
+    p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
     args = p.parse_args()
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
-    rows = run(modes, args.layernorm_ab)
-    write(rows, modes)
+    if args.processes > 1:
+        rows = across_processes(["--modes", args.modes, *(["--layernorm-ab"] if args.layernorm_ab else [])],
+                                args.processes)
+    else:
+        rows = run(modes, args.layernorm_ab)
+    if args.rows_out:
+        Path(args.rows_out).write_text(json.dumps(rows))
+        return
+    write(rows, modes, args.processes)
     if args.layernorm_ab and "compile" in modes:
         write_layernorm_ab(rows)
 

@@ -20,6 +20,7 @@
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
 #   layernorm-linear-sm90  the Hopper kernel beside torch, the default and cuBLAS -> bench_layernorm_linear_sm90.{md,csv}
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
+#   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
@@ -88,6 +89,9 @@ for step in "${steps[@]}"; do
       [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
     transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
       run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab
+      [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
+    transformer-eager)
+      run bench_transformer_eager_log python scripts/bench_transformer.py --modes eager --processes 5
       [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"

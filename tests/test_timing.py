@@ -157,3 +157,17 @@ def test_host_time_is_part_of_the_pipelined_time() -> None:
     assert 0 < t.host_us <= t.pipelined_us
     both = side_by_side([("a", torch.nn.functional.gelu, sets), ("b", torch.tanh, sets)], iters=5)
     assert all(0 < x.host_us <= x.pipelined_us for x in both.values())
+
+
+def test_transformer_medians_over_processes() -> None:
+    """bench_transformer --processes: the median ms per contender, and the median of each process's own ratio (not
+    the ratio of medians, which would compare times from different processes)."""
+    import bench_transformer
+
+    def rows(torch_ms: float, ours_ms: float) -> list[dict]:
+        return [{"mode": "eager", "phase": "infer", "tokens": 128, "impl": impl, "ms": ms, "tokens_per_s": 0,
+                 "vs_torch": round(ms / torch_ms, 3)} for impl, ms in (("torch", torch_ms), ("ours", ours_ms))]
+
+    got = {r["impl"]: r for r in bench_transformer.process_medians([rows(4.0, 4.4), rows(3.0, 2.85), rows(3.2, 3.1)])}
+    assert (got["torch"]["ms"], got["torch"]["vs_torch"]) == (3.2, 1.0)
+    assert (got["ours"]["ms"], got["ours"]["vs_torch"], got["ours"]["tokens_per_s"]) == (3.1, 0.969, 41290)
