@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -218,21 +218,6 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: floa
     return rows
 
 
-@contextmanager
-def forced(**env: str) -> Iterator[None]:
-    """Environment variables set for the calls inside (the backward's tuning knobs)."""
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
-
-
 def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 30) -> list[dict]:
     """The backward's launch choices at each shape: each register configuration that holds the row
     (OPS_LN_BWD_CONFIG) at each count of row groups per SM (OPS_LN_BWD_PARTS), checked against the float64
@@ -256,7 +241,7 @@ def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: flo
                     launch = config.bwd_launch(parts, h, dtype, True, i)
                 except ValueError:
                     continue   # it does not hold the row
-                with forced(OPS_LN_BWD_PARTS=str(parts), OPS_LN_BWD_CONFIG=str(i)):
+                with mock.patch.dict(os.environ, OPS_LN_BWD_PARTS=str(parts), OPS_LN_BWD_CONFIG=str(i)):
                     for name, g, r, n in zip(("dx", "dw", "db"), L.layernorm_bwd(dy, x, w, b, mean, rstd), ref,
                                              (h, m, m), strict=True):
                         if (bad := compare(g, r, dtype, reduction=n)) is not None:

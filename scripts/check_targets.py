@@ -13,7 +13,6 @@ that the target covers, with where it was measured and the commit that measured 
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import subprocess
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import compare_results  # noqa: E402
+from readme_tables import read  # noqa: E402
 
 from ops.timing import stamp_commit  # noqa: E402
 
@@ -46,12 +46,6 @@ class Check:
     @property
     def met(self) -> bool:
         return self.value is not None and self.value <= self.limit
-
-
-def read(name: str) -> tuple[str, Rows]:
-    """results/<name>.csv: its stamp (first line) and rows."""
-    lines = (ROOT / "results" / f"{name}.csv").read_text().splitlines()
-    return lines[0].lstrip("# "), list(csv.DictReader(lines[1:]))
 
 
 def shape(r: dict[str, str]) -> str:
@@ -145,12 +139,11 @@ def device_time_check(rev: str, band: float) -> Check:
     cases = []
     for name in compare_results.BENCHES:
         try:
-            _, old = compare_results.parse(compare_results.at_revision(rev, name))
+            _, stamp, matched = compare_results.ratios(name, rev)
         except subprocess.CalledProcessError as e:   # a shallow clone: no baseline to compare with
             return Check(33, f"device time of ours / {rev}'s (kernel_us)", 1.0 + band, None, e.stderr.strip(), "")
-        stamp, new = compare_results.parse((ROOT / "results" / f"{name}.csv").read_text())
-        cases += [(round(us / old[key], 3), stamp_commit(stamp, key[2]), f"{name}: {' '.join(key)} ({old[key]} -> "
-                   f"{us} us)") for key, us in new.items() if key[1].startswith("ours") and old.get(key, 0) > 0]
+        cases += [(round(r, 3), stamp_commit(stamp, key[2]), f"{name}: {' '.join(key)} ({old} -> {new} us)")
+                  for r, key, old, new in matched if key[1].startswith("ours")]
     value, commit, where = max(cases)
     return Check(33, f"device time of ours / {rev}'s (kernel_us)", 1.0 + band, value, where, commit)
 

@@ -44,27 +44,34 @@ def at_revision(rev: str, name: str) -> str:
                           check=True).stdout
 
 
-def compare(name: str, rev: str, band: float) -> list[str]:
-    """Markdown lines: per dtype and contender, the new/old kernel-time ratios; then the rows outside the band."""
+def ratios(name: str, rev: str) -> tuple[str, str, list[tuple[float, tuple[str, ...], float, float]]]:
+    """results/<name>.csv against ``rev``'s: the old and new stamps, and per row in both, (new / old kernel time,
+    row key, old us, new us)."""
     old_stamp, old = parse(at_revision(rev, name))
     new_stamp, new = parse((ROOT / "results" / f"{name}.csv").read_text())
-    ratios: dict[tuple[str, str], list[tuple[float, tuple[str, ...]]]] = {}
-    for key, us in new.items():
-        if key in old and old[key] > 0:
-            ratios.setdefault((key[2], key[1]), []).append((us / old[key], key))
+    return old_stamp, new_stamp, [(us / old[key], key, old[key], us) for key, us in new.items()
+                                  if key in old and old[key] > 0]
+
+
+def compare(name: str, rev: str, band: float) -> list[str]:
+    """Markdown lines: per dtype and contender, the new/old kernel-time ratios; then the rows outside the band."""
+    old_stamp, new_stamp, matched = ratios(name, rev)
+    by_contender: dict[tuple[str, str], list[tuple[float, tuple[str, ...], float, float]]] = {}
+    for m in matched:
+        by_contender.setdefault((m[1][2], m[1][1]), []).append(m)
     out = [f"## {name}", "", "| dtype | contender | rows | commits (old -> new) | median | min | max |",
            "|---|---|---|---|---|---|---|"]
     outside = []
-    for (dtype, impl), rs in sorted(ratios.items()):
-        values = [r for r, _ in rs]
+    for (dtype, impl), rs in sorted(by_contender.items()):
+        values = [m[0] for m in rs]
         commits = f"{stamp_commit(old_stamp, dtype)} -> {stamp_commit(new_stamp, dtype)}"
         out.append(f"| {dtype} | {impl} | {len(rs)} | {commits} | {statistics.median(values):.3f} | "
                    f"{min(values):.3f} | {max(values):.3f} |")
-        outside += [(r, key) for r, key in rs if abs(r - 1.0) > band]
+        outside += [m for m in rs if abs(m[0] - 1.0) > band]
     out += ["", f"Rows more than {band:.0%} off ({len(outside)}):", ""]
     if outside:
         out += ["| row | old us | new us | new / old |", "|---|---|---|---|"]
-        out += [f"| {' '.join(key)} | {old[key]} | {new[key]} | {r:.3f} |" for r, key in sorted(outside)]
+        out += [f"| {' '.join(key)} | {old} | {new} | {r:.3f} |" for r, key, old, new in sorted(outside)]
     return out + [""]
 
 
