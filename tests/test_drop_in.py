@@ -449,6 +449,31 @@ def test_gpu_second_device_runs_there() -> None:
 
 
 @NEEDS_TWO
+def test_gpu_second_device_captures_on_its_stream() -> None:
+    """Captured into a CUDA graph on cuda:1 (its capture stream current), our calls replay there on new input:
+    a launch on any other stream or device would not be in the graph (and would fail the capture)."""
+    with torch.cuda.device(1):
+        x, w, b = (torch.randn(*s, device="cuda:1") for s in ((64, 768), (768,), (768,)))
+        weight = torch.randn(256, 768, device="cuda:1") / 32
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm-up off the capture: plans and kernels loaded
+            L.layernorm(x, w, b)
+            LL.layernorm_linear(x, w, b, weight)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = L.layernorm(x, w, b)
+            z = LL.layernorm_linear(x, w, b, weight)
+        x.copy_(torch.randn_like(x) * 3 + 1)
+        graph.replay()
+        torch.cuda.synchronize()
+    xd, wd, bd = x.double(), w.double(), b.double()
+    assert compare(y, F.layer_norm(xd, (768,), wd, bd), torch.float32) is None
+    assert compare(z, _lnl_ref(xd, wd, bd, weight.double(), None), torch.float32, reduction=768) is None
+
+
+@NEEDS_TWO
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 def test_gpu_data_parallel_step_matches_one_gpu(kind: str, tmp_path: Path) -> None:
     """A DDP or FSDP2 training step (forward, backward, SGD) of a small model with our modules, its batch split
