@@ -192,11 +192,16 @@ class Kernel:
         if not path.is_file():
             build([spec], name)
         ptx = path.read_text()
-        Device(device_index).set_current()
-        self.kernel = ObjectCode.from_ptx(ptx.encode(), name=spec.name).get_kernel(entry_name(ptx))
         # The library kernel's function in this device's primary context (torch's): launching a CUfunction
-        # skips the driver's per-launch lookup of a context-less CUkernel.
-        self.function = _unwrap(driver.cuKernelGetFunction(self.kernel.handle))
+        # skips the driver's per-launch lookup of a context-less CUkernel. The thread's context is put back
+        # after: left on another device, torch's next runtime calls (a graph capture's) would go there.
+        previous = _unwrap(driver.cuCtxGetCurrent())
+        Device(device_index).set_current()
+        try:
+            self.kernel = ObjectCode.from_ptx(ptx.encode(), name=spec.name).get_kernel(entry_name(ptx))
+            self.function = _unwrap(driver.cuKernelGetFunction(self.kernel.handle))
+        finally:
+            _check(driver.cuCtxSetCurrent(previous))
         if smem_max > 48 * 1024:
             _check(driver.cuKernelSetAttribute(
                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_max,
