@@ -462,7 +462,9 @@ def test_gpu_second_device_captures_on_its_stream() -> None:
             LL.layernorm_linear(x, w, b, weight)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # A capture stream of its own: torch.cuda.graph's default one is made once per process, on the device
+        # current at the first capture, and later captures on cuda:0 would run on cuda:1's.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
             y = L.layernorm(x, w, b)
             z = LL.layernorm_linear(x, w, b, weight)
         x.copy_(torch.randn_like(x) * 3 + 1)
