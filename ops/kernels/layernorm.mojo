@@ -748,6 +748,40 @@ def ln_bwd_reduce[dtype: DType](
         dbeta[unsafe_offset=col] = tb.cast[dtype]()
 
 
+# ---------------------------------------------------------------- transposed x (the direct route's copy)
+
+comptime TRANSPOSE_TILE = 32     # a tile of 32 x 32 elements per block
+comptime TRANSPOSE_THREADS = 256  # 8 rows of 32 threads, 4 elements each way
+
+
+def copy_transposed[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], r: Int32, h: Int32, batch_stride: Int32):
+    """y [batches, r, h] row-major from x whose [r, h] matrices are column-major (x[b * batch_stride + i + j * r]),
+    through a shared-memory tile so that reads (along i) and writes (along j) are both coalesced.
+    Grid (ceil(h / 32), ceil(r / 32), batches), block TRANSPOSE_THREADS."""
+    comptime PITCH = TRANSPOSE_TILE + 1   # a padded tile row: a column's reads fall in distinct banks
+    comptime STEP = TRANSPOSE_THREADS // TRANSPOSE_TILE
+    var tile = stack_allocation[TRANSPOSE_TILE * PITCH, dtype, address_space=AddressSpace.SHARED]()
+    var tx = Int(thread_idx.x) % TRANSPOSE_TILE
+    var ty = Int(thread_idx.x) // TRANSPOSE_TILE
+    var i0 = Int(block_idx.y) * TRANSPOSE_TILE
+    var j0 = Int(block_idx.x) * TRANSPOSE_TILE
+    var rows = Int(r)
+    var cols = Int(h)
+    var src = Int(block_idx.z) * Int(batch_stride)
+    var dst = Int(block_idx.z) * rows * cols
+    comptime for k in range(0, TRANSPOSE_TILE, STEP):
+        var i = i0 + tx
+        var j = j0 + ty + k
+        if i < rows and j < cols:
+            tile[unsafe_offset=(ty + k) * PITCH + tx] = x[unsafe_offset=src + i + j * rows]
+    barrier()
+    comptime for k in range(0, TRANSPOSE_TILE, STEP):
+        var i = i0 + ty + k
+        var j = j0 + tx
+        if i < rows and j < cols:
+            y[unsafe_offset=dst + i * cols + j] = tile[unsafe_offset=tx * PITCH + ty + k]
+
+
 def launch_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     ctx: DeviceContext, dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype],
     x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],

@@ -195,6 +195,7 @@ std::unordered_map<Key, FwdPlan, KeyHash> fwd_plans;
 std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;
 std::unordered_map<Key, bool, KeyHash> linear_unfused;  // auto's (or the named) algo is "unfused"
 std::unordered_map<Key, FusedPlan, KeyHash> fused_plans;
+std::unordered_map<Key, CUfunction, KeyHash> transpose_kernels;   // copy_transposed, by dtype and device
 bool poison = false;   // tests: every output starts as NaN, so an unwritten element never passes
 
 Key fwd_key(int64_t rows, int64_t h, at::ScalarType dtype, bool vec_ok, int64_t act, int64_t device) {
@@ -242,11 +243,50 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
          (any_layout || x.is_contiguous()) && w.is_contiguous() && b.is_contiguous();
 }
 
-// x as the kernels take it: a strided x of a call the C++ route takes otherwise is copied once (torch's
-// contiguous(); with autograd, the copy's backward puts the gradient back in place, as Python's layernorm.adapt
-// does); any other x as it is.
+constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
+constexpr int64_t INT32_LIMIT = 2147483647, GRID_YZ_LIMIT = 65535;
+
+// x [..., r, h] whose [r, h] matrices are column-major (stride(-2) 1, stride(-1) r; the leading dims one batch
+// stride apart), as a transposed view of a [..., h, r] tensor is, copied row-major by copy_transposed, which
+// reads and writes whole lines (torch's contiguous() moves these at a third of a plain copy's rate). None for
+// any other layout, a gradient to come (torch's copy carries it back), or no kernel handed over.
+std::optional<Tensor> copy_transposed(const Tensor& x) {
+  const int64_t d = x.dim();
+  if (d < 2 || (at::GradMode::is_enabled() && x.requires_grad())) return std::nullopt;
+  const int64_t r = x.size(-2), h = x.size(-1);
+  if (r < 2 || h < 2 || x.stride(-2) != 1 || x.stride(-1) != r) return std::nullopt;
+  int64_t batches = 1, batch_stride = 0;
+  for (int64_t i = d - 3; i >= 0; --i) {
+    if (x.size(i) == 1) continue;
+    if (batches == 1) batch_stride = x.stride(i);
+    else if (x.stride(i) != batch_stride * batches) return std::nullopt;
+    batches *= x.size(i);
+  }
+  const int64_t tiles_r = (r + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+  if (x.numel() > INT32_LIMIT || batch_stride > INT32_LIMIT || batch_stride * (batches - 1) + r * h > INT32_LIMIT ||
+      tiles_r > GRID_YZ_LIMIT || batches > GRID_YZ_LIMIT)
+    return std::nullopt;
+  auto kernel = find(transpose_kernels, Key{static_cast<int64_t>(x.scalar_type()), x.get_device(), 0, 0, 0, 0, 0, 0});
+  if (!kernel) return std::nullopt;
+  Tensor y = empty(x.sizes(), x.options());
+  void* yp = y.data_ptr();
+  void* xp = x.data_ptr();
+  int32_t r32 = static_cast<int32_t>(r), h32 = static_cast<int32_t>(h), stride32 = static_cast<int32_t>(batch_stride);
+  void* params[] = {&yp, &xp, &r32, &h32, &stride32};
+  const std::array<unsigned, 3> grid = {static_cast<unsigned>((h + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE),
+                                        static_cast<unsigned>(tiles_r), static_cast<unsigned>(batches)};
+  c10::DeviceGuard guard(x.device());
+  launch(x.device(), *kernel, grid, TRANSPOSE_THREADS, 1, params, 0);
+  return y;
+}
+
+// x as the kernels take it: a strided x of a call the C++ route takes otherwise is copied once (copy_transposed,
+// or torch's contiguous(); with autograd, the copy's backward puts the gradient back in place, as Python's
+// layernorm.adapt does); any other x as it is.
 Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  return x.is_contiguous() || !takes(x, w, b, eps, true) ? x : x.contiguous();
+  if (x.is_contiguous() || !takes(x, w, b, eps, true)) return x;
+  if (auto y = copy_transposed(x)) return *y;
+  return x.contiguous();
 }
 
 // ---------------------------------------------------------------- LayerNorm forward and backward
@@ -667,8 +707,14 @@ void set_fused_plan(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, in
   fused_plans[lnl_key(rows, k, n, dtype, device, algo, mask)] = std::move(plan);
 }
 
+void set_transpose_kernel(at::ScalarType dtype, int64_t device, int64_t kernel) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  transpose_kernels[Key{static_cast<int64_t>(dtype), device, 0, 0, 0, 0, 0, 0}] = function(kernel);
+}
+
 void clear_plans() {
   std::lock_guard<std::mutex> guard(plans_lock);
+  transpose_kernels.clear();
   fused_plans.clear();
   fwd_plans.clear();
   bwd_plans.clear();
@@ -707,6 +753,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_fused_plan(int rows, int k, int n, ScalarType dtype, int device, int algo, int mask, int kind, "
         "int[] kernels, int[] grids, int[] blocks, int[] smem, int[] sizes, "
         "Tensor? counters, Tensor zero_bias) -> ()", &set_fused_plan);
+  m.def("set_transpose_kernel(ScalarType dtype, int device, int kernel) -> ()", &set_transpose_kernel);
   m.def("clear_plans() -> ()", &clear_plans);
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);
