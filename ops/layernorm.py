@@ -381,6 +381,12 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
         >>> y, mean, rstd = layernorm_fwd(x, w, b)
         >>> dx, dw, db = layernorm_bwd(torch.ones_like(y), x, w, b, mean, rstd)
     """
+    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_bwd_with_plan   # see layernorm_fwd
+    if native is not None and isinstance(activation, str) and activation in ACTIVATIONS and all(
+            isinstance(t, torch.Tensor) for t in (dy, x, weight, bias, mean, rstd)):
+        out = native(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
+        if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
+            return tuple(out)
     if not (_valid(x, weight, bias) and _valid_bwd(dy, x, mean, rstd)):
         _check_bwd(dy, x, weight, bias, mean, rstd)
         _check_activation(activation)

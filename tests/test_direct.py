@@ -119,6 +119,7 @@ def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
     assert native.layernorm(x, w, b, 1e-5, 0) is None
     assert native.layernorm_linear(x, w, b, torch.randn(3, 8), None, 1e-5, 0) is None
+    assert native.layernorm_bwd_with_plan(torch.ones(4, 8), x, w, b, torch.zeros(4), torch.ones(4), 0) == []
     native.ops.clear_plans()
     native.ops.set_fwd_plan(4, 8, torch.bfloat16, True, 0, 0, 1, [1, 1, 1], 32, 1)
     native.ops.set_linear_algo(4, 8, 3, torch.bfloat16, 0, 0, False, True)
@@ -222,6 +223,15 @@ def test_gpu_native_layernorm_is_the_python_route(dtype: torch.dtype, shape: tup
             y, mean, rstd = layernorm_fwd(x, w, b, 1e-5, "fast", activation)
             assert torch.equal(y, python[0])
             assert torch.equal(layernorm_bwd(dy, x, w, b, mean, rstd, activation)[0], python[1])
+            # the functional backward: the C++ entry (plan handed over by the autograd call above), all three
+            # gradients; a call it does not take (dy of another dtype) is left to Python, which names dy
+            got = direct.NATIVE.layernorm_bwd_with_plan(dy, x, w, b, mean, rstd, ACTIVATIONS[activation])
+            assert len(got) == 3
+            for name, g, want in zip(("dx", "dweight", "dbias"), got, python[1:], strict=True):
+                assert torch.equal(g, want), f"{activation} {name}"
+            assert direct.NATIVE.layernorm_bwd_with_plan(dy.double(), x, w, b, mean, rstd, 0) == []
+            with pytest.raises(TypeError, match="^dy"):
+                layernorm_bwd(dy.double(), x, w, b, mean, rstd, activation)
 
 
 @pytest.mark.gpu

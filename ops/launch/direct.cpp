@@ -338,27 +338,35 @@ Triple ln_bwd_python(const Tensor& dy, const Tensor& x, const Tensor& w, const T
   return op.call(dy, x, w, b, mean.view(stat_shape), rstd.view(stat_shape), ACTIVATIONS[act]);
 }
 
-// dx, dweight, dbias from dy (like x) and the forward's statistics (float32, a value per row each).
-Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-              const Tensor& rstd, int64_t act) {
-  const Tensor dy = dy_in.contiguous();
-  const int64_t h = x.size(-1);
-  const int64_t rows = x.numel() / h;
-  // The benchmarks' tuning knobs: those calls take Python's route.
+// The backward's plan for a call its kernels take as they come (contiguous CUDA x and dy alike, float32 statistics
+// of a value per row, contiguous), or none. The benchmarks' tuning knobs send those calls to Python's route.
+std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                const Tensor& mean, const Tensor& rstd, int64_t act) {
   const char* parts = std::getenv("OPS_LN_BWD_PARTS");
   const char* config = std::getenv("OPS_LN_BWD_CONFIG");
-  const bool forced = (parts && *parts) || (config && *config);
-  std::optional<BwdPlan> plan;
-  if (!forced && x.is_cuda() && x.numel() > 0 && x.is_contiguous() && dy.sizes() == x.sizes() &&
-      dy.scalar_type() == x.scalar_type() && mean.is_contiguous() && rstd.is_contiguous())
-    plan = find(bwd_plans, fwd_key(rows, h, x.scalar_type(), vec_ok(h, {&dy, &x, &w, &b}), act, x.get_device()));
-  if (!plan) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
+  if ((parts && *parts) || (config && *config)) return std::nullopt;
+  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !x.is_contiguous() || !dy.is_contiguous() ||
+      dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device())
+    return std::nullopt;
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  for (const Tensor* stat : {&mean, &rstd})
+    if (stat->scalar_type() != at::kFloat || !stat->is_contiguous() || stat->numel() != rows ||
+        stat->device() != x.device())
+      return std::nullopt;
+  return find(bwd_plans, fwd_key(rows, h, x.scalar_type(), vec_ok(h, {&dy, &x, &w, &b}), act, x.get_device()));
+}
+
+// dx, dweight, dbias by the plan's two launches (the rows' groups, then the columns' sums of their partials).
+Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                  const Tensor& mean, const Tensor& rstd) {
+  const int64_t h = x.size(-1);
+  const int64_t rows = x.numel() / h;
   Tensor dx = empty(x.sizes(), x.options());
   Tensor dw = empty(w.sizes(), w.options()), db = empty(b.sizes(), b.options());
-  Tensor part = empty({2, plan->parts, h}, x.options().dtype(at::kFloat));
+  Tensor part = empty({2, plan.parts, h}, x.options().dtype(at::kFloat));
   void* dxp = dx.data_ptr();
   void* part_g = part.data_ptr();
-  void* part_b = static_cast<float*>(part_g) + plan->parts * h;
+  void* part_b = static_cast<float*>(part_g) + plan.parts * h;
   void* dyp = dy.data_ptr();
   void* xp = x.data_ptr();
   void* wp = w.data_ptr();
@@ -366,14 +374,36 @@ Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tenso
   void* mean_p = mean.data_ptr();
   void* rstd_p = rstd.data_ptr();
   int32_t rows32 = static_cast<int32_t>(rows), h32 = static_cast<int32_t>(h);
-  int32_t parts32 = static_cast<int32_t>(plan->parts);
+  int32_t parts32 = static_cast<int32_t>(plan.parts);
   void* row_params[] = {&dxp, &part_g, &part_b, &dyp, &xp, &wp, &bp, &mean_p, &rstd_p, &rows32, &h32, &parts32};
   c10::DeviceGuard guard(x.device());
-  launch(x.device(), plan->rows_kernel, plan->grid, plan->block, 1, row_params);
+  launch(x.device(), plan.rows_kernel, plan.grid, plan.block, 1, row_params);
   void* dwp = dw.data_ptr();
   void* dbp = db.data_ptr();
   void* reduce_params[] = {&dwp, &dbp, &part_g, &part_b, &parts32, &h32};
-  launch(x.device(), plan->reduce_kernel, plan->reduce_grid, plan->reduce_block, 1, reduce_params);
+  launch(x.device(), plan.reduce_kernel, plan.reduce_grid, plan.reduce_block, 1, reduce_params);
+  return {dx, dw, db};
+}
+
+// dx, dweight, dbias from dy (like x) and the forward's statistics (float32, a value per row each).
+Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
+              const Tensor& rstd, int64_t act) {
+  const Tensor dy = dy_in.contiguous();
+  auto plan = bwd_plan(dy, x, w, b, mean, rstd, act);
+  if (!plan) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
+  return ln_bwd_run(*plan, dy, x, w, b, mean, rstd);
+}
+
+// ops/layernorm.py's layernorm_bwd in eager: (dx, dweight, dbias), or none for a call Python takes (no plan yet,
+// another layout, dtype or device; Python validates those and names what is wrong).
+std::vector<Tensor> layernorm_bwd_with_plan(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                            const Tensor& mean, const Tensor& rstd, int64_t act) {
+  if (act < 0 || act > 2 || !takes(x, w, b, 1.0)) return {};
+  const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
+  if (mean.sizes() != stat_shape || rstd.sizes() != stat_shape) return {};
+  auto plan = bwd_plan(dy, x, w, b, mean, rstd, act);
+  if (!plan) return {};
+  auto [dx, dw, db] = ln_bwd_run(*plan, dy, x, w, b, mean, rstd);
   return {dx, dw, db};
 }
 
@@ -737,6 +767,8 @@ TORCH_LIBRARY(mojo_direct, m) {
         "int algo) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
   m.def("layernorm_with_stats(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor[]");
+  m.def("layernorm_bwd_with_plan(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, "
+        "int act) -> Tensor[]");
   m.def("layernorm_linear_with_stats(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
         "float eps, int algo) -> Tensor[]");
   m.def("layernorm_infer(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
@@ -771,6 +803,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) { impl_entries(m); }
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   impl_entries(m);
   m.impl("layernorm_with_stats", &layernorm_with_stats);
+  m.impl("layernorm_bwd_with_plan", &layernorm_bwd_with_plan);
   m.impl("layernorm_linear_with_stats", &layernorm_linear_with_stats);
 }
 
