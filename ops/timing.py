@@ -176,8 +176,10 @@ def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PI
 def captured(fn: Callable[[], object], warmup: int = 3,
              before_capture: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph, object]:
     """``fn`` run ``warmup`` times on a side stream (first-use work, such as our ops handing plans to the C++
-    entries, stays out of the graph), then captured by ``torch.cuda.graph``: the graph and what the captured
-    call returned (its outputs, rewritten by every replay). ``before_capture`` runs between the two."""
+    entries, stays out of the graph), then captured by ``torch.cuda.graph`` on a capture stream of the current
+    device: the graph and what the captured call returned (its outputs, rewritten by every replay).
+    ``before_capture`` runs between the two. (torch.cuda.graph's default capture stream is made once per process,
+    on the device current at the first capture: later captures on another device would run on it.)"""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -187,7 +189,7 @@ def captured(fn: Callable[[], object], warmup: int = 3,
     if before_capture is not None:
         before_capture()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
         out = fn()
     return graph, out
 

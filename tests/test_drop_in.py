@@ -16,6 +16,7 @@ from torch import nn
 from ops import layernorm as L
 from ops import layernorm_linear as LL
 from ops.reference import layernorm_grads_ref
+from ops.timing import captured
 from ops.tolerance import compare
 
 HALF = [torch.float16, torch.bfloat16]
@@ -467,18 +468,7 @@ def test_gpu_second_device_captures_on_its_stream() -> None:
     with torch.cuda.device(1):
         x, w, b = (torch.randn(*s, device="cuda:1") for s in ((64, 768), (768,), (768,)))
         weight = torch.randn(256, 768, device="cuda:1") / 32
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):   # warm-up off the capture: plans and kernels loaded
-            L.layernorm(x, w, b)
-            LL.layernorm_linear(x, w, b, weight)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # A capture stream of its own: torch.cuda.graph's default one is made once per process, on the device
-        # current at the first capture, and later captures on cuda:0 would run on cuda:1's.
-        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-            y = L.layernorm(x, w, b)
-            z = LL.layernorm_linear(x, w, b, weight)
+        graph, (y, z) = captured(lambda: (L.layernorm(x, w, b), LL.layernorm_linear(x, w, b, weight)))
         x.copy_(torch.randn_like(x) * 3 + 1)
         graph.replay()
         torch.cuda.synchronize()
