@@ -167,6 +167,7 @@ def _fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: 
     if variant == "fast":   # the C++ entries take the default variant
         direct.remember(("ln_fwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_fwd_plan(
             rows, h, dtype, vec_ok, act, index, int(kernel.function), grid, block, cluster))
+        native_transpose(dtype, index)
     y = torch.empty_like(x)
     if bridge.poison_outputs:
         y.fill_(float("nan"))
@@ -213,6 +214,13 @@ def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: i
     direct.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
         rows, h, dtype, vec_ok, act, index, int(rows_kernel.function), grid, block, parts, int(reduce.function),
         config.reduce_grid(h), config.REDUCE_COLS * config.REDUCE_SLICES))
+
+
+def native_transpose(dtype: torch.dtype, index: int) -> None:
+    """Hand the C++ entries the transposing copy of ``dtype`` on device ``index``: their ``dense`` takes an x
+    whose last two dims are column-major (a transposed view) through it, without a gradient to come."""
+    direct.remember(("transpose", dtype, index), lambda native: native.set_transpose_kernel(
+        dtype, index, int(direct.kernel(config.transpose_spec(dtype), index).function)))
 
 
 def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: int, rstd: int,
@@ -373,6 +381,12 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
         >>> y, mean, rstd = layernorm_fwd(x, w, b)
         >>> dx, dw, db = layernorm_bwd(torch.ones_like(y), x, w, b, mean, rstd)
     """
+    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_bwd_with_plan   # see layernorm_fwd
+    if native is not None and isinstance(activation, str) and activation in ACTIVATIONS and all(
+            isinstance(t, torch.Tensor) for t in (dy, x, weight, bias, mean, rstd)):
+        out = native(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
+        if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
+            return tuple(out)
     if not (_valid(x, weight, bias) and _valid_bwd(dy, x, mean, rstd)):
         _check_bwd(dy, x, weight, bias, mean, rstd)
         _check_activation(activation)

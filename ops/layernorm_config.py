@@ -213,6 +213,17 @@ def reduce_grid(h: int) -> tuple[int, int, int]:
     return (-(-h // REDUCE_COLS), 1, 1)
 
 
+# The C++ route's copy of an x whose last two dims are column-major (a transposed view: torch's contiguous() moves
+# those at 450-960 GB/s on the H100, results/bench_layernorm.md's copy:strided rows); mirrors the kernel's constants.
+TRANSPOSE_TILE = 32
+TRANSPOSE_THREADS = 256
+
+
+def transpose_spec(dtype: torch.dtype) -> KernelSpec:
+    """``copy_transposed``'s instantiation (grid: ceil(h / TRANSPOSE_TILE), ceil(r / TRANSPOSE_TILE), batches)."""
+    return KernelSpec("layernorm", "copy_transposed", (dtype,), "ppiii")
+
+
 ACTS = (0, 1, 2)
 
 
@@ -229,4 +240,5 @@ def all_specs() -> list[KernelSpec]:
                         specs[fwd_launch(rows, h, dtype, vec_ok, variant).spec(dtype, act)] = None
                     specs[bwd_launch(rows, h, dtype, vec_ok).spec(dtype, act)] = None
         specs[reduce_spec(dtype)] = None
+        specs[transpose_spec(dtype)] = None
     return list(specs)

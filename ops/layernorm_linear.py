@@ -260,6 +260,7 @@ def _register_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Ten
         if plan.kind == config.KIND_FUSED16:
             counters = tile_counters(x.device, output_tiles(rows, n))
     kernels = [int(direct.kernel(s.spec, index, s.smem).function) for s in plan.steps]
+    layernorm.native_transpose(dtype, index)
     grids = [g for s in plan.steps for g in s.grid]
     direct.remember(("fused", rows, k, n, dtype, index, ALGO_IDS[algo], mask), lambda native: native.set_fused_plan(
         rows, k, n, dtype, index, ALGO_IDS[algo], mask, plan.kind, kernels, grids, [s.block for s in plan.steps],

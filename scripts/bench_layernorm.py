@@ -152,10 +152,10 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
 
 def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 50) -> list[dict]:
     """Forward of a strided x (a transposed view, strides (1, M)) beside a contiguous one, torch and ours, and
-    the copies: "copy" of the contiguous x, "copy:strided" of the strided x into a contiguous tensor (what ours
-    does with it first: ``x.contiguous()``, a transposing copy, slower than a plain one). So "ours:strided" should
-    cost at most "ours" plus "copy:strided" (issue 34). Rows of kind "fwd-strided"; vs_torch is against torch on
-    the contiguous x."""
+    the copies: "copy" of the contiguous x, "copy:strided" of the strided x into a contiguous tensor by torch
+    (``x.contiguous()``, a transposing copy, slower than a plain one; ours copies it with its own tiled kernel,
+    ``copy_transposed``). So "ours:strided" should cost at most "ours" plus "copy:strided" (issue 34). Rows of
+    kind "fwd-strided"; vs_torch is against torch on the contiguous x."""
     def torch_fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), w, b)
 

@@ -180,9 +180,10 @@ def prepared(impl: str, sets: Sets) -> list[tuple]:
 
 
 def bench_strided(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[dict]:
-    """Forward of a strided x (a transposed view) beside a contiguous one, torch and ours (algo auto), and the copy
-    of the strided x into a contiguous tensor ("copy:strided", what ours does with it first). "ours:strided" should
-    cost at most "ours" plus "copy:strided" (issue 34). Rows of kind "fwd-strided", against torch on contiguous x."""
+    """Forward of a strided x (a transposed view) beside a contiguous one, torch and ours (algo auto), and torch's
+    copy of the strided x into a contiguous tensor ("copy:strided"; ours copies it first with its own tiled kernel).
+    "ours:strided" should cost at most "ours" plus "copy:strided" (issue 34). Rows of kind "fwd-strided", against
+    torch on contiguous x."""
     rows = []
     for m, k, n in shapes:
         sets = input_sets(m, k, n, dtype)

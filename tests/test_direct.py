@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -60,17 +61,19 @@ def test_every_default_kernel_has_a_spec() -> None:
     assert all(f"def {s.name}[" in source for s in specs)
 
 
-# The constants ops/layernorm_linear_config.py mirrors, as the kernel sources define them.
+# The constants the config modules mirror, as the kernel sources define them.
 MIRRORED = {"layernorm_linear": ("TILE_THREADS", "TILE_ROWS", "TILE_COLS", "STAGE_THREADS_PER_ROW", "MMA_STAGES",
                                  "MMA_STEP_K", "MMA_SMEM_BYTES", "FINISH_ROWS", "FINISH_COLS", "FOLD_THREADS"),
             "layernorm_linear_sm90": ("PREP_WARPS", "WG_TILE_ROWS", "WG_TILE_COLS", "WG_SLOT_K", "WG_STAGES",
-                                      "WG_THREADS", "WG_ROWS", "WG_BOX", "WG_EXT_COLS", "WG_SMEM_BYTES")}
+                                      "WG_THREADS", "WG_ROWS", "WG_BOX", "WG_EXT_COLS", "WG_SMEM_BYTES"),
+            "layernorm": ("REDUCE_COLS", "REDUCE_SLICES", "TRANSPOSE_TILE", "TRANSPOSE_THREADS")}
+MIRRORING = {"layernorm_linear": lnl_config, "layernorm_linear_sm90": lnl_config, "layernorm": config}
 
 
 def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:
-    """ops/layernorm_linear_config.py launches what the Mojo host code launches: its constants equal the kernel
-    sources' (printed by Mojo itself), and every fused and Hopper instantiation builds to PTX whose entry takes
-    the arguments its spec lists (pointers, 32-bit scalars, 128-byte TMA descriptors aligned to 64)."""
+    """The config modules launch what the Mojo host code launches: their constants equal the kernel sources'
+    (printed by Mojo itself), and every fused, Hopper and copy instantiation builds to PTX whose entry takes the
+    arguments its spec lists (pointers, 32-bit scalars, 128-byte TMA descriptors aligned to 64)."""
     from mojo.run import subprocess_run_mojo
 
     names = [(module, name) for module, names in MIRRORED.items() for name in names]
@@ -81,8 +84,8 @@ def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:
     proc = subprocess_run_mojo(["run", "-I", str(bridge.LIBRARY.parent), str(program)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert dict(zip([n for _, n in names], map(int, proc.stdout.split()), strict=True)) == {
-        n: getattr(lnl_config, n) for _, n in names}
-    specs = lnl_config.all_specs()
+        n: getattr(MIRRORING[m], n) for m, n in names}
+    specs = [*lnl_config.all_specs(), *(config.transpose_spec(d) for d in config.DTYPES)]
     assert direct.build(specs, "H100", quiet=True) == len(specs)
     for spec in specs:
         ptx = direct.ptx_path(spec, "H100").read_text()
@@ -116,6 +119,7 @@ def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
     assert native.layernorm(x, w, b, 1e-5, 0) is None
     assert native.layernorm_linear(x, w, b, torch.randn(3, 8), None, 1e-5, 0) is None
+    assert native.layernorm_bwd_with_plan(torch.ones(4, 8), x, w, b, torch.zeros(4), torch.ones(4), 0) == []
     native.ops.clear_plans()
     native.ops.set_fwd_plan(4, 8, torch.bfloat16, True, 0, 0, 1, [1, 1, 1], 32, 1)
     native.ops.set_linear_algo(4, 8, 3, torch.bfloat16, 0, 0, False, True)
@@ -219,6 +223,15 @@ def test_gpu_native_layernorm_is_the_python_route(dtype: torch.dtype, shape: tup
             y, mean, rstd = layernorm_fwd(x, w, b, 1e-5, "fast", activation)
             assert torch.equal(y, python[0])
             assert torch.equal(layernorm_bwd(dy, x, w, b, mean, rstd, activation)[0], python[1])
+            # the functional backward: the C++ entry (plan handed over by the autograd call above), all three
+            # gradients; a call it does not take (dy of another dtype) is left to Python, which names dy
+            got = direct.NATIVE.layernorm_bwd_with_plan(dy, x, w, b, mean, rstd, ACTIVATIONS[activation])
+            assert len(got) == 3
+            for name, g, want in zip(("dx", "dweight", "dbias"), got, python[1:], strict=True):
+                assert torch.equal(g, want), f"{activation} {name}"
+            assert direct.NATIVE.layernorm_bwd_with_plan(dy.double(), x, w, b, mean, rstd, 0) == []
+            with pytest.raises(TypeError, match="^dy"):
+                layernorm_bwd(dy.double(), x, w, b, mean, rstd, activation)
 
 
 @pytest.mark.gpu
@@ -253,8 +266,51 @@ def test_gpu_native_layernorm_linear_is_the_python_route(dtype: torch.dtype, row
 
 
 def _strided(base: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Views of base [64, 5, h] that the kernels do not take as they are."""
-    return {"transposed": base.transpose(0, 1), "cls-slice": base[:, 0], "expanded": base[0, 0].expand(3, 7, -1)}
+    """Views of base [64, 5, h] that the kernels do not take as they are (column-major: rows of h that are columns
+    in memory, which ``copy_transposed`` copies where no gradient is to come)."""
+    return {"transposed": base.transpose(0, 1), "cls-slice": base[:, 0], "expanded": base[0, 0].expand(3, 7, -1),
+            "column-major": base.reshape(-1, base.shape[-1]).t().contiguous().t()}
+
+
+def _kernel_names(fn: Callable[[], object]) -> list[str]:
+    """The CUDA kernels one call of ``fn`` launches, by name (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name() for e in prof.profiler.kineto_results.events()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_gpu_native_copies_column_major_x(dtype: torch.dtype) -> None:
+    """An x whose last two dims are column-major (a transposed view of [..., h, r]) is copied by our
+    ``copy_transposed`` on the C++ route, not by torch: bitwise the contiguous x's output (LayerNorm, the fused
+    and unfused LayerNorm+Linear), 2-D, batched (leading dims one stride apart) and odd sizes; a batch whose
+    leading dims are not one stride apart takes torch's copy, with the same values."""
+    from ops.layernorm import layernorm
+    from ops.layernorm_linear import FusedLayerNormLinear
+
+    torch.manual_seed(0)
+    # x [..., r, h] as a view of [..., h, r]; the last: its two leading dims swapped, not one stride apart
+    for shape, one_stride in (((37, 1000), True), ((1023, 64), True), ((2, 3, 7, 768), True), ((2, 3, 5, 256), False)):
+        *lead, r, h = shape
+        base = torch.randn(*lead, h, r, device="cuda").to(dtype)
+        x = base.transpose(-1, -2) if one_stride else base.permute(1, 0, 3, 2)
+        assert x.stride(-2) == 1 and not x.is_contiguous()
+        seq = torch.nn.Sequential(torch.nn.LayerNorm(h), torch.nn.Linear(h, 96)).to("cuda", dtype)
+        ln = seq[0]
+        calls = {"layernorm": lambda t, ln=ln: layernorm(t, ln.weight, ln.bias)}
+        calls |= {a: FusedLayerNormLinear.from_torch(seq, algo=a) for a in ("fused", "unfused")}
+        with torch.no_grad():
+            for name, fn in calls.items():
+                want = fn(x.contiguous())
+                want = fn(x.contiguous())   # the second: the C++ route, plans handed over
+                assert torch.equal(fn(x), want), (shape, name)
+                kernels = _kernel_names(lambda fn=fn, x=x: fn(x))
+                assert any("copy_transpo" in k for k in kernels) == one_stride, (shape, name, kernels)
 
 
 @pytest.mark.gpu

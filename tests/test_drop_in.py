@@ -285,9 +285,10 @@ CONSTANTS = (0.1, -3.3, 1.0 / 3.0, 1e4 + 0.1, 7e-6)
 def test_constant_rows_give_bias(device: str, dtype: torch.dtype) -> None:
     """A row of one value c has mean exactly c, so y is exactly beta: every forward variant, widths on each side of
     the register forward's limits (8192 16-bit values; longer rows take the cluster forward), values whose sums
-    round in fp32."""
+    round in fp32; float32 rows of 4096 or more take the plain mean at power-of-two lengths, the corrected one at
+    others (5000)."""
     variants = L.VARIANTS if device == "cuda" else ("fast",)
-    for h in (256, 768, 1000, 4096, 8192, 16384):
+    for h in (256, 768, 1000, 4096, 5000, 8192, 16384):
         x = torch.tensor(CONSTANTS, dtype=torch.float64)[:, None].expand(-1, h).to(device, dtype)
         w, b = torch.randn(h, device=device, dtype=dtype), torch.randn(h, device=device, dtype=dtype)
         for variant in variants:
@@ -303,23 +304,28 @@ def _pairwise_sum(a: torch.Tensor) -> torch.Tensor:
     return a[..., 0]
 
 
-def _row_group_sum(per_thread: torch.Tensor, wpr: int) -> torch.Tensor:
-    """``group_sum`` over [B, GT] per-thread partials: each warp's, then the WPR warps' in order."""
+def _row_group_sum(per_thread: torch.Tensor, wpr: int, pairwise: bool = False) -> torch.Tensor:
+    """``group_sum`` over [B, GT] per-thread partials: each warp's, then the WPR warps' in order (or, with
+    ``pairwise``, in halves: ``warp_partials_sum``)."""
     warps = _pairwise_sum(per_thread.view(-1, wpr, 32))
+    if pairwise:
+        return _pairwise_sum(warps)
     total = torch.zeros_like(warps[:, 0])
     for w in range(wpr):
         total = total + warps[:, w]
     return total
 
 
-def _register_forward_means(c: torch.Tensor, h: int, vec: int, ch: int, wpr: int) -> tuple[torch.Tensor, ...]:
-    """float32 model of ``ln_fwd_regs``'s mean of rows of the values c: the plain mean m0 and the corrected
-    m0 + sum(x - m0) / h, with the kernel's partial sums in its order (thread gt holds chunks gt + k * GT)."""
+def _register_forward_means(c: torch.Tensor, h: int, vec: int, ch: int, wpr: int,
+                            pairwise: bool = False) -> tuple[torch.Tensor, ...]:
+    """float32 model of ``ln_fwd_regs``'s mean of rows of the values c: the plain mean m0 (its warps' sums added
+    pairwise or in order) and the corrected m0 + sum(x - m0) / h, with the kernel's partial sums in its order
+    (thread gt holds chunks gt + k * GT)."""
     gt = wpr * 32
     row = torch.zeros(len(c), ch * gt * vec)
     row[:, :h] = c[:, None]
     held = row.view(-1, ch, gt, vec).transpose(1, 2)                  # [B, GT, CH, VEC]
-    m0 = _row_group_sum(_pairwise_sum(held.reshape(-1, gt, ch * vec)), wpr) / h
+    m0 = _row_group_sum(_pairwise_sum(held.reshape(-1, gt, ch * vec)), wpr, pairwise) / h
     d = held - m0[:, None, None, None]
     live = torch.arange(ch)[None, :] * gt + torch.arange(gt)[:, None] < h // vec   # [GT, CH]
     per = torch.zeros(len(c), gt)
@@ -329,23 +335,29 @@ def _register_forward_means(c: torch.Tensor, h: int, vec: int, ch: int, wpr: int
 
 
 def test_register_forward_mean_is_exact_for_constant_rows() -> None:
-    """The argument behind ``ln_fwd_regs``'s corrected mean (docs/kernels/layernorm.md), checked in float32 with
-    the kernel's summation order, at widths whose float32 launch takes it (rows of 4096 values or more): the plain
-    mean of a constant row is often a few ulps off, the corrected one never is."""
+    """The argument behind ``ln_fwd_regs``'s mean of float32 rows of 4096 values or more (docs/kernels/layernorm.md),
+    checked in float32 with the kernel's summation order at widths whose launch takes it: the plain mean, summed
+    pairwise, is exact for a constant row of power-of-two length (the kernel takes it there) and often a few ulps off
+    at other lengths, where the corrected one, which the kernel takes there, never is."""
     from ops import layernorm_config
     g = torch.Generator().manual_seed(0)
     c = (torch.randn(300, generator=g, dtype=torch.float64)
          * 10.0 ** torch.randint(-6, 6, (300,), generator=g)).float()
     c = torch.cat([c, torch.tensor(CONSTANTS)])
     plain_off = 0
-    for h in (2052, 3000, 4096, 5000, 6144, 8192):
+    for h in (2052, 3000, 4096, 5000, 6144, 8192, 16384):
         spec = layernorm_config.fwd_launch(4096, h, torch.float32, True).spec(torch.float32, 0)
         _, _, vec, ch, wpr, _ = spec.params
         assert spec.name == "ln_fwd_regs" and ch * vec * wpr * 32 >= 4096, spec.expr
-        m0, mean = _register_forward_means(c, h, vec, ch, wpr)
-        assert torch.equal(mean, c), f"h {h}: corrected mean off for {c[mean != c].tolist()}"
-        plain_off += int((m0 != c).sum())
-    assert plain_off > 50   # the plain mean would fail: the model sees the rounding the correction removes
+        m0, mean = _register_forward_means(c, h, vec, ch, wpr, pairwise=True)
+        if h & (h - 1) == 0:
+            assert torch.equal(m0, c), f"h {h}: plain mean off for {c[m0 != c].tolist()}"
+            in_order, _ = _register_forward_means(c, h, vec, ch, wpr)
+            assert not torch.equal(in_order, c)   # the warps' sums in order would round
+        else:
+            assert torch.equal(mean, c), f"h {h}: corrected mean off for {c[mean != c].tolist()}"
+            plain_off += int((m0 != c).sum())
+    assert plain_off > 50   # the plain mean would fail there: the model sees the rounding the correction removes
 
 
 @pytest.mark.parametrize(("dtype", "widths"), [(torch.bfloat16, (8192, 16384, 32768, 65536)),

@@ -140,8 +140,18 @@ comptime Shared = Pointer[Float32, MutUntrackedOrigin, address_space=AddressSpac
 
 
 @always_inline
-def group_sum[WPR: Int, RPB: Int](v: Float32, sh: Shared, slot: Int) -> Float32:
-    """Sum over the WPR warps that share a row; every thread of the group gets it.
+def warp_partials_sum[WPR: Int](sh: Shared, first: Int) -> Float32:
+    """sh[first : first + WPR] (WPR <= 32), one per lane, summed by a butterfly warp.sum: pairwise, so partials of
+    equal values add exactly (2^k c) and a row of one value of power-of-two length gets exactly its mean. Only
+    where that matters: in every kernel, it took more registers than the in-order sum (bf16 4096x8192: 45, not 40)."""
+    var lane = Int(thread_idx.x) % WARP_SIZE
+    return warp.sum(sh[unsafe_offset=first + lane] if lane < WPR else Float32(0.0))
+
+
+@always_inline
+def group_sum[WPR: Int, RPB: Int, pairwise: Bool = False](v: Float32, sh: Shared, slot: Int) -> Float32:
+    """Sum over the WPR warps that share a row; every thread of the group gets it. The warps' sums add in
+    order, or with ``pairwise`` in a butterfly (``warp_partials_sum``).
 
     `sh` holds RPB * WPR floats per slot; a caller alternates slots so the next
     write never races the previous read (no trailing barrier).
@@ -155,8 +165,10 @@ def group_sum[WPR: Int, RPB: Int](v: Float32, sh: Shared, slot: Int) -> Float32:
         if Int(thread_idx.x) % WARP_SIZE == 0:
             sh[unsafe_offset=base + w] = s
         barrier()
-        var total: Float32 = 0.0
         var first = base + (w // WPR) * WPR
+        comptime if pairwise:
+            return warp_partials_sum[WPR](sh, first)
+        var total: Float32 = 0.0
         comptime for i in range(WPR):
             total += sh[unsafe_offset=first + i]
         return total
@@ -412,6 +424,8 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     #   16-bit values is exact in fp32 there (8 + 16 and 11 + 13 significant bits), so the plain mean is.
     # - fp32 rows of 4096 or more values (CORRECTED): the plain mean m0, corrected by the mean of d = x - m0,
     #   which the variance's pass sums anyway; the shift below costs these 4 registers and 9% of their time.
+    #   Rows of a power-of-two length skip the correction: every partial sum is pairwise (slice_sum's
+    #   reduce_add, warp.sum, warp_partials_sum), so the partials of a row of c are 2^k c, exact, and m0 is c.
     # - otherwise (shorter fp32 rows, longer fp16 ones): the mean of x - x[0], plus x[0], which has less latency
     #   there than the correction's second reduction (up to 8%) and, at 32768, fewer registers (127 against
     #   133, over the 128 a 512-thread block may have).
@@ -420,12 +434,17 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     var mean: Float32
     var rstd: Float32
     comptime if CORRECTED:
-        var m0 = group_sum[WPR, RPB](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
-        var sums = slice_deviation_sums[VEC, CH, GT, dtype](v, m0, 0, gt, nv)
-        var total = group_sum_pair[WPR, RPB](sums[0], sums[1], sh, 1)
-        var st = shifted_stats(total[0], total[1], m0, n, eps)
-        mean = st[0]
-        rstd = st[1]
+        var m0 = group_sum[WPR, RPB, pairwise=True](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
+        if (n & (n - 1)) == 0:   # the same for the whole block: its barriers stay in step
+            mean = m0
+            var ss = slice_m2[VEC, CH, GT, dtype](v, m0, 0, gt, nv)
+            rstd = rsqrt(group_sum[WPR, RPB](ss, sh, 1) / Float32(n) + eps)
+        else:
+            var sums = slice_deviation_sums[VEC, CH, GT, dtype](v, m0, 0, gt, nv)
+            var total = group_sum_pair[WPR, RPB](sums[0], sums[1], sh, 1)
+            var st = shifted_stats(total[0], total[1], m0, n, eps)
+            mean = st[0]
+            rstd = st[1]
     else:
         comptime if not PLAIN_EXACT:
             var shift = load_f32(x, base) if valid else Float32(0.0)
@@ -727,6 +746,40 @@ def ln_bwd_reduce[dtype: DType](
             tb += sb[unsafe_offset=i * REDUCE_COLS + c]
         dgamma[unsafe_offset=col] = tg.cast[dtype]()
         dbeta[unsafe_offset=col] = tb.cast[dtype]()
+
+
+# ---------------------------------------------------------------- transposed x (the direct route's copy)
+
+comptime TRANSPOSE_TILE = 32     # a tile of 32 x 32 elements per block
+comptime TRANSPOSE_THREADS = 256  # 8 rows of 32 threads, 4 elements each way
+
+
+def copy_transposed[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], r: Int32, h: Int32, batch_stride: Int32):
+    """y [batches, r, h] row-major from x whose [r, h] matrices are column-major (x[b * batch_stride + i + j * r]),
+    through a shared-memory tile so that reads (along i) and writes (along j) are both coalesced.
+    Grid (ceil(h / 32), ceil(r / 32), batches), block TRANSPOSE_THREADS."""
+    comptime PITCH = TRANSPOSE_TILE + 1   # a padded tile row: a column's reads fall in distinct banks
+    comptime STEP = TRANSPOSE_THREADS // TRANSPOSE_TILE
+    var tile = stack_allocation[TRANSPOSE_TILE * PITCH, dtype, address_space=AddressSpace.SHARED]()
+    var tx = Int(thread_idx.x) % TRANSPOSE_TILE
+    var ty = Int(thread_idx.x) // TRANSPOSE_TILE
+    var i0 = Int(block_idx.y) * TRANSPOSE_TILE
+    var j0 = Int(block_idx.x) * TRANSPOSE_TILE
+    var rows = Int(r)
+    var cols = Int(h)
+    var src = Int(block_idx.z) * Int(batch_stride)
+    var dst = Int(block_idx.z) * rows * cols
+    comptime for k in range(0, TRANSPOSE_TILE, STEP):
+        var i = i0 + tx
+        var j = j0 + ty + k
+        if i < rows and j < cols:
+            tile[unsafe_offset=(ty + k) * PITCH + tx] = x[unsafe_offset=src + i + j * rows]
+    barrier()
+    comptime for k in range(0, TRANSPOSE_TILE, STEP):
+        var i = i0 + ty + k
+        var j = j0 + tx
+        if i < rows and j < cols:
+            y[unsafe_offset=dst + i * cols + j] = tile[unsafe_offset=tx * PITCH + ty + k]
 
 
 def launch_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](

@@ -195,6 +195,7 @@ std::unordered_map<Key, FwdPlan, KeyHash> fwd_plans;
 std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;
 std::unordered_map<Key, bool, KeyHash> linear_unfused;  // auto's (or the named) algo is "unfused"
 std::unordered_map<Key, FusedPlan, KeyHash> fused_plans;
+std::unordered_map<Key, CUfunction, KeyHash> transpose_kernels;   // copy_transposed, by dtype and device
 bool poison = false;   // tests: every output starts as NaN, so an unwritten element never passes
 
 Key fwd_key(int64_t rows, int64_t h, at::ScalarType dtype, bool vec_ok, int64_t act, int64_t device) {
@@ -242,11 +243,50 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
          (any_layout || x.is_contiguous()) && w.is_contiguous() && b.is_contiguous();
 }
 
-// x as the kernels take it: a strided x of a call the C++ route takes otherwise is copied once (torch's
-// contiguous(); with autograd, the copy's backward puts the gradient back in place, as Python's layernorm.adapt
-// does); any other x as it is.
+constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
+constexpr int64_t INT32_LIMIT = 2147483647, GRID_YZ_LIMIT = 65535;
+
+// x [..., r, h] whose [r, h] matrices are column-major (stride(-2) 1, stride(-1) r; the leading dims one batch
+// stride apart), as a transposed view of a [..., h, r] tensor is, copied row-major by copy_transposed, which
+// reads and writes whole lines (torch's contiguous() moves these at a third of a plain copy's rate). None for
+// any other layout, a gradient to come (torch's copy carries it back), or no kernel handed over.
+std::optional<Tensor> copy_transposed(const Tensor& x) {
+  const int64_t d = x.dim();
+  if (d < 2 || (at::GradMode::is_enabled() && x.requires_grad())) return std::nullopt;
+  const int64_t r = x.size(-2), h = x.size(-1);
+  if (r < 2 || h < 2 || x.stride(-2) != 1 || x.stride(-1) != r) return std::nullopt;
+  int64_t batches = 1, batch_stride = 0;
+  for (int64_t i = d - 3; i >= 0; --i) {
+    if (x.size(i) == 1) continue;
+    if (batches == 1) batch_stride = x.stride(i);
+    else if (x.stride(i) != batch_stride * batches) return std::nullopt;
+    batches *= x.size(i);
+  }
+  const int64_t tiles_r = (r + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+  if (x.numel() > INT32_LIMIT || batch_stride > INT32_LIMIT || batch_stride * (batches - 1) + r * h > INT32_LIMIT ||
+      tiles_r > GRID_YZ_LIMIT || batches > GRID_YZ_LIMIT)
+    return std::nullopt;
+  auto kernel = find(transpose_kernels, Key{static_cast<int64_t>(x.scalar_type()), x.get_device(), 0, 0, 0, 0, 0, 0});
+  if (!kernel) return std::nullopt;
+  Tensor y = empty(x.sizes(), x.options());
+  void* yp = y.data_ptr();
+  void* xp = x.data_ptr();
+  int32_t r32 = static_cast<int32_t>(r), h32 = static_cast<int32_t>(h), stride32 = static_cast<int32_t>(batch_stride);
+  void* params[] = {&yp, &xp, &r32, &h32, &stride32};
+  const std::array<unsigned, 3> grid = {static_cast<unsigned>((h + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE),
+                                        static_cast<unsigned>(tiles_r), static_cast<unsigned>(batches)};
+  c10::DeviceGuard guard(x.device());
+  launch(x.device(), *kernel, grid, TRANSPOSE_THREADS, 1, params, 0);
+  return y;
+}
+
+// x as the kernels take it: a strided x of a call the C++ route takes otherwise is copied once (copy_transposed,
+// or torch's contiguous(); with autograd, the copy's backward puts the gradient back in place, as Python's
+// layernorm.adapt does); any other x as it is.
 Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  return x.is_contiguous() || !takes(x, w, b, eps, true) ? x : x.contiguous();
+  if (x.is_contiguous() || !takes(x, w, b, eps, true)) return x;
+  if (auto y = copy_transposed(x)) return *y;
+  return x.contiguous();
 }
 
 // ---------------------------------------------------------------- LayerNorm forward and backward
@@ -298,27 +338,35 @@ Triple ln_bwd_python(const Tensor& dy, const Tensor& x, const Tensor& w, const T
   return op.call(dy, x, w, b, mean.view(stat_shape), rstd.view(stat_shape), ACTIVATIONS[act]);
 }
 
-// dx, dweight, dbias from dy (like x) and the forward's statistics (float32, a value per row each).
-Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
-              const Tensor& rstd, int64_t act) {
-  const Tensor dy = dy_in.contiguous();
-  const int64_t h = x.size(-1);
-  const int64_t rows = x.numel() / h;
-  // The benchmarks' tuning knobs: those calls take Python's route.
+// The backward's plan for a call its kernels take as they come (contiguous CUDA x and dy alike, float32 statistics
+// of a value per row, contiguous), or none. The benchmarks' tuning knobs send those calls to Python's route.
+std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                const Tensor& mean, const Tensor& rstd, int64_t act) {
   const char* parts = std::getenv("OPS_LN_BWD_PARTS");
   const char* config = std::getenv("OPS_LN_BWD_CONFIG");
-  const bool forced = (parts && *parts) || (config && *config);
-  std::optional<BwdPlan> plan;
-  if (!forced && x.is_cuda() && x.numel() > 0 && x.is_contiguous() && dy.sizes() == x.sizes() &&
-      dy.scalar_type() == x.scalar_type() && mean.is_contiguous() && rstd.is_contiguous())
-    plan = find(bwd_plans, fwd_key(rows, h, x.scalar_type(), vec_ok(h, {&dy, &x, &w, &b}), act, x.get_device()));
-  if (!plan) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
+  if ((parts && *parts) || (config && *config)) return std::nullopt;
+  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !x.is_contiguous() || !dy.is_contiguous() ||
+      dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device())
+    return std::nullopt;
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  for (const Tensor* stat : {&mean, &rstd})
+    if (stat->scalar_type() != at::kFloat || !stat->is_contiguous() || stat->numel() != rows ||
+        stat->device() != x.device())
+      return std::nullopt;
+  return find(bwd_plans, fwd_key(rows, h, x.scalar_type(), vec_ok(h, {&dy, &x, &w, &b}), act, x.get_device()));
+}
+
+// dx, dweight, dbias by the plan's two launches (the rows' groups, then the columns' sums of their partials).
+Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                  const Tensor& mean, const Tensor& rstd) {
+  const int64_t h = x.size(-1);
+  const int64_t rows = x.numel() / h;
   Tensor dx = empty(x.sizes(), x.options());
   Tensor dw = empty(w.sizes(), w.options()), db = empty(b.sizes(), b.options());
-  Tensor part = empty({2, plan->parts, h}, x.options().dtype(at::kFloat));
+  Tensor part = empty({2, plan.parts, h}, x.options().dtype(at::kFloat));
   void* dxp = dx.data_ptr();
   void* part_g = part.data_ptr();
-  void* part_b = static_cast<float*>(part_g) + plan->parts * h;
+  void* part_b = static_cast<float*>(part_g) + plan.parts * h;
   void* dyp = dy.data_ptr();
   void* xp = x.data_ptr();
   void* wp = w.data_ptr();
@@ -326,14 +374,36 @@ Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tenso
   void* mean_p = mean.data_ptr();
   void* rstd_p = rstd.data_ptr();
   int32_t rows32 = static_cast<int32_t>(rows), h32 = static_cast<int32_t>(h);
-  int32_t parts32 = static_cast<int32_t>(plan->parts);
+  int32_t parts32 = static_cast<int32_t>(plan.parts);
   void* row_params[] = {&dxp, &part_g, &part_b, &dyp, &xp, &wp, &bp, &mean_p, &rstd_p, &rows32, &h32, &parts32};
   c10::DeviceGuard guard(x.device());
-  launch(x.device(), plan->rows_kernel, plan->grid, plan->block, 1, row_params);
+  launch(x.device(), plan.rows_kernel, plan.grid, plan.block, 1, row_params);
   void* dwp = dw.data_ptr();
   void* dbp = db.data_ptr();
   void* reduce_params[] = {&dwp, &dbp, &part_g, &part_b, &parts32, &h32};
-  launch(x.device(), plan->reduce_kernel, plan->reduce_grid, plan->reduce_block, 1, reduce_params);
+  launch(x.device(), plan.reduce_kernel, plan.reduce_grid, plan.reduce_block, 1, reduce_params);
+  return {dx, dw, db};
+}
+
+// dx, dweight, dbias from dy (like x) and the forward's statistics (float32, a value per row each).
+Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
+              const Tensor& rstd, int64_t act) {
+  const Tensor dy = dy_in.contiguous();
+  auto plan = bwd_plan(dy, x, w, b, mean, rstd, act);
+  if (!plan) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
+  return ln_bwd_run(*plan, dy, x, w, b, mean, rstd);
+}
+
+// ops/layernorm.py's layernorm_bwd in eager: (dx, dweight, dbias), or none for a call Python takes (no plan yet,
+// another layout, dtype or device; Python validates those and names what is wrong).
+std::vector<Tensor> layernorm_bwd_with_plan(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
+                                            const Tensor& mean, const Tensor& rstd, int64_t act) {
+  if (act < 0 || act > 2 || !takes(x, w, b, 1.0)) return {};
+  const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
+  if (mean.sizes() != stat_shape || rstd.sizes() != stat_shape) return {};
+  auto plan = bwd_plan(dy, x, w, b, mean, rstd, act);
+  if (!plan) return {};
+  auto [dx, dw, db] = ln_bwd_run(*plan, dy, x, w, b, mean, rstd);
   return {dx, dw, db};
 }
 
@@ -667,8 +737,14 @@ void set_fused_plan(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, in
   fused_plans[lnl_key(rows, k, n, dtype, device, algo, mask)] = std::move(plan);
 }
 
+void set_transpose_kernel(at::ScalarType dtype, int64_t device, int64_t kernel) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  transpose_kernels[Key{static_cast<int64_t>(dtype), device, 0, 0, 0, 0, 0, 0}] = function(kernel);
+}
+
 void clear_plans() {
   std::lock_guard<std::mutex> guard(plans_lock);
+  transpose_kernels.clear();
   fused_plans.clear();
   fwd_plans.clear();
   bwd_plans.clear();
@@ -691,6 +767,8 @@ TORCH_LIBRARY(mojo_direct, m) {
         "int algo) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
   m.def("layernorm_with_stats(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor[]");
+  m.def("layernorm_bwd_with_plan(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, "
+        "int act) -> Tensor[]");
   m.def("layernorm_linear_with_stats(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
         "float eps, int algo) -> Tensor[]");
   m.def("layernorm_infer(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
@@ -707,6 +785,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_fused_plan(int rows, int k, int n, ScalarType dtype, int device, int algo, int mask, int kind, "
         "int[] kernels, int[] grids, int[] blocks, int[] smem, int[] sizes, "
         "Tensor? counters, Tensor zero_bias) -> ()", &set_fused_plan);
+  m.def("set_transpose_kernel(ScalarType dtype, int device, int kernel) -> ()", &set_transpose_kernel);
   m.def("clear_plans() -> ()", &clear_plans);
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);
@@ -724,6 +803,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) { impl_entries(m); }
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   impl_entries(m);
   m.impl("layernorm_with_stats", &layernorm_with_stats);
+  m.impl("layernorm_bwd_with_plan", &layernorm_bwd_with_plan);
   m.impl("layernorm_linear_with_stats", &layernorm_linear_with_stats);
 }
 

@@ -333,6 +333,7 @@ class NativeOps:
 
     layernorm: object = None
     layernorm_with_stats: object = None
+    layernorm_bwd_with_plan: object = None
     layernorm_linear: object = None
     layernorm_linear_with_stats: object = None
     ops: object = None
@@ -410,6 +411,8 @@ def load_native() -> NativeOps:
         NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
         NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
                                               ops.layernorm_with_stats.default)
+        NATIVE.layernorm_bwd_with_plan = getattr(ops.layernorm_bwd_with_plan.default, "_op",
+                                                 ops.layernorm_bwd_with_plan.default)
         NATIVE.layernorm_linear = getattr(ops.layernorm_linear.default, "_op", ops.layernorm_linear.default)
         NATIVE.layernorm_linear_with_stats = getattr(ops.layernorm_linear_with_stats.default, "_op",
                                                      ops.layernorm_linear_with_stats.default)
