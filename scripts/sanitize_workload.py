@@ -8,7 +8,8 @@ on an sm_90 GPU), and the
 p22 solution kernels (several strips and column tiles), on shapes that hit
 each code path: short rows (a warp per row), long rows (a block per row),
 longer rows (fast: a cluster of 2-8 blocks per row, with partly filled last
-blocks), the loop fallback (odd h) and a partial last block. Exits non-zero
+blocks), the loop fallback (odd h) and a partial last block; column-major x (transposed views of odd sizes,
+off the 32 x 32 tiles of copy_transposed, which the C++ route copies them with). Exits non-zero
 on a wrong result, so the sanitizer run also checks values.
 """
 
@@ -63,10 +64,25 @@ def main() -> int:
             if compare(y, layernorm_linear_ref(x, g, b, w, bias), torch.bfloat16, reduction=kk) is not None:
                 print(f"wrong: layernorm_linear sm90 {m}x{kk}->{n}")
                 bad += 1
-    bad += p22_kernels()
+    bad += transposed_copies() + p22_kernels()
     torch.cuda.synchronize()
     print(f"sanitize workload done: {bad} wrong results")
     return 1 if bad else 0
+
+
+def transposed_copies() -> int:
+    """LayerNorm of column-major x (transposed views of [..., h, r]), no gradient: from the second call of a shape,
+    once Python handed its plan over, the C++ route copies x with copy_transposed."""
+    bad = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for *lead, r, h in ((37, 1000), (3, 70, 45)):
+            x = torch.randn(*lead, h, r, device="cuda", dtype=dtype).transpose(-1, -2)
+            w, b = torch.randn(h, device="cuda", dtype=dtype), torch.randn(h, device="cuda", dtype=dtype)
+            for call in range(2):
+                if compare(L.layernorm(x, w, b), layernorm_act_ref(x, w, b), dtype, reduction=h) is not None:
+                    print(f"wrong: layernorm of a transposed x, call {call + 1}, {dtype} {list(x.shape)}")
+                    bad += 1
+    return bad
 
 
 def p22_kernels() -> int:
