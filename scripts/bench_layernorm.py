@@ -26,6 +26,7 @@ Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -50,10 +51,11 @@ GRID_H = (256, 768, 1024, 4096, 8192)
 TARGETS = ((16384, 4096), (4096, 8192))  # the >= 2.75 TB/s points
 PROGRESSION = ((4096, 768), (16384, 4096), (4096, 8192))
 LONG_ROWS = ((4096, 16384), (512, 32768), (32, 65536))  # fast: a cluster of blocks per row; vector: one block
-BWD_SWEEP_SHAPES = ((4096, 768), (16384, 768), (1024, 768), (4096, 1024), (4096, 4096))
+BWD_SWEEP_SHAPES = ((4096, 768), (16384, 768), (1024, 768), (4096, 1024), (4096, 4096), (128, 768), (512, 768),
+                    (2048, 768), (512, 4096))
 BWD_SWEEP_PER_SM = (1, 2, 4, 8, 12, 16)
 SWEEP_FIELDS = ("dtype", "M", "H", "per_sm", "parts", "config", "ch", "wpr", "rpb", "blocks", "threads", "default",
-                "us", "kernel_us", "GBps", "pct_copy")
+                "us", "kernel_us", "reduce_us", "GBps", "pct_copy")
 BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
 GELU_SHAPES = ((4096, 768), (16384, 4096))
 ROTATE_BYTES = 256 << 20  # input sets per shape cover at least this much (H100 L2: 50 MB)
@@ -218,11 +220,18 @@ def bench_backward(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: floa
     return rows
 
 
+def backward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor,
+             rstd: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Our backward from an input set of ``bench_bwd_sweep`` (x, w, b, dy, mean, rstd)."""
+    return L.layernorm_bwd(dy, x, w, b, mean, rstd)
+
+
 def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 30) -> list[dict]:
     """The backward's launch choices at each shape: each register configuration that holds the row
     (OPS_LN_BWD_CONFIG) at each count of row groups per SM (OPS_LN_BWD_PARTS), checked against the float64
-    reference, then timed (CUPTI kernel time of the row-group and column-sum kernels). ``default`` marks what
-    ops/layernorm_config.py chooses; GB/s counts x, dy read and dx written."""
+    reference, then timed (CUPTI kernel time of the row-group and column-sum kernels; ``reduce_us``: the
+    column sums' share, by torch.profiler). ``default`` marks what ops/layernorm_config.py chooses; GB/s counts
+    x, dy read and dx written."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = []
     for m, h in shapes:
@@ -247,13 +256,15 @@ def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: flo
                         if (bad := compare(g, r, dtype, reduction=n)) is not None:
                             raise SystemExit(f"backward {name} is wrong at M={m} H={h} {dtype} config {i} parts "
                                              f"{parts}: {bad}")
-                    t = timing.measure(lambda x, w, b, dy, mean, rstd: L.layernorm_bwd(dy, x, w, b, mean, rstd), sets,
-                                       iters, kernels=True, pipelined=False)
+                    t = timing.measure(backward, sets, iters, kernels=True, pipelined=False)
+                    found = timing.kernel_times(functools.partial(backward, *sets[0]), 10)
+                reduce_us = sum(us for name, (_, us) in found.items() if "ln_bwd_reduc" in name)  # names cut short
                 gbps = 3 * m * h * dtype.itemsize / t.kernel_us / 1e3
                 out.append({"dtype": str(dtype).removeprefix("torch."), "M": m, "H": h, "per_sm": per_sm,
                             "parts": parts, "config": i, "ch": ch, "wpr": wpr, "rpb": rpb, "blocks": launch.grid[0],
                             "threads": launch.block, "default": (parts, launch) == default,
-                            "us": round(t.device_us, 2), "kernel_us": round(t.kernel_us, 2), "GBps": round(gbps, 1),
+                            "us": round(t.device_us, 2), "kernel_us": round(t.kernel_us, 2),
+                            "reduce_us": round(reduce_us, 2), "GBps": round(gbps, 1),
                             "pct_copy": round(100 * gbps / copy, 1)})
                 print(" ".join(f"{k}={v}" for k, v in out[-1].items()), flush=True)
     return out
