@@ -21,7 +21,9 @@ WARP = 32
 VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)
 ROW_THREAD_BLOCK = 128   # ln_fwd_row_thread: rows per block (a thread per row)
 SMEM_BLOCK = 256         # ln_fwd_block_smem: threads per row
-REDUCE_COLS, REDUCE_SLICES = 32, 8   # ln_bwd_reduce: columns per block, threads per column
+# ln_bwd_reduce: columns per block, threads per column. 32 x 8 took 0.012 us per row group, latency-bound (24 blocks
+# at h 768; bf16 4096x768: 7.25 of the backward's 21.3 us, results/bench_layernorm_bwd_sweep.md at b95eeb2, reduce_us).
+REDUCE_COLS, REDUCE_SLICES = 8, 128
 MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle (H100 sweep)
 
 # Forward kernels, by the number the MAX op takes as its `kernel` parameter.

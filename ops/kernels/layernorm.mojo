@@ -46,8 +46,9 @@ comptime K_CLUSTER = 4
 comptime ROW_THREAD_BLOCK = 128
 comptime ROW_THREAD_CHUNK = 64
 comptime SMEM_BLOCK = 256
-comptime REDUCE_COLS = 32   # columns per block of the dgamma/dbeta reduction
-comptime REDUCE_SLICES = 8  # threads splitting one column's parts
+comptime REDUCE_COLS = 8       # columns per block of the dgamma/dbeta reduction (8 floats: one 32-byte sector)
+comptime REDUCE_LEVELS = 7     # threads splitting one column's parts: REDUCE_SLICES = 2^REDUCE_LEVELS
+comptime REDUCE_SLICES = 1 << REDUCE_LEVELS
 comptime ALIGN = 16         # bytes per vector load
 
 
@@ -721,7 +722,8 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
 def ln_bwd_reduce[dtype: DType](
     dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int32, h: Int32,
 ):
-    """Column sums of part_g/part_b [parts, h] in a fixed order: REDUCE_SLICES strided slices, then in slice order."""
+    """Column sums of part_g/part_b [parts, h] in a fixed order: REDUCE_SLICES threads per column each sum the
+    parts s, s + REDUCE_SLICES, ..., then a pairwise tree over the slices in shared memory."""
     var sg = stack_allocation[REDUCE_SLICES * REDUCE_COLS, F32, address_space=AddressSpace.SHARED]()
     var sb = stack_allocation[REDUCE_SLICES * REDUCE_COLS, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
@@ -738,14 +740,15 @@ def ln_bwd_reduce[dtype: DType](
     sg[unsafe_offset=tid] = ag
     sb[unsafe_offset=tid] = ab
     barrier()
+    comptime for level in range(REDUCE_LEVELS):
+        comptime half = REDUCE_SLICES >> (level + 1)
+        if s < half:
+            sg[unsafe_offset=tid] += sg[unsafe_offset=tid + half * REDUCE_COLS]
+            sb[unsafe_offset=tid] += sb[unsafe_offset=tid + half * REDUCE_COLS]
+        barrier()
     if s == 0 and col < n:
-        var tg: Float32 = 0.0
-        var tb: Float32 = 0.0
-        comptime for i in range(REDUCE_SLICES):
-            tg += sg[unsafe_offset=i * REDUCE_COLS + c]
-            tb += sb[unsafe_offset=i * REDUCE_COLS + c]
-        dgamma[unsafe_offset=col] = tg.cast[dtype]()
-        dbeta[unsafe_offset=col] = tb.cast[dtype]()
+        dgamma[unsafe_offset=col] = sg[unsafe_offset=c].cast[dtype]()
+        dbeta[unsafe_offset=col] = sb[unsafe_offset=c].cast[dtype]()
 
 
 # ---------------------------------------------------------------- transposed x (the direct route's copy)
