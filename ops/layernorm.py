@@ -199,7 +199,7 @@ def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, in
     if len(_bwd_plans) >= _PLANS_MAX:
         _bwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
-            direct.kernel(config.reduce_spec(dtype), index))
+            direct.kernel(config.reduce_spec(dtype, h), index))
     _bwd_plans[(parts, h, dtype, vec_ok, act, index, forced)] = plan
     return plan
 
@@ -213,7 +213,7 @@ def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: i
     rows_kernel, grid, block, reduce = plan
     direct.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
         rows, h, dtype, vec_ok, act, index, int(rows_kernel.function), grid, block, parts, int(reduce.function),
-        config.reduce_grid(h), config.REDUCE_COLS * config.REDUCE_SLICES))
+        config.reduce_grid(h), config.reduce_block(h)))
 
 
 def native_transpose(dtype: torch.dtype, index: int) -> None:
@@ -244,8 +244,8 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
     with direct.on_device(index) as stream:
         rows_kernel.launch(stream, grid, block, 0, dx.data_ptr(), part_g, part_b, dy.data_ptr(), x.data_ptr(),
                            weight.data_ptr(), bias.data_ptr(), mean, rstd, rows, h, parts)
-        reduce.launch(stream, config.reduce_grid(h), config.REDUCE_COLS * config.REDUCE_SLICES, 0, dweight.data_ptr(),
-                      dbias.data_ptr(), part_g, part_b, parts, h)
+        reduce.launch(stream, config.reduce_grid(h), config.reduce_block(h), 0, dweight.data_ptr(), dbias.data_ptr(),
+                      part_g, part_b, parts, h)
     return dx, dweight, dbias
 
 

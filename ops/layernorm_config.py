@@ -21,9 +21,14 @@ WARP = 32
 VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)
 ROW_THREAD_BLOCK = 128   # ln_fwd_row_thread: rows per block (a thread per row)
 SMEM_BLOCK = 256         # ln_fwd_block_smem: threads per row
-# ln_bwd_reduce: columns per block, threads per column. 32 x 8 took 0.012 us per row group, latency-bound (24 blocks
-# at h 768; bf16 4096x768: 7.25 of the backward's 21.3 us, results/bench_layernorm_bwd_sweep.md at b95eeb2, reduce_us).
-REDUCE_COLS, REDUCE_SLICES = 8, 128
+# ln_bwd_reduce[COLS, LEVELS]: COLS columns per block, 2^LEVELS threads per column (H100 sweeps of the backward,
+# results/bench_layernorm_bwd_sweep.md, reduce_us). 32 x 8 walked parts / 8 partials per thread on h / 32 blocks:
+# at h 768 24 blocks, 0.012 us per row group (b95eeb2: bf16 4096x768 7.25 of 21.3 us). 8 x 128 took that to 3.43
+# (c3f08d8) but h 4096 from 3.0-4.7 to 5.8-7.2 us (512 blocks of 1024 threads for 132-264 groups): narrow blocks up
+# to REDUCE_NARROW_MAX_H (the widths both sweeps measured: 768, 1024), wide beyond.
+REDUCE_NARROW_MAX_H = 1024
+REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS = 8, 7
+REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS = 32, 3
 MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle (H100 sweep)
 
 # Forward kernels, by the number the MAX op takes as its `kernel` parameter.
@@ -206,13 +211,25 @@ def bwd_config() -> int | None:
     return int(forced) if forced else None
 
 
-def reduce_spec(dtype: torch.dtype) -> KernelSpec:
-    """The dgamma/dbeta column reduction's instantiation (grid: ``reduce_grid``, block REDUCE_COLS * SLICES)."""
-    return KernelSpec("layernorm", "ln_bwd_reduce", (dtype,), "ppppii")
+def reduce_shape(h: int) -> tuple[int, int]:
+    """The column reduction's (COLS, LEVELS) for rows of h."""
+    if h <= REDUCE_NARROW_MAX_H:
+        return REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS
+    return REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS
+
+
+def reduce_spec(dtype: torch.dtype, h: int) -> KernelSpec:
+    """The dgamma/dbeta column reduction's instantiation for rows of h (launch: ``reduce_grid``, ``reduce_block``)."""
+    return KernelSpec("layernorm", "ln_bwd_reduce", (dtype, *reduce_shape(h)), "ppppii")
 
 
 def reduce_grid(h: int) -> tuple[int, int, int]:
-    return (-(-h // REDUCE_COLS), 1, 1)
+    return (-(-h // reduce_shape(h)[0]), 1, 1)
+
+
+def reduce_block(h: int) -> int:
+    cols, levels = reduce_shape(h)
+    return cols << levels
 
 
 # The C++ route's copy of an x whose last two dims are column-major (a transposed view: torch's contiguous() moves
@@ -241,6 +258,7 @@ def all_specs() -> list[KernelSpec]:
                     for variant in VARIANTS:
                         specs[fwd_launch(rows, h, dtype, vec_ok, variant).spec(dtype, act)] = None
                     specs[bwd_launch(rows, h, dtype, vec_ok).spec(dtype, act)] = None
-        specs[reduce_spec(dtype)] = None
+        for h in (REDUCE_NARROW_MAX_H, REDUCE_NARROW_MAX_H + 1):
+            specs[reduce_spec(dtype, h)] = None
         specs[transpose_spec(dtype)] = None
     return list(specs)

@@ -14,7 +14,7 @@ from ops import layernorm_linear_config as lnl_config
 from ops.launch import bridge, direct
 from ops.timing import captured
 
-SPEC = config.reduce_spec(torch.float32)
+SPEC = config.reduce_spec(torch.float32, 768)
 
 
 @pytest.fixture
@@ -66,7 +66,8 @@ MIRRORED = {"layernorm_linear": ("TILE_THREADS", "TILE_ROWS", "TILE_COLS", "STAG
                                  "MMA_STEP_K", "MMA_SMEM_BYTES", "FINISH_ROWS", "FINISH_COLS", "FOLD_THREADS"),
             "layernorm_linear_sm90": ("PREP_WARPS", "WG_TILE_ROWS", "WG_TILE_COLS", "WG_SLOT_K", "WG_STAGES",
                                       "WG_THREADS", "WG_ROWS", "WG_BOX", "WG_EXT_COLS", "WG_SMEM_BYTES"),
-            "layernorm": ("REDUCE_COLS", "REDUCE_SLICES", "TRANSPOSE_TILE", "TRANSPOSE_THREADS")}
+            "layernorm": ("REDUCE_NARROW_MAX_H", "REDUCE_NARROW_COLS", "REDUCE_NARROW_LEVELS", "REDUCE_WIDE_COLS",
+                          "REDUCE_WIDE_LEVELS", "TRANSPOSE_TILE", "TRANSPOSE_THREADS")}
 MIRRORING = {"layernorm_linear": lnl_config, "layernorm_linear_sm90": lnl_config, "layernorm": config}
 
 

@@ -46,9 +46,13 @@ comptime K_CLUSTER = 4
 comptime ROW_THREAD_BLOCK = 128
 comptime ROW_THREAD_CHUNK = 64
 comptime SMEM_BLOCK = 256
-comptime REDUCE_COLS = 8       # columns per block of the dgamma/dbeta reduction (8 floats: one 32-byte sector)
-comptime REDUCE_LEVELS = 7     # threads splitting one column's parts: REDUCE_SLICES = 2^REDUCE_LEVELS
-comptime REDUCE_SLICES = 1 << REDUCE_LEVELS
+# The dgamma/dbeta reduction (ln_bwd_reduce[COLS, LEVELS]: COLS columns per block, 2^LEVELS threads per column):
+# narrow blocks (more of them) for rows up to REDUCE_NARROW_MAX_H, wide ones beyond (ops/layernorm_config.py).
+comptime REDUCE_NARROW_MAX_H = 1024
+comptime REDUCE_NARROW_COLS = 8    # 8 floats: one 32-byte sector
+comptime REDUCE_NARROW_LEVELS = 7
+comptime REDUCE_WIDE_COLS = 32
+comptime REDUCE_WIDE_LEVELS = 3
 comptime ALIGN = 16         # bytes per vector load
 
 
@@ -719,36 +723,47 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                 part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
 
 
-def ln_bwd_reduce[dtype: DType](
+def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
     dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int32, h: Int32,
 ):
-    """Column sums of part_g/part_b [parts, h] in a fixed order: REDUCE_SLICES threads per column each sum the
-    parts s, s + REDUCE_SLICES, ..., then a pairwise tree over the slices in shared memory."""
-    var sg = stack_allocation[REDUCE_SLICES * REDUCE_COLS, F32, address_space=AddressSpace.SHARED]()
-    var sb = stack_allocation[REDUCE_SLICES * REDUCE_COLS, F32, address_space=AddressSpace.SHARED]()
+    """Column sums of part_g/part_b [parts, h] in a fixed order, COLS columns per block: 2^LEVELS threads per column
+    each sum the parts s, s + 2^LEVELS, ..., then a pairwise tree over those slices in shared memory."""
+    comptime SLICES = 1 << LEVELS
+    var sg = stack_allocation[SLICES * COLS, F32, address_space=AddressSpace.SHARED]()
+    var sb = stack_allocation[SLICES * COLS, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
-    var c = tid % REDUCE_COLS
-    var s = tid // REDUCE_COLS
-    var col = Int(block_idx.x) * REDUCE_COLS + c
+    var c = tid % COLS
+    var s = tid // COLS
+    var col = Int(block_idx.x) * COLS + c
     var n = Int(h)
     var ag: Float32 = 0.0
     var ab: Float32 = 0.0
     if col < n:
-        for q in range(s, Int(parts), REDUCE_SLICES):
+        for q in range(s, Int(parts), SLICES):
             ag += part_g[unsafe_offset=q * n + col]
             ab += part_b[unsafe_offset=q * n + col]
     sg[unsafe_offset=tid] = ag
     sb[unsafe_offset=tid] = ab
     barrier()
-    comptime for level in range(REDUCE_LEVELS):
-        comptime half = REDUCE_SLICES >> (level + 1)
+    comptime for level in range(LEVELS):
+        comptime half = SLICES >> (level + 1)
         if s < half:
-            sg[unsafe_offset=tid] += sg[unsafe_offset=tid + half * REDUCE_COLS]
-            sb[unsafe_offset=tid] += sb[unsafe_offset=tid + half * REDUCE_COLS]
+            sg[unsafe_offset=tid] += sg[unsafe_offset=tid + half * COLS]
+            sb[unsafe_offset=tid] += sb[unsafe_offset=tid + half * COLS]
         barrier()
     if s == 0 and col < n:
         dgamma[unsafe_offset=col] = sg[unsafe_offset=c].cast[dtype]()
         dbeta[unsafe_offset=col] = sb[unsafe_offset=c].cast[dtype]()
+
+
+@always_inline
+def launch_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
+    ctx: DeviceContext, dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int,
+    h: Int,
+) raises:
+    comptime reduce = ln_bwd_reduce[dtype, COLS, LEVELS]
+    ctx.enqueue_function[reduce](dgamma, dbeta, part_g, part_b, Int32(parts), Int32(h),
+                                 grid_dim=ceildiv(h, COLS), block_dim=COLS << LEVELS)
 
 
 # ---------------------------------------------------------------- transposed x (the direct route's copy)
@@ -819,9 +834,10 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
                                                        rows, h, parts)
     else:
         launch_bwd_loop[dtype, act, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
-    comptime reduce = ln_bwd_reduce[dtype]
-    ctx.enqueue_function[reduce](dgamma, dbeta, part_g, part_b, Int32(parts), Int32(h),
-                                 grid_dim=ceildiv(h, REDUCE_COLS), block_dim=REDUCE_COLS * REDUCE_SLICES)
+    if h <= REDUCE_NARROW_MAX_H:
+        launch_bwd_reduce[dtype, REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS](ctx, dgamma, dbeta, part_g, part_b, parts, h)
+    else:
+        launch_bwd_reduce[dtype, REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS](ctx, dgamma, dbeta, part_g, part_b, parts, h)
 
 
 # ---------------------------------------------------------------- CPU
