@@ -22,10 +22,11 @@ VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)
 ROW_THREAD_BLOCK = 128   # ln_fwd_row_thread: rows per block (a thread per row)
 SMEM_BLOCK = 256         # ln_fwd_block_smem: threads per row
 # ln_bwd_reduce[COLS, LEVELS]: COLS columns per block, 2^LEVELS threads per column (H100 sweeps of the backward,
-# results/bench_layernorm_bwd_sweep.md, reduce_us). 32 x 8 walked parts / 8 partials per thread on h / 32 blocks:
-# at h 768 24 blocks, 0.012 us per row group (b95eeb2: bf16 4096x768 7.25 of 21.3 us). 8 x 128 took that to 3.43
-# (c3f08d8) but h 4096 from 3.0-4.7 to 5.8-7.2 us (512 blocks of 1024 threads for 132-264 groups): narrow blocks up
-# to REDUCE_NARROW_MAX_H (the widths both sweeps measured: 768, 1024), wide beyond.
+# reduce_us). 32 x 8 walked parts / 8 partials per thread on h / 32 blocks: at h 768 24 blocks, 0.012 us per row
+# group (results/bench_layernorm_bwd_sweep.md at b95eeb2 in git: bf16 4096x768 7.25 of 21.3 us). 8 x 128 took that
+# to 3.43 but h 4096's from 3.0-4.7 to 5.8-7.2 us (512 blocks of 1024 threads for 132-264 groups;
+# results/bench_layernorm_bwd_sweep_at_c3f08d8.md): narrow up to REDUCE_NARROW_MAX_H (768 and 1024 measured), wide
+# beyond (results/bench_layernorm_bwd_sweep.md at af122fa).
 REDUCE_NARROW_MAX_H = 1024
 REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS = 8, 7
 REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS = 32, 3

@@ -727,7 +727,8 @@ def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
     dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int32, h: Int32,
 ):
     """Column sums of part_g/part_b [parts, h] in a fixed order, COLS columns per block: 2^LEVELS threads per column
-    each sum the parts s, s + 2^LEVELS, ..., then a pairwise tree over those slices in shared memory."""
+    each sum the parts s, s + 2^LEVELS, ..., then one thread sums those slices in order (LEVELS <= 3) or a pairwise
+    tree over them in shared memory does (more slices: fewer steps, each a barrier)."""
     comptime SLICES = 1 << LEVELS
     var sg = stack_allocation[SLICES * COLS, F32, address_space=AddressSpace.SHARED]()
     var sb = stack_allocation[SLICES * COLS, F32, address_space=AddressSpace.SHARED]()
@@ -745,6 +746,16 @@ def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
     sg[unsafe_offset=tid] = ag
     sb[unsafe_offset=tid] = ab
     barrier()
+    comptime if LEVELS <= 3:
+        if s == 0 and col < n:
+            var tg: Float32 = 0.0
+            var tb: Float32 = 0.0
+            comptime for i in range(SLICES):
+                tg += sg[unsafe_offset=i * COLS + c]
+                tb += sb[unsafe_offset=i * COLS + c]
+            dgamma[unsafe_offset=col] = tg.cast[dtype]()
+            dbeta[unsafe_offset=col] = tb.cast[dtype]()
+        return
     comptime for level in range(LEVELS):
         comptime half = SLICES >> (level + 1)
         if s < half:
