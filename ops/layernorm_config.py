@@ -61,10 +61,14 @@ VARIANTS = ("row_thread", "block_smem", "block_warp", "vector", "fast")
 # Short rows want more groups per SM to keep loads in flight, until registers cap residency; each group
 # wants ~8 rows so its partials stay small next to what it reads. An H100 sweep of 11 shapes in fp32 and bf16
 # (session 15) put the best count at 16 KB of row bytes per SM, the row's bytes rounded up to a power of two,
-# at most 12 groups per SM.
+# at most 12 groups per SM. Rows up to REDUCE_NARROW_MAX_H, whose column sums are the cheap narrow shape, want ~4
+# rows a group: the sweep at af122fa (results/bench_layernorm_bwd_sweep.md) had bf16 4096x768 15.2 us at 8 groups
+# per SM against 17.3 at 4, 2048x768 11.8 against 16.3, 1024x768 10.8 against 15.9; fp32 2048x768 11.6 against
+# 13.1, 1024x768 9.2 against 11.1; the other shapes of that sweep keep their counts.
 BWD_ROW_BYTES_PER_SM = 16384
 BWD_MAX_PER_SM = 12
-BWD_ROWS_PER_GROUP = 8
+BWD_ROWS_PER_GROUP = 8          # rows over REDUCE_NARROW_MAX_H
+BWD_ROWS_PER_GROUP_NARROW = 4   # rows up to REDUCE_NARROW_MAX_H
 
 
 @dataclass(frozen=True)
@@ -181,8 +185,8 @@ def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: 
     if forced:
         return min(rows, int(forced))
     row_bytes = 1 << (h * dtype.itemsize - 1).bit_length()
-    per_sm = min(BWD_MAX_PER_SM, max(1, BWD_ROW_BYTES_PER_SM // row_bytes),
-                 max(1, round(rows / (BWD_ROWS_PER_GROUP * sms))))
+    per_group = BWD_ROWS_PER_GROUP_NARROW if h <= REDUCE_NARROW_MAX_H else BWD_ROWS_PER_GROUP
+    per_sm = min(BWD_MAX_PER_SM, max(1, BWD_ROW_BYTES_PER_SM // row_bytes), max(1, round(rows / (per_group * sms))))
     return min(rows, per_sm * sms)
 
 

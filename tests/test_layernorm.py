@@ -116,12 +116,14 @@ def test_backward_is_deterministic(device: str) -> None:
 
 
 @pytest.mark.parametrize(("rows", "h", "dtype", "parts"), [
-    (4096, 768, torch.bfloat16, 528), (16384, 768, torch.bfloat16, 1056), (16384, 4096, torch.bfloat16, 264),
+    (4096, 768, torch.bfloat16, 1056), (16384, 768, torch.bfloat16, 1056), (16384, 4096, torch.bfloat16, 264),
+    (2048, 768, torch.bfloat16, 528), (1024, 768, torch.float32, 264), (4096, 1024, torch.bfloat16, 1056),
     (4096, 768, torch.float32, 528), (4096, 8192, torch.float32, 132), (65536, 256, torch.float32, 1584),
     (512, 4096, torch.bfloat16, 132), (32, 4096, torch.float32, 32), (1, 7, torch.float16, 1)], ids=str)
 def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int, dtype: torch.dtype,
                              parts: int) -> None:
-    """The backward's row-group count on a 132-SM GPU: within 1% of the best of the H100 sweep at these shapes."""
+    """The backward's row-group count on a 132-SM GPU at shapes of the H100 sweeps (results/bench_layernorm_bwd_sweep.md
+    and ops/layernorm_config.py's notes): about 4 rows a group up to 1024-wide rows, 8 beyond, capped by row bytes."""
     monkeypatch.delenv("OPS_LN_BWD_PARTS", raising=False)
     monkeypatch.setattr(L, "sm_count", lambda device: 132)
     assert L.bwd_parts(rows, h, dtype, torch.device("cuda")) == parts
