@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 from ops import layernorm_config as config
 from ops import layernorm_linear_config as lnl_config
 from ops.launch import bridge, direct
-from ops.timing import captured
+from ops.timing import captured, kernel_times
 
 SPEC = config.reduce_spec(torch.float32, 768)
 
@@ -273,17 +272,6 @@ def _strided(base: torch.Tensor) -> dict[str, torch.Tensor]:
             "column-major": base.reshape(-1, base.shape[-1]).t().contiguous().t()}
 
 
-def _kernel_names(fn: Callable[[], object]) -> list[str]:
-    """The CUDA kernels one call of ``fn`` launches, by name (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name() for e in prof.profiler.kineto_results.events()]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_gpu_native_copies_column_major_x(dtype: torch.dtype) -> None:
@@ -310,7 +298,7 @@ def test_gpu_native_copies_column_major_x(dtype: torch.dtype) -> None:
                 want = fn(x.contiguous())
                 want = fn(x.contiguous())   # the second: the C++ route, plans handed over
                 assert torch.equal(fn(x), want), (shape, name)
-                kernels = _kernel_names(lambda fn=fn, x=x: fn(x))
+                kernels = kernel_times(lambda fn=fn, x=x: fn(x), 1)   # the CUDA kernels of a call, by name
                 assert any("copy_transpo" in k for k in kernels) == one_stride, (shape, name, kernels)
 
 
