@@ -15,10 +15,10 @@ Forward algorithms (``algo``):
   G and B + bias come from the fold kernel, run inside the same op at every call. fp16/bf16 on tensor cores.
 * ``"sm90"`` (bfloat16 on an H100-class GPU, K and N multiples of 8): the same algorithm in one
   persistent Hopper kernel (TMA loads, wgmma, ``ops/kernels/layernorm_linear_sm90.mojo``); a
-  ``ValueError`` names what is missing elsewhere. ``auto`` picks it for bfloat16 on sm_90 with at
-  least ``SM90_MIN_ROWS`` rows and ``SM90_MIN_N`` <= n <= ``SM90_MAX_N``, bar large x at larger
-  shapes (``sm90_region``: where it won the H100 benchmark, results/bench_layernorm_linear.md; the whole-grid
-  ``--sm90`` sweep, last run at 8aa98c9 with the prep cached per weight version, is due a rerun).
+  ``ValueError`` names what is missing elsewhere. ``auto`` picks it for bfloat16 on sm_90 with
+  ``SM90_MIN_N`` <= n <= ``SM90_MAX_N`` and at least ``SM90_MIN_ROWS`` rows (bar large x at larger shapes),
+  or at least ``SM90_FILL_ROWS`` where its grid fills the GPU and k is short (``sm90_region``: where it won
+  the H100 benchmarks, results/bench_layernorm_linear.md and bench_layernorm_linear_sm90.md).
 * ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
 * ``"auto"`` (default): ``sm90`` in its region (above), else ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
@@ -58,6 +58,8 @@ from ops.layernorm_linear_config import (  # noqa: F401 (auto's tuning, read her
     FUSED_MIN_ROWS,
     FUSED_TILE_COLS,
     FUSED_TILE_ROWS,
+    SM90_FILL_MAX_K,
+    SM90_FILL_ROWS,
     SM90_MAX_N,
     SM90_MIN_N,
     SM90_MIN_ROWS,
@@ -111,30 +113,30 @@ def fold_op() -> GraphOp:
 
 def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """float32 [2, N]: G = sum_k round(weight * ln_weight) and B = weight @ ln_bias + bias, by the fold kernel
-    (FlashNorm's fold; see ``fold_row`` in the .mojo for why G sums the rounded products). The fused and
-    Hopper ops run the same kernel inside themselves at every call, so no fold outlives a weight change;
-    this standalone call is what tests check the kernel by."""
+    (FlashNorm's fold; see ``fold_row`` in the .mojo for why G sums the rounded products). The fused op runs
+    the same kernel inside itself at every call (the Hopper op its own prep, whose G sums exact products), so no
+    fold outlives a weight change; this standalone call is what tests check the kernel by."""
     return fold_op()(*(t.detach() for t in (weight, ln_weight, ln_bias, bias)))[0]
 
 
 @cache
 def sm90_op(eps: float) -> GraphOp:
     """The registered Hopper forward (``layernorm_linear_sm90.mojo``): y [rows, n], mean, rstd [rows]
-    (float32), then scratch the op fills at every call from the weights: the scaled weight
-    (weight * ln_weight) [n, k] and the fold's bf16 parts (``fold_ext``) [n, 8].
+    (float32), then scratch the op fills at every call from the weights: the fold's bf16 parts (``fold_ext``,
+    with G's exact products) [n, 8].
     Inputs: x [rows, k], weight [n, k], ln_weight, ln_bias [k], bias [n]."""
     f32 = torch.float32
     return GraphOp(
         "layernorm_linear_fwd_sm90", LIBRARY,
         inputs=(("rows", "k"), ("n", "k"), ("k",), ("k",), ("n",)),
-        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32), Out(("n", "k"), 1), Out(("n", 8), 1)),
+        outputs=(Out(("rows", "n")), Out(("rows",), f32), Out(("rows",), f32), Out(("n", 8), 1)),
         parameters=(("eps_bits", layernorm.eps_bits(eps)),),
         weights=frozenset({1, 2, 3, 4}),
     )
 
 
 def fold_ext(fold: torch.Tensor) -> torch.Tensor:
-    """``folded``'s G and B + bias [2, N] float32 as bfloat16 [N, 8], per column (G hi, G hi, G mid, B hi,
+    """G and B + bias [2, N] float32 as bfloat16 [N, 8], per column (G hi, G hi, G mid, B hi,
     B hi, B mid, G hi, B hi) with hi = bf16(v) and mid = bf16(v - hi): the 8 k values of the Hopper
     kernel's fold MMA, whose A fragment holds the rows' -(mean - shift) and 1 / rstd in hi/mid/lo parts,
     so that it adds their products with G and B to the accumulators to 2^-16. The op makes these rows
@@ -177,6 +179,8 @@ def sm90_unsupported(x2: torch.Tensor, weight: torch.Tensor) -> str | None:
         return f"needs K and N multiples of 8 (TMA rows of 16-byte multiples), got K={k}, N={n}"
     if x2.data_ptr() % 16:
         return "needs x 16-byte aligned"
+    if weight.data_ptr() % 16:
+        return "needs weight 16-byte aligned"
     return None
 
 
@@ -188,7 +192,7 @@ def algos_for(x2: torch.Tensor, weight: torch.Tensor) -> tuple[str, ...]:
 def sm90_fwd(x2: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
              bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Hopper kernel on validated x2 [rows, K] that ``sm90_unsupported`` accepts: y [rows, N], mean, rstd [rows]."""
-    y, mean, rstd, _, _ = sm90_op(float(eps))(x2, weight, ln_weight, ln_bias, bias)
+    y, mean, rstd, _ = sm90_op(float(eps))(x2, weight, ln_weight, ln_bias, bias)
     return y, mean, rstd
 
 

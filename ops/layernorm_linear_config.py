@@ -136,15 +136,15 @@ def fused_plan(rows: int, k: int, n: int, dtype: torch.dtype, mask: int, splits:
 
 
 def sm90_plan(rows: int, k: int, n: int, dtype: torch.dtype, mask: int, sms: int) -> FusedPlan:
-    """The Hopper forward (``launch_wgmma``): the prep kernel (wg = w * gamma and the fold's ext rows), then the
-    persistent wgmma kernel over ceil(tiles / SMs) tiles per block. sizes: the TMA boxes (x, wg, y, ext; rows
-    then columns), ext's columns and the tensor map data type."""
+    """The Hopper forward (``launch_wgmma``): the prep kernel (the fold's ext rows), then the persistent wgmma
+    kernel over ceil(tiles / SMs) tiles per block, launched as the prep's programmatic dependent. sizes: the TMA
+    boxes (x, w, y, ext; rows then columns), ext's columns and the tensor map data type."""
     vec = vector_width(dtype) if has(mask, FOLD_VEC_BITS) else 1
     items = cdiv(rows, WG_TILE_ROWS) * cdiv(n, WG_TILE_COLS)
     per = cdiv(items, sms)
-    steps = (Step(KernelSpec(SM90_MODULE, "layernorm_linear_wgmma_prep", (dtype, vec), "ppppppii"),
+    steps = (Step(KernelSpec(SM90_MODULE, "layernorm_linear_wgmma_prep", (dtype, vec), "pppppii"),
                   (cdiv(n, PREP_WARPS), 1, 1), PREP_WARPS * 32),
-             Step(KernelSpec(SM90_MODULE, "layernorm_linear_fwd_wgmma", (dtype,), "ttttppiiif"),
+             Step(KernelSpec(SM90_MODULE, "layernorm_linear_fwd_wgmma", (dtype,), "ttttpppiiif"),
                   (cdiv(items, per), 1, 1), WG_THREADS, WG_SMEM_BYTES))
     boxes = (WG_TILE_ROWS, WG_SLOT_K, WG_TILE_COLS, WG_SLOT_K, WG_ROWS, WG_BOX, WG_TILE_COLS // 8, 8 * WG_EXT_COLS)
     return FusedPlan(KIND_SM90, steps, (*boxes, WG_EXT_COLS, TMA_BF16 if dtype == torch.bfloat16 else TMA_F16))
@@ -178,11 +178,10 @@ SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
 SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
-# auto's "sm90" region (bf16 on an sm_90 GPU). Since the op makes its scaled weight and fold rows at every call
-# (376322c: nothing derived from the weights is kept), the Hopper kernel plus that prep beat our LayerNorm +
-# cuBLAS by CUPTI kernel time at every region shape of the bf16 grid with 16384 rows and at none with 4096
-# (results/bench_layernorm_linear.md, bf16 rows at 376322c: 4096 x 768 -> 3072 38.5 against 38.0 us,
-# 16384 x 768 -> 3072 132.4 against 137.4); before, with the prep cached per weight version, 4096 rows won too.
+# auto's "sm90" region (bf16 on an sm_90 GPU). The op makes the fold's rows at every call (376322c: nothing
+# derived from the weights is kept). With 16384 rows the Hopper kernel plus that prep beat our LayerNorm + cuBLAS
+# by CUPTI kernel time at every region shape of the bf16 grid (results/bench_layernorm_linear.md, bf16 rows at
+# 376322c: 16384 x 768 -> 3072 132.4 against 137.4 us).
 SM90_MIN_ROWS = 16384
 SM90_MIN_N, SM90_MAX_N = 768, 3072
 # ... except where kernel version 6's runs re-read more x than L2 keeps: each block takes a run of
@@ -194,6 +193,15 @@ SM90_MIN_N, SM90_MAX_N = 768, 3072
 SM90_TILE = (WG_TILE_ROWS, WG_TILE_COLS)   # the Hopper kernel's output tile
 SM90_SHORT_RUN = 4
 SM90_RUN_MAX_X = 16384 * 768
+# From SM90_FILL_ROWS rows (up to SM90_MIN_ROWS): only where the persistent grid keeps SM90_FILL_MIN of the SMs
+# busy and k is at most SM90_FILL_MAX_K. Since kernel version 8 (gamma on the A side: the prep only reads w, and
+# the kernel is launched as the prep's programmatic dependent) 4096 x 768 -> 3072 (384 tiles, 128 of 132 SMs)
+# took 39.15 us per call against LayerNorm + cuBLAS's 41.94 and torch's 46.49, while 4096 x 768 -> 2304 (288
+# tiles: 96 SMs busy) lost, 36.12 against 33.15, and so did k = 4096 by kernel time (4096^3: 200.8 against
+# 194.6 us; H100 run of scripts/bench_layernorm_linear.py --sm90 --quick, docs/kernels/layernorm_linear.md).
+SM90_FILL_ROWS = 4096
+SM90_FILL_MIN = 0.9
+SM90_FILL_MAX_K = 1024
 
 
 def fused_region(dtype: torch.dtype, rows: int, n: int, k: int) -> bool:
@@ -205,11 +213,13 @@ def fused_region(dtype: torch.dtype, rows: int, n: int, k: int) -> bool:
 
 def sm90_region(rows: int, n: int, k: int, sms: int) -> bool:
     """Whether x [rows, k] @ weight [n, k]^T is in auto's "sm90" region on a GPU of ``sms`` SMs (see
-    SM90_MIN_ROWS and SM90_RUN_MAX_X)."""
-    if rows < SM90_MIN_ROWS or not SM90_MIN_N <= n <= SM90_MAX_N or k % 8 or n % 8:
+    SM90_MIN_ROWS, SM90_RUN_MAX_X and SM90_FILL_ROWS)."""
+    if rows < SM90_FILL_ROWS or not SM90_MIN_N <= n <= SM90_MAX_N or k % 8 or n % 8:
         return False
     tiles = -(-rows // SM90_TILE[0]) * -(-n // SM90_TILE[1])
     run = -(-tiles // sms)   # the kernel's tiles per block
+    if rows < SM90_MIN_ROWS:
+        return k <= SM90_FILL_MAX_K and -(-tiles // run) >= SM90_FILL_MIN * sms
     return run <= SM90_SHORT_RUN or rows * k <= SM90_RUN_MAX_X
 
 

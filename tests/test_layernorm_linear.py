@@ -272,7 +272,8 @@ def test_auto_rule() -> None:
 
 def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     """auto: sm90 for bf16 on an sm_90 GPU with enough rows and n in its range (K, N multiples of 8), bar long
-    runs of tiles per block over a large x (132 SMs: 16384 rows, n 3072 are runs of 12), else as before."""
+    runs of tiles per block over a large x (132 SMs: 16384 rows, n 3072 are runs of 12) and, below
+    SM90_MIN_ROWS, grids that leave SMs idle or long rows; else as before."""
     cuda, bf16, rows, n, k = torch.device("cuda"), torch.bfloat16, LL.SM90_MIN_ROWS, LL.SM90_MAX_N, 768
     monkeypatch.setattr(LL, "is_sm90", lambda device: device.type == "cuda")
     monkeypatch.setattr(LL.layernorm, "sm_count", lambda device: 132)
@@ -280,9 +281,16 @@ def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384) == "sm90"
     assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384 + 8) == "unfused"
     assert LL.pick_algo("auto", cuda, bf16, 16384, LL.SM90_MIN_N, 4096) == "sm90"   # runs of 3
-    assert LL.pick_algo("auto", cuda, bf16, 4096, n, k) == "unfused"    # the per-call prep costs more there
+    # from SM90_FILL_ROWS rows: where the persistent grid fills 90% of the SMs, k at most SM90_FILL_MAX_K
+    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "sm90"       # 384 tiles: 128 blocks
+    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, LL.SM90_FILL_MAX_K) == "sm90"
+    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, LL.SM90_FILL_MAX_K + 8) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, 4096, 2304, 768) == "unfused"    # 288 tiles: 96 blocks
+    assert LL.pick_algo("auto", cuda, bf16, 4096, 768, 768) == "unfused"     # 96 tiles
+    assert LL.pick_algo("auto", cuda, bf16, LL.SM90_FILL_ROWS - 128, 3072, 768) == "unfused"
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N, k) == "sm90"
-    assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "sm90"            # the fill rule: 128 blocks
+    assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, 4096) == "unfused"      # ... but k > SM90_FILL_MAX_K
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MAX_N + 8, k) == "unfused"
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N - 8, k) == "unfused"
     assert LL.pick_algo("auto", cuda, bf16, rows, n, k + 4) == "unfused"       # TMA rows: K % 8 == 0
@@ -497,13 +505,13 @@ def test_gpu_sm90_module_and_determinism() -> None:
 @pytest.mark.gpu
 @needs_sm90
 def test_gpu_sm90_prep_matches_fold() -> None:
-    """The Hopper op's per-call scratch: the scaled weight is weight * ln_weight as torch rounds it, and the
-    ext rows hold the fold kernel's (G, B + bias) in fold_ext's layout, hi + mid equal to it up to the fp32
-    sums' order; N and K off its tiles."""
+    """The Hopper op's per-call scratch: the ext rows hold (G, B + bias) in fold_ext's layout, with G the sum of
+    the exact products weight * ln_weight (the kernel rounds (x - c) * ln_weight instead), hi + mid equal to the
+    float64 sums up to fp32 summation; N and K off its tiles."""
     x, g, b, w, bias, _ = make((5,), 1000, 264, torch.bfloat16, "cuda")
-    _, _, _, wg, ext = LL.sm90_op(1e-5)(x, w, g, b, bias)
-    assert torch.equal(wg, w * g)
-    fold = LL.folded(w, g, b, bias)
+    _, _, _, ext = LL.sm90_op(1e-5)(x, w, g, b, bias)
+    w64 = w.double()
+    fold = torch.stack(((w64 * g.double()).sum(1), w64 @ b.double() + bias.double()))
     assert torch.equal(ext[:, (1, 6)], ext[:, (0, 0)]) and torch.equal(ext[:, (4, 7)], ext[:, (3, 3)])
     for v, (hi, mid) in zip(fold, ((0, 2), (3, 5)), strict=True):
         got = ext[:, hi].double() + ext[:, mid].double()

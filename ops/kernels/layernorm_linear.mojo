@@ -567,7 +567,7 @@ def layernorm_linear_fold[dtype: DType, VEC: Int](
     """Block j: fold[0, j] = G[j], fold[1, j] = B[j] + bias[j] (see fold_row)."""
     var sh = stack_allocation[2 * FOLD_WARPS, Float32, address_space=AddressSpace.SHARED]()
     var j = Int(block_idx.x)
-    var gb = fold_row[dtype, VEC, False](w, w, gamma, beta, j, Int(k), Int(thread_idx.x), FOLD_THREADS)
+    var gb = fold_row[dtype, VEC, True](w, gamma, beta, j, Int(k), Int(thread_idx.x), FOLD_THREADS)
     var g = group_sum[FOLD_WARPS, 1](gb[0], sh, 0)
     var b = group_sum[FOLD_WARPS, 1](gb[1], sh, 1)
     if thread_idx.x == 0:
@@ -601,25 +601,40 @@ def launch_fold[dtype: DType](
 
 
 @always_inline
-def fold_row[dtype: DType, VEC: Int, SCALE: Bool](
-    wg: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], j: Int, k: Int, first: Int, step: Int,
+def fold_row[dtype: DType, VEC: Int, ROUNDED: Bool, UNROLL: Int = 1](
+    w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], j: Int, k: Int, first: Int, step: Int,
 ) -> SIMD[F32, 2]:
     """Partial (G, B) of column j over the VEC-wide vectors first, first + step, .. of w's row j (VEC > 1: k a
-    multiple of VEC, 16-byte aligned rows): G sums w * gamma rounded to dtype, the very products the 16-bit
-    GEMM multiplies x - c by, so the correction -(mean - c) * G cancels what the GEMM added exactly (with an
-    exact G, rows whose values round nearly alike, rstd ~300 at bf16 and mean 1e3, were off by up to 15); B
-    sums w * beta in fp32. SCALE: also store those rounded products as wg[j, :] (the Hopper kernel's B)."""
+    multiple of VEC, 16-byte aligned rows); B sums w * beta in fp32. ROUNDED: G sums w * gamma rounded to
+    dtype, the very products the 16-bit fused GEMM multiplies x - c by, so the correction -(mean - c) * G
+    cancels what the GEMM added exactly (with an exact G, rows whose values round nearly alike, rstd ~300 at
+    bf16 and mean 1e3, were off by up to 15). Not ROUNDED: G sums the exact products in fp32 (the Hopper
+    kernel rounds (x - c) * gamma instead, with c near the mean). UNROLL vectors are loaded before any is
+    used (more loads in flight for a thread with several), summed in the same order as one at a time."""
     comptime A = ALIGN if VEC > 1 else size_of[Scalar[dtype]]()
+    comptime W = VEC * UNROLL
     var acc = SIMD[F32, 2](0.0)
     var base = j * k
-    for v in range(first, k // VEC, step):
-        var i = v * VEC
-        var wv = w.unsafe_load[width=VEC, alignment=A](base + i)
-        var p = wv * gamma.unsafe_load[width=VEC, alignment=A](i)
-        comptime if SCALE:
-            wg.unsafe_store[alignment=A](base + i, p)
-        acc[0] += p.cast[F32]().reduce_add()
-        acc[1] += (wv.cast[F32]() * beta.unsafe_load[width=VEC, alignment=A](i).cast[F32]()).reduce_add()
+    var end = k // VEC
+    for v0 in range(first, end, step * UNROLL):
+        var wv = SIMD[dtype, W](0)
+        var gv = SIMD[dtype, W](0)
+        var bv = SIMD[dtype, W](0)
+        comptime for u in range(UNROLL):
+            var i = (v0 + u * step) * VEC
+            if v0 + u * step < end:
+                wv = wv.insert[offset=u * VEC](w.unsafe_load[width=VEC, alignment=A](base + i))
+                gv = gv.insert[offset=u * VEC](gamma.unsafe_load[width=VEC, alignment=A](i))
+                bv = bv.insert[offset=u * VEC](beta.unsafe_load[width=VEC, alignment=A](i))
+        comptime for u in range(UNROLL):
+            if v0 + u * step < end:
+                var wu = wv.slice[VEC, offset=u * VEC]().cast[F32]()
+                var gu = gv.slice[VEC, offset=u * VEC]()
+                comptime if ROUNDED:
+                    acc[0] += (wv.slice[VEC, offset=u * VEC]() * gu).cast[F32]().reduce_add()
+                else:
+                    acc[0] += (wu * gu.cast[F32]()).reduce_add()
+                acc[1] += (wu * bv.slice[VEC, offset=u * VEC]().cast[F32]()).reduce_add()
     return acc
 
 
@@ -643,7 +658,7 @@ struct LayerNormLinearFold:
                                bias.unsafe_ptr(), k, n)
         else:
             for j in range(n):
-                var gb = fold_row[dtype, 1, False](w.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(),
+                var gb = fold_row[dtype, 1, True](w.unsafe_ptr(), gamma.unsafe_ptr(),
                                                    beta.unsafe_ptr(), j, k, 0, 1)
                 fold.unsafe_ptr()[unsafe_offset=j] = gb[0]
                 fold.unsafe_ptr()[unsafe_offset=n + j] = gb[1] + load_f32(bias.unsafe_ptr(), j)

@@ -1,13 +1,13 @@
 # layernorm_linear_fwd_sm90: the bf16 forward of layernorm_linear.mojo (same algorithm, same outputs y, mean,
 # rstd) on Hopper's TMA and warp-group MMA (wgmma).
-#   layernorm_linear_wgmma_prep (every call, a warp per column): wg = w * gamma in bf16, and the fold's "ext" rows.
-#   layernorm_linear_fwd_wgmma: a persistent grid of blocks of 384 threads, each taking a contiguous run of WG_TILE_ROWS x WG_TILE_COLS
-#     output tiles. Warp group 0 (one thread) produces: TMA copies of x and wg slices into a ring of WG_STAGES
-#     slots, guarded by full/empty mbarriers. Warp groups 1 and 2 consume 64 rows each: ldmatrix the A
-#     fragment, subtract the row's shift, wgmma m64n256k16 (A from registers, B from shared memory); on a row
-#     block's first tile they also sum d and d^2 for the statistics; a fold MMA applies G and B + bias; the
-#     epilogue scales by rstd and TMA-stores y.
-# Limits: bf16 on sm_90; k and n multiples of 8, x, wg and y 16-byte aligned (ops/layernorm_linear.py checks).
+#   layernorm_linear_wgmma_prep (every call, a warp per column): the fold's "ext" rows (G, B + bias) from w.
+#   layernorm_linear_fwd_wgmma: a persistent grid of blocks of 384 threads, each taking a contiguous run of
+#     WG_TILE_ROWS x WG_TILE_COLS output tiles. Warp group 0 (one thread) produces: TMA copies of x and w slices
+#     into a ring of WG_STAGES slots, guarded by full/empty mbarriers. Warp groups 1 and 2 consume 64 rows each:
+#     ldmatrix the A fragment, (x - c) * gamma in packed bf16 (c: the row's shift), wgmma m64n256k16
+#     (A from registers, B = w from shared memory); on a row block's first tile they also sum d = x - c and d^2
+#     for the statistics; a fold MMA applies G and B + bias; the epilogue scales by rstd and TMA-stores y.
+# Limits: bf16 on sm_90; k and n multiples of 8, x, w and y 16-byte aligned (ops/layernorm_linear.py checks).
 # Where it loses (long tile runs over x larger than L2; few tiles) auto takes another algo (sm90_region).
 # Design, the GPU mapping in detail and the measurements behind it: docs/kernels/layernorm_linear.md.
 
@@ -33,7 +33,7 @@ from std.utils.index import Index
 from std.utils.static_tuple import StaticTuple
 
 from .layernorm import F32, Ptr, load_f32, vector_width
-from .layernorm_linear import SHIFT_SAMPLE, fold_row, fold_vector_width, lanes_sum, snap_shift
+from .layernorm_linear import SHIFT_SAMPLE, fold_row, fold_vector_width, lanes_sum
 
 comptime WG_TILE_ROWS = 128                  # rows per tile: two consumer warp groups of 64
 comptime WG_TILE_COLS = 256                  # columns per tile: one wgmma m64n256 per k slice
@@ -84,24 +84,16 @@ def swz(row: Int, chunk: Int) -> Int:
 
 @always_inline
 def row_shift_quad[dtype: DType](a: SIMD[dtype, 8], h: Int, col: Int, k: Int, inv_sample: Float32) -> Float32:
-    """The shift of fragment row h (0: g, 1: g + 8) from the first k-slice's fragment: the row's first
-    SHIFT_SAMPLE elements are elements 2h, 2h + 1 of the quad's four lanes (columns col, col + 1).
-    inv_sample is 1 / min(k, SHIFT_SAMPLE)."""
+    """The shift c of fragment row h (0: g, 1: g + 8): the mean of the row's first SHIFT_SAMPLE elements, from
+    the first k-slice's fragment (elements 2h, 2h + 1 of the quad's four lanes, columns col, col + 1), rounded
+    to dtype. inv_sample is 1 / min(k, SHIFT_SAMPLE). The statistics sum x - c in fp32 (exact: both are
+    dtype values); the GEMM's operand (x - c) * gamma is formed in packed dtype arithmetic, with an error
+    proportional to |x - c|, which a c near the mean keeps of the spread's size (a constant row: 0)."""
     var s: Float32 = 0.0
-    var lo = Float32.MAX
-    var hi = -Float32.MAX
     comptime for e in range(2):
         if col + e < k:
-            var v = a[2 * h + e].cast[F32]()
-            s += v
-            lo = min(lo, v)
-            hi = max(hi, v)
-    s = lanes_sum[4](s)
-    lo = min(lo, warp.shuffle_xor(lo, UInt32(1)))
-    lo = min(lo, warp.shuffle_xor(lo, UInt32(2)))
-    hi = max(hi, warp.shuffle_xor(hi, UInt32(1)))
-    hi = max(hi, warp.shuffle_xor(hi, UInt32(2)))
-    return snap_shift(s * inv_sample, lo, hi)
+            s += a[2 * h + e].cast[F32]()
+    return (lanes_sum[4](s) * inv_sample).cast[dtype]().cast[F32]()
 
 
 @always_inline
@@ -131,6 +123,21 @@ def opaque(v: Int) -> Int:
     Without it LLVM hoists the epilogue's 64 staging offsets out of the tile loop; they stay live
     across the MMAs and ptxas spills them."""
     return Int(inlined_assembly["mov.b32 $0, $1;", Int32, constraints="=r,r", has_side_effect=True](Int32(v)))
+
+
+@always_inline
+def wait_on_dependent_grids():
+    """griddepcontrol.wait: until the grids this one depends on (a programmatic dependent launch) have ended and
+    their writes are visible; returns at once for a plain launch. (The standard library's wrapper is compiled
+    only under a build define, so the instruction is written here.)"""
+    inlined_assembly["griddepcontrol.wait;", NoneType, constraints="~{memory}", has_side_effect=True]()
+
+
+@always_inline
+def launch_dependent_grids():
+    """griddepcontrol.launch_dependents: this block lets the stream's next kernel, launched as a programmatic
+    dependent, be scheduled (a no-op without one)."""
+    inlined_assembly["griddepcontrol.launch_dependents;", NoneType, constraints="~{memory}", has_side_effect=True]()
 
 
 comptime SPtr[T: AnyType] = Pointer[T, MutUntrackedOrigin, address_space=AddressSpace.SHARED]
@@ -187,6 +194,10 @@ def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], e_map: Po
             cp_async_bulk_tensor_shared_cluster_global(a_s.unsafe_offset(WG_A_BYTES), w_map, full.unsafe_offset(slot),
                                                        Index(s * WG_SLOT_K, col0))
             if with_ext:
+                if t == t0:
+                    # Launched as the prep's programmatic dependent (the C++ entry), the block may run before
+                    # the prep has written ext: wait for it (x and w are inputs; a no-op for a plain launch).
+                    wait_on_dependent_grids()
                 cp_async_bulk_tensor_shared_cluster_global(a_s.unsafe_offset(WG_LOAD), e_map, full.unsafe_offset(slot),
                                                            Index(0, col0 // 8))
             it += 1
@@ -202,7 +213,7 @@ def producer(x_map: Pointer[NoneType, _], w_map: Pointer[NoneType, _], e_map: Po
 @__llvm_arg_metadata(e_map, `nvvm.grid_constant`)
 def layernorm_linear_fwd_wgmma[dtype: DType](
     x_map: TMADescriptor, w_map: TMADescriptor, y_map: TMADescriptor, e_map: TMADescriptor, mean_out: Ptr[F32],
-    rstd_out: Ptr[F32], rows: Int32, k: Int32, n: Int32, eps: Float32,
+    rstd_out: Ptr[F32], gamma: Ptr[dtype], rows: Int32, k: Int32, n: Int32, eps: Float32,
 ):
     var base, full, empty = ring()
     var tid = Int(thread_idx.x)
@@ -227,30 +238,48 @@ def layernorm_linear_fwd_wgmma[dtype: DType](
     else:
         warpgroup_reg_alloc[WG_CONSUMER_REGS]()
         consumer[dtype](wgi - 1, tid % WG_GROUP, Pointer(to=y_map).unsafe_bitcast[NoneType](), mean_out, rstd_out,
-                        mm, kk, nn, items, tiles_n, steps, eps)
+                        gamma, mm, kk, nn, items, tiles_n, steps, eps)
+
+
+@always_inline
+def gamma_lane[dtype: DType](gamma: Ptr[dtype], s: Int, lane: Int, kk: Int) -> SIMD[dtype, 2]:
+    """The lane's share of ring step s's gamma: columns 64 s + 2 lane and the next (0 past k; k % 8 == 0, so a
+    pair lies inside k or past it, and w's zero fill makes those products 0 as well). Loaded a step ahead of
+    its use, so the loads fly while the MMAs run."""
+    var c = s * WG_SLOT_K + 2 * lane
+    var v = SIMD[dtype, 2](0)
+    if c < kk:
+        v = SIMD[dtype, 2](gamma[unsafe_offset=c], gamma[unsafe_offset=c + 1])
+    return v
 
 
 @always_inline
 def k_step[dtype: DType, sums: Bool](
     mut acc: SIMD[F32, 128], mut s8: SIMD[F32, 8], mut q8: SIMD[F32, 8], a_s: SPtr[UInt8], lm_row: Int,
-    lm_chunk: Int, shv: SIMD[dtype, 8], s: Int, tq: Int, kk: Int,
+    lm_chunk: Int, shv: SIMD[dtype, 8], gl: SIMD[dtype, 2], s: Int, tq: Int, kk: Int,
 ):
-    """One ring slot's four k slices: shifted A fragments into the MMAs, and (sums) into the row sums."""
+    """One ring slot's four k slices: (sums) d = x - c into the rows' fp32 sums, and (x - c) * gamma in packed
+    dtype arithmetic into the MMAs (gl: the lanes' gamma_lane shares, passed round by shuffles)."""
     var b_addr = Int(a_s) + WG_A_BYTES
     var tail = (s + 1) * WG_SLOT_K > kk
+    var bits = bitcast[DType.uint32, 1](gl)
     comptime for kq in range(WG_SLOT_K // WG_MMA_K):
-        var a = ld_matrix[simd_width=8](
-            a_s.unsafe_offset(swz(lm_row, 2 * kq + lm_chunk)).unsafe_bitcast[Scalar[dtype]]()) - shv
+        # the A fragment's columns c, c + 1 (rows g, g + 8), then c + 8, c + 9; c = 16 kq + 2 tq within the slot
+        var lo = bitcast[dtype, 2](warp.shuffle_idx(bits, UInt32(kq * 8 + tq)))
+        var hi = bitcast[dtype, 2](warp.shuffle_idx(bits, UInt32(kq * 8 + tq + 4)))
+        var x = ld_matrix[simd_width=8](
+            a_s.unsafe_offset(swz(lm_row, 2 * kq + lm_chunk)).unsafe_bitcast[Scalar[dtype]]())
         comptime if sums:
-            if tail:   # zero-filled columns past k must not reach the sums (wg's are zero: the MMA is exact)
+            var d = x.cast[F32]() - shv.cast[F32]()
+            if tail:   # zero-filled columns past k must not reach the sums
                 var cols = SIMD[DType.int32, 8](0, 1, 0, 1, 8, 9, 8, 9) + Int32(s * WG_SLOT_K + kq * WG_MMA_K + 2 * tq)
-                a = cols.lt(SIMD[DType.int32, 8](Int32(kk))).select(a, SIMD[dtype, 8](0))
-            var d = a.cast[F32]()
+                d = cols.lt(SIMD[DType.int32, 8](Int32(kk))).select(d, SIMD[F32, 8](0.0))
             s8 += d
             q8 = d.fma(d, q8)
         wgmma_fence_aligned()
         acc = wgmma_async[64, WG_TILE_COLS, WG_MMA_K, a_type=dtype, b_type=dtype](
-            a, WGMMADescriptor[dtype](b_desc(b_addr + kq * WG_MMA_K * 2)), acc)
+            (x - shv) * lo.join(lo).join(hi.join(hi)), WGMMADescriptor[dtype](b_desc(b_addr + kq * WG_MMA_K * 2)),
+            acc)
 
 
 @always_inline
@@ -299,7 +328,7 @@ def step_done(empty: SPtr[Int64], slot: Int, lane: Int):
 
 @always_inline
 def consumer[dtype: DType](
-    cw: Int, lt: Int, y_map: Pointer[NoneType, _], mean_out: Ptr[F32], rstd_out: Ptr[F32],
+    cw: Int, lt: Int, y_map: Pointer[NoneType, _], mean_out: Ptr[F32], rstd_out: Ptr[F32], gamma: Ptr[dtype],
     mm: Int, kk: Int, nn: Int, items: Int, tiles_n: Int, steps: Int, eps: Float32,
 ):
     """Consumer warp group cw (0, 1): rows 64 cw .. of every tile; lt is the thread's index in the group."""
@@ -319,6 +348,7 @@ def consumer[dtype: DType](
     var shv = SIMD[dtype, 8](0)      # the rows' shifts, as the A fragment's lanes
     var ef = SIMD[dtype, 8](0)       # the fold MMA's A fragment
     var rstd = SIMD[F32, 2](0.0)
+    var gn = gamma_lane(gamma, 0, lane, kk)   # the next step's gamma share (a step ahead, across tiles too)
     var t0, t1 = tile_range(items)
     for t in range(t0, t1):
         var row0, col0 = tile_origin(t, tiles_n)
@@ -334,19 +364,23 @@ def consumer[dtype: DType](
             var s8 = SIMD[F32, 8](0.0)   # fragment-shaped sums of d and d^2 (rows g: 0, 1, 4, 5; g + 8: 2, 3, 6, 7)
             var q8 = SIMD[F32, 8](0.0)
             for s in range(steps - 1):
+                var gs = gn
+                gn = gamma_lane(gamma, s + 1, lane, kk)
                 var slot, phase = slot_phase(it)
                 _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
-                k_step[dtype, True](acc, s8, q8, base.unsafe_offset(slot * WG_SLOT), lm_row, lm_chunk, shv, s, tq, kk)
+                k_step[dtype, True](acc, s8, q8, base.unsafe_offset(slot * WG_SLOT), lm_row, lm_chunk, shv, gs, s, tq, kk)
                 step_done(empty, slot, lane)
                 it += 1
             # The last slot: its MMAs, the statistics while they run, then the fold's MMA. Peeled out of
             # the loop, as is the other path's first step: a fold MMA issued before the loop and committed
             # with the loop's first step made ptxas serialize every wgmma (C7515: register moves of the
             # accumulators inside an MMA group, where the loop's values join).
+            var gs = gn
+            gn = gamma_lane(gamma, 0, lane, kk)
             var slot, phase = slot_phase(it)
             _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
             var a_s = base.unsafe_offset(slot * WG_SLOT)
-            k_step[dtype, True](acc, s8, q8, a_s, lm_row, lm_chunk, shv, steps - 1, tq, kk)
+            k_step[dtype, True](acc, s8, q8, a_s, lm_row, lm_chunk, shv, gs, steps - 1, tq, kk)
             var m1 = SIMD[F32, 2](0.0)
             var sigma = SIMD[F32, 2](0.0)
             comptime for h in range(2):
@@ -369,14 +403,18 @@ def consumer[dtype: DType](
             # The statistics are the previous tile's: the fold's MMA first, with the first slot's.
             var s8 = SIMD[F32, 8](0.0)
             var q8 = SIMD[F32, 8](0.0)
+            var gs = gn
+            gn = gamma_lane(gamma, 1 if steps > 1 else 0, lane, kk)
             fold_mma[dtype](acc, ef, first)
-            k_step[dtype, False](acc, s8, q8, first, lm_row, lm_chunk, shv, 0, tq, kk)
+            k_step[dtype, False](acc, s8, q8, first, lm_row, lm_chunk, shv, gs, 0, tq, kk)
             step_done(empty, slot0, lane)
             it += 1
             for s in range(1, steps):
+                var gs = gn
+                gn = gamma_lane(gamma, s + 1 if s + 1 < steps else 0, lane, kk)
                 var slot, phase = slot_phase(it)
                 _ = mbarrier_try_wait_parity_shared(full.unsafe_offset(slot), phase, Int32(WG_WAIT_TICKS))
-                k_step[dtype, False](acc, s8, q8, base.unsafe_offset(slot * WG_SLOT), lm_row, lm_chunk, shv, s, tq, kk)
+                k_step[dtype, False](acc, s8, q8, base.unsafe_offset(slot * WG_SLOT), lm_row, lm_chunk, shv, gs, s, tq, kk)
                 step_done(empty, slot, lane)
                 it += 1
         epilogue[dtype](acc, rstd, stage, y_map, row0, col0, wrow, cw, lt, g, tq, nn)
@@ -418,19 +456,19 @@ def epilogue[dtype: DType](
 
 
 comptime PREP_WARPS = 8   # prep kernel: one warp per column j, 8 per block
+comptime PREP_UNROLL = 4  # vectors of w a lane loads before using them (fold_row)
 
 
 def layernorm_linear_wgmma_prep[dtype: DType, VEC: Int](
-    wg: Ptr[dtype], ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
-    k: Int32, n: Int32,
+    ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype], k: Int32, n: Int32,
 ):
-    """Warp j: wg[j, :] = w[j, :] * gamma rounded to dtype, and ext[j, :] = the fold MMA's rows of G[j] and
-    B[j] + bias[j] (fold_row's sums, as layernorm_linear_fold makes them, in another order)."""
+    """Warp j: ext[j, :] = the fold MMA's rows of G[j] (exact products w * gamma) and B[j] + bias[j]."""
+    launch_dependent_grids()   # the wgmma kernel may be scheduled now; it waits for ext before reading it
     var lane = Int(thread_idx.x) % WARP_SIZE
     var j = Int(block_idx.x) * PREP_WARPS + Int(thread_idx.x) // WARP_SIZE
     if j >= Int(n):
         return
-    var gb = fold_row[dtype, VEC, True](wg, w, gamma, beta, j, Int(k), lane, WARP_SIZE)
+    var gb = fold_row[dtype, VEC, False, PREP_UNROLL](w, gamma, beta, j, Int(k), lane, WARP_SIZE)
     var g = warp.sum(gb[0])
     var b = warp.sum(gb[1]) + load_f32(bias, j)
     if lane < WG_EXT_COLS:
@@ -441,26 +479,25 @@ def layernorm_linear_wgmma_prep[dtype: DType, VEC: Int](
 
 
 def launch_wgmma[dtype: DType](
-    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], wg: Ptr[dtype],
-    ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype],
-    rows: Int, k: Int, n: Int, eps: Float32,
+    ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype], ext: Ptr[dtype],
+    w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype], rows: Int, k: Int, n: Int, eps: Float32,
 ) raises:
-    """Enqueue layernorm_linear_wgmma_prep (wg and ext from w, gamma, beta, bias), then layernorm_linear_fwd_wgmma (the caller
-    checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
+    """Enqueue layernorm_linear_wgmma_prep (ext from w, gamma, beta, bias), then layernorm_linear_fwd_wgmma (the
+    caller checked k % 8 == 0, n % 8 == 0 and 16-byte alignment)."""
     comptime VEC = vector_width[dtype]()
     var blocks = ceildiv(n, PREP_WARPS)
-    if fold_vector_width[dtype](k, Int(wg), Int(w), Int(gamma), Int(beta)) == VEC:
+    if fold_vector_width[dtype](k, Int(w), Int(gamma), Int(beta)) == VEC:
         comptime prep = layernorm_linear_wgmma_prep[dtype, VEC]
-        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
+        ctx.enqueue_function[prep](ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
                                    block_dim=PREP_WARPS * WARP_SIZE)
     else:
         comptime prep = layernorm_linear_wgmma_prep[dtype, 1]
-        ctx.enqueue_function[prep](wg, ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
+        ctx.enqueue_function[prep](ext, w, gamma, beta, bias, Int32(k), Int32(n), grid_dim=blocks,
                                    block_dim=PREP_WARPS * WARP_SIZE)
     comptime SW = TensorMapSwizzle.SWIZZLE_128B
     var x_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, x, rows * k, owning=False),
                                                     Index(rows, k), Index(k, 1), Index(WG_TILE_ROWS, WG_SLOT_K))
-    var w_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, wg, n * k, owning=False),
+    var w_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, w, n * k, owning=False),
                                                     Index(n, k), Index(k, 1), Index(WG_TILE_COLS, WG_SLOT_K))
     var y_map = create_tma_descriptor[dtype, 2, SW](DeviceBuffer[dtype](ctx, y, rows * n, owning=False),
                                                     Index(rows, n), Index(n, 1), Index(WG_ROWS, WG_BOX))
@@ -471,7 +508,7 @@ def launch_wgmma[dtype: DType](
     # ceil(items / SMs) tiles per block (tile_range), so the grid can be a few blocks short of the SMs
     var per = ceildiv(items, ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT))
     comptime kernel = layernorm_linear_fwd_wgmma[dtype]
-    ctx.enqueue_function[kernel](x_map, w_map, y_map, e_map, mean, rstd, Int32(rows), Int32(k), Int32(n), eps,
+    ctx.enqueue_function[kernel](x_map, w_map, y_map, e_map, mean, rstd, gamma, Int32(rows), Int32(k), Int32(n), eps,
                                  grid_dim=ceildiv(items, per), block_dim=WG_THREADS, shared_mem_bytes=WG_SMEM_BYTES,
                                  func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(WG_SMEM_BYTES)))
 
@@ -483,7 +520,6 @@ struct LayerNormLinearFwdSm90:
         y: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         mean: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
-        wg: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         ext: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         x: InputTensor[dtype=dtype, rank=2, static_spec=_],
         w: InputTensor[dtype=dtype, rank=2, static_spec=_],
@@ -493,13 +529,12 @@ struct LayerNormLinearFwdSm90:
         ctx: DeviceContext,
     ) raises:
         """y [rows, n], mean, rstd [rows] from x [rows, k], w [n, k], gamma, beta [k] and bias [n] (bf16).
-        Scratch, made at every call: wg = w * gamma [n, k] and the fold (G, B + bias) as the fold MMA's
-        ext rows [n, 8] (per column G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi; fold_ext in
-        ops/layernorm_linear.py). GPU (sm_90) only."""
+        Scratch, made at every call: the fold (G, B + bias) as the fold MMA's ext rows [n, 8] (per column
+        G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi; fold_ext in ops/layernorm_linear.py). GPU (sm_90) only."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
         comptime if target != "gpu" or dtype != DType.bfloat16:
             raise Error("layernorm_linear_fwd_sm90: bfloat16 on an sm_90 GPU only")
         else:
             launch_wgmma[dtype](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(),
-                                wg.unsafe_ptr(), ext.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(),
+                                ext.unsafe_ptr(), w.unsafe_ptr(), gamma.unsafe_ptr(),
                                 beta.unsafe_ptr(), bias.unsafe_ptr(), x.dim_size(0), x.dim_size(1), w.dim_size(0), eps)

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 
 namespace {
@@ -48,12 +49,14 @@ using LaunchKernel = int (*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**);
 constexpr int CUDA_ERROR_INVALID_CONTEXT = 201;
 constexpr int CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 
 struct LaunchAttribute {  // CUlaunchAttribute
   int id;
   char pad[4];
   union {
     struct { unsigned x, y, z; } cluster;
+    int programmatic;  // programmaticStreamSerializationAllowed
     char bytes[64];
   } value;
 };
@@ -123,17 +126,25 @@ void check(int err) {
 }
 
 // One launch on torch's current stream of `device`; clusters > 1 launches grid[0] clusters of that many blocks.
+// dependent: a programmatic dependent launch (PDL) of the stream's previous kernel, which its blocks may overlap
+// until they run griddepcontrol.wait (the kernel must, before reading what that kernel writes).
 void launch(const at::Device& device, CUfunction f, const std::array<unsigned, 3>& grid, unsigned block,
-            unsigned clusters, void** params, unsigned smem = 0) {
+            unsigned clusters, void** params, unsigned smem = 0, bool dependent = false) {
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   CUstream stream = impl->getStreamNativeHandle(impl->getStream(device));
   auto once = [&]() {
-    if (clusters <= 1)
+    if (clusters <= 1 && !dependent)
       return driver().launch(f, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, params, nullptr);
     LaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.cluster = {clusters, 1, 1};
-    LaunchConfig cfg{{grid[0] * clusters, grid[1], grid[2]}, {block, 1, 1}, smem, stream, &attr, 1};
+    if (dependent) {
+      attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr.value.programmatic = 1;
+    } else {
+      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr.value.cluster = {clusters, 1, 1};
+    }
+    const unsigned blocks = grid[0] * (dependent ? 1 : clusters);
+    LaunchConfig cfg{{blocks, grid[1], grid[2]}, {block, 1, 1}, smem, stream, &attr, 1};
     return driver().launch_ex(&cfg, f, params, nullptr);
   };
   int err = once();
@@ -509,8 +520,17 @@ Key fused_key(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tenso
   return lnl_key(x, w, algo, align_mask(x, lnw, lnb, w));
 }
 
-void run(const at::Device& device, const Step& step, void** params) {
-  launch(device, step.kernel, step.grid, step.block, 1, params, step.smem);
+// Whether dependent launches are on: OPS_PDL=0 turns them off (a benchmark's A/B; docs/direct_launch.md).
+bool pdl_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("OPS_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+void run(const at::Device& device, const Step& step, void** params, bool dependent = false) {
+  launch(device, step.kernel, step.grid, step.block, 1, params, step.smem, dependent && pdl_on());
 }
 
 // A 2-D row-major tensor map of a 16-bit [rows, cols] array at `address`, boxes of box_rows x box_cols.
@@ -550,20 +570,18 @@ Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, 
   const auto& z = plan.sizes;
   const at::Device device = x.device();
   if (plan.kind == KIND_SM90) {
-    // wg = w * gamma [n, k] and the fold's ext rows [n, z[8]], one scratch allocation
-    const int64_t wg_len = padded(n * k);
-    Tensor scratch = at::empty({wg_len + n * z[8]}, x.options());
-    void* wgp = scratch.data_ptr();
-    void* extp = static_cast<char*>(wgp) + wg_len * x.element_size();
-    void* prep[] = {&wgp, &extp, &wp, &gp, &bp, &biasp, &k32, &n32};
+    // the fold's ext rows [n, z[8]]
+    Tensor ext = at::empty({n * z[8]}, x.options());
+    void* extp = ext.data_ptr();
+    void* prep[] = {&extp, &wp, &gp, &bp, &biasp, &k32, &n32};
     run(device, plan.steps[0], prep);
     const int64_t dtype = z[9];
     TensorMap xm = tensor_map(xp, rows, k, z[0], z[1], dtype, SWIZZLE_128B);
-    TensorMap wm = tensor_map(wgp, n, k, z[2], z[3], dtype, SWIZZLE_128B);
+    TensorMap wm = tensor_map(wp, n, k, z[2], z[3], dtype, SWIZZLE_128B);
     TensorMap ym = tensor_map(yp, rows, n, z[4], z[5], dtype, SWIZZLE_128B);
     TensorMap em = tensor_map(extp, n / 8, 8 * z[8], z[6], z[7], dtype, SWIZZLE_NONE);
-    void* main[] = {&xm, &wm, &ym, &em, &mp, &rp, &rows32, &k32, &n32, &eps32};
-    run(device, plan.steps[1], main);
+    void* main[] = {&xm, &wm, &ym, &em, &mp, &rp, &gp, &rows32, &k32, &n32, &eps32};
+    run(device, plan.steps[1], main, /*dependent=*/true);   // starts before the prep ends; waits for ext
     return {y, mean, rstd};
   }
   // fold [2, n], then the per-split partial products and row sums: one float32 scratch allocation, each part
