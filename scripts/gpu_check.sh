@@ -19,6 +19,7 @@
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
 #   layernorm-linear-sm90  the Hopper kernel beside torch, the default and cuBLAS -> bench_layernorm_linear_sm90.{md,csv}
+#   layernorm-linear-sm90-quick  the same at SM90_SHAPES only (about 2 minutes)
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
@@ -86,6 +87,9 @@ for step in "${steps[@]}"; do
       [ "$out" = results ] || cp results/bench_layernorm_linear_splits.* "$out"/ ;;
     layernorm-linear-sm90)
       run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90
+      [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
+    layernorm-linear-sm90-quick)
+      run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90 --quick
       [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
     transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
       run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab
