@@ -400,7 +400,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     if picked == "sm90" and (why := sm90_unsupported(x2, weight)) is not None:
         if algo != "auto":
             raise ValueError(f"algo: 'sm90' {why}")
-        picked = "unfused"   # auto never raises: an x view that is not 16-byte aligned takes cuBLAS
+        picked = "unfused"   # auto never raises: an x or weight view off 16-byte alignment takes cuBLAS
     if (out := _fused_direct(x, ln_weight, ln_bias, weight, bias, eps, algo, picked)) is not None:
         return out
     if picked == "fused":

@@ -387,20 +387,28 @@ def test_gpu_fused_forwards_are_the_graph_route(algo: str, dtype: torch.dtype, s
 
 
 @pytest.mark.gpu
-def test_gpu_auto_falls_back_to_unfused_not_fused() -> None:
-    """auto in the Hopper region on x that the Hopper kernel cannot take (not 16-byte aligned) runs "unfused",
-    bitwise, and hands the C++ entry no fused plan for that x (it once ran the fused kernel there)."""
+@pytest.mark.parametrize("off", ["x", "weight"])
+def test_gpu_auto_falls_back_to_unfused_not_fused(off: str) -> None:
+    """auto in the Hopper region on x or a weight that the Hopper kernel cannot take (not 16-byte aligned: its
+    TMA reads both) runs "unfused", bitwise, and hands the C++ entry no fused plan for them (it once ran the
+    fused kernel there)."""
     from ops import layernorm_linear as LL
 
     if not LL.is_sm90(torch.device("cuda")):
         pytest.skip("needs an sm_90 GPU")
     torch.manual_seed(0)
     rows, k, n = LL.SM90_MIN_ROWS, 64, 768
-    x = torch.randn(rows * k + 1, device="cuda", dtype=torch.bfloat16)[1:].view(rows, k)
+
+    def values(rows: int, cols: int, misaligned: bool, scale: float = 1.0) -> torch.Tensor:
+        """randn * scale [rows, cols], 2 bytes past an aligned start when misaligned."""
+        flat = torch.randn(rows * cols + 1, device="cuda", dtype=torch.bfloat16) * scale
+        return (flat[1:] if misaligned else flat[:-1]).view(rows, cols)
+
+    x, w = values(rows, k, off == "x"), values(n, k, off == "weight", 1 / 8)
     g, b = torch.ones(k, device="cuda", dtype=x.dtype), torch.zeros(k, device="cuda", dtype=x.dtype)
-    w, bias = torch.randn(n, k, device="cuda", dtype=x.dtype) / 8, torch.randn(n, device="cuda", dtype=x.dtype)
+    bias = torch.randn(n, device="cuda", dtype=x.dtype)
     assert LL.pick_algo("auto", x.device, x.dtype, rows, n, k) == "sm90"
-    assert LL.sm90_unsupported(x, w) == "needs x 16-byte aligned"
+    assert LL.sm90_unsupported(x, w) == f"needs {off} 16-byte aligned"
     for _ in range(2):
         got = LL.layernorm_linear_fwd(x, g, b, w, bias, 1e-5, "auto")
         want = LL.layernorm_linear_fwd(x, g, b, w, bias, 1e-5, "unfused")
