@@ -85,11 +85,9 @@ for step in "${steps[@]}"; do
     layernorm-linear-splits)
       run bench_layernorm_linear_splits_log python scripts/bench_layernorm_linear.py --splits --dtypes bfloat16,float32,float16
       [ "$out" = results ] || cp results/bench_layernorm_linear_splits.* "$out"/ ;;
-    layernorm-linear-sm90)
-      run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90
-      [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
-    layernorm-linear-sm90-quick)
-      run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90 --quick
+    layernorm-linear-sm90|layernorm-linear-sm90-quick)
+      quick=""; [ "$step" = layernorm-linear-sm90-quick ] && quick=--quick
+      run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90 $quick
       [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
     transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
       run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab

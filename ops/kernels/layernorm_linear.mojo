@@ -628,10 +628,11 @@ def fold_row[dtype: DType, VEC: Int, ROUNDED: Bool, UNROLL: Int = 1](
                 bv = bv.insert[offset=u * VEC](beta.unsafe_load[width=VEC, alignment=A](i))
         comptime for u in range(UNROLL):
             if v0 + u * step < end:
-                var wu = wv.slice[VEC, offset=u * VEC]().cast[F32]()
+                var wr = wv.slice[VEC, offset=u * VEC]()
+                var wu = wr.cast[F32]()
                 var gu = gv.slice[VEC, offset=u * VEC]()
                 comptime if ROUNDED:
-                    acc[0] += (wv.slice[VEC, offset=u * VEC]() * gu).cast[F32]().reduce_add()
+                    acc[0] += (wr * gu).cast[F32]().reduce_add()
                 else:
                     acc[0] += (wu * gu.cast[F32]()).reduce_add()
                 acc[1] += (wu * bv.slice[VEC, offset=u * VEC]().cast[F32]()).reduce_add()
