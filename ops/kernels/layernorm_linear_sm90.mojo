@@ -463,7 +463,11 @@ def layernorm_linear_wgmma_prep[dtype: DType, VEC: Int](
     ext: Ptr[dtype], w: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], bias: Ptr[dtype], k: Int32, n: Int32,
 ):
     """Warp j: ext[j, :] = the fold MMA's rows of G[j] (exact products w * gamma) and B[j] + bias[j]."""
-    launch_dependent_grids()   # the wgmma kernel may be scheduled now; it waits for ext before reading it
+    # Launched (C++ entry) as the programmatic dependent of the stream's previous kernel, which may write the
+    # weights: wait for it first. Then the wgmma kernel may be scheduled (it reads x, which that kernel may
+    # have written, and waits for ext before reading it).
+    wait_on_dependent_grids()
+    launch_dependent_grids()
     var lane = Int(thread_idx.x) % WARP_SIZE
     var j = Int(block_idx.x) * PREP_WARPS + Int(thread_idx.x) // WARP_SIZE
     if j >= Int(n):

@@ -520,17 +520,22 @@ Key fused_key(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tenso
   return lnl_key(x, w, algo, align_mask(x, lnw, lnb, w));
 }
 
-// Whether dependent launches are on: OPS_PDL=0 turns them off (a benchmark's A/B; docs/direct_launch.md).
-bool pdl_on() {
-  static const bool on = [] {
+// How many of a plan's launches go out as dependent launches (PDL), from its first: all by default; OPS_PDL=0
+// none, OPS_PDL=1 only from the second (a benchmark's A/B, read once per process; docs/direct_launch.md).
+int pdl_from() {
+  static const int from = [] {
     const char* v = std::getenv("OPS_PDL");
-    return v == nullptr || std::string(v) != "0";
+    if (v == nullptr) return 0;
+    const std::string s(v);
+    return s == "0" ? 1 << 30 : s == "1" ? 1 : 0;
   }();
-  return on;
+  return from;
 }
 
-void run(const at::Device& device, const Step& step, void** params, bool dependent = false) {
-  launch(device, step.kernel, step.grid, step.block, 1, params, step.smem, dependent && pdl_on());
+// Launch `index` of a plan's steps; dependent: the kernel waits (griddepcontrol.wait) before it reads what the
+// stream's previous kernel writes, so it may go out as that kernel's programmatic dependent.
+void run(const at::Device& device, const Step& step, void** params, int index = 0, bool dependent = false) {
+  launch(device, step.kernel, step.grid, step.block, 1, params, step.smem, dependent && index >= pdl_from());
 }
 
 // A 2-D row-major tensor map of a 16-bit [rows, cols] array at `address`, boxes of box_rows x box_cols.
@@ -574,14 +579,14 @@ Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, 
     Tensor ext = at::empty({n * z[8]}, x.options());
     void* extp = ext.data_ptr();
     void* prep[] = {&extp, &wp, &gp, &bp, &biasp, &k32, &n32};
-    run(device, plan.steps[0], prep);
+    run(device, plan.steps[0], prep, 0, /*dependent=*/true);   // its launch overlaps the previous kernel's tail
     const int64_t dtype = z[9];
     TensorMap xm = tensor_map(xp, rows, k, z[0], z[1], dtype, SWIZZLE_128B);
     TensorMap wm = tensor_map(wp, n, k, z[2], z[3], dtype, SWIZZLE_128B);
     TensorMap ym = tensor_map(yp, rows, n, z[4], z[5], dtype, SWIZZLE_128B);
     TensorMap em = tensor_map(extp, n / 8, 8 * z[8], z[6], z[7], dtype, SWIZZLE_NONE);
     void* main[] = {&xm, &wm, &ym, &em, &mp, &rp, &gp, &rows32, &k32, &n32, &eps32};
-    run(device, plan.steps[1], main, /*dependent=*/true);   // starts before the prep ends; waits for ext
+    run(device, plan.steps[1], main, 1, /*dependent=*/true);   // starts before the prep ends; waits for ext
     return {y, mean, rstd};
   }
   // fold [2, n], then the per-split partial products and row sums: one float32 scratch allocation, each part
