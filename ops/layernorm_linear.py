@@ -395,7 +395,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, n, k)
     if picked == "unfused":
         xn, mean, rstd = layernorm.layernorm_fwd(x, ln_weight, ln_bias, eps)
-        return torch.nn.functional.linear(xn, weight, bias), mean, rstd
+        return _linear(xn, weight, bias), mean, rstd
     x2 = x.view(-1, k)
     if picked == "sm90" and (why := sm90_unsupported(x2, weight)) is not None:
         if algo != "auto":
@@ -409,7 +409,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
         y, mean, rstd = sm90_fwd(x2, ln_weight, ln_bias, weight, bias, eps)
     else:
         xn, mean, rstd = layernorm.layernorm_fwd(x2, ln_weight, ln_bias, eps)
-        y = torch.nn.functional.linear(xn, weight, bias)
+        y = _linear(xn, weight, bias)
     return y.view(*x.shape[:-1], n), mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
 
 
@@ -478,12 +478,30 @@ def _adapted_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_
     return dx, dlnw.to(ln_weight.dtype), dlnb.to(ln_bias.dtype), dweight, dbias
 
 
-def _linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The Linear's part of every backward path (ops/launch/direct.cpp's too): from contiguous dy [..., N] and xn
-    [..., K], dxn = dy W (shaped like xn) and dW = dy^T xn by cuBLAS, db = dy's column sums."""
+def _linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The unfused route's Linear: on a CUDA GPU the C++ entry's (cuBLASLt with the bias in its epilogue, the GEMM
+    the C++ route runs), else ``F.linear``; ``F.linear`` too where autograd is to record it."""
+    native = direct.NATIVE.linear
+    if (native is None or not xn.is_cuda or torch.compiler.is_compiling()
+            or (torch.is_grad_enabled() and (xn.requires_grad or weight.requires_grad
+                                             or (bias is not None and bias.requires_grad)))):
+        return torch.nn.functional.linear(xn, weight, bias)
+    return native(xn, weight, bias)
+
+
+def _linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor,
+                  bias_grad: bool = True) -> tuple[torch.Tensor, ...]:
+    """The Linear's part of every backward path: from contiguous dy [..., N] and xn [..., K], dxn = dy W (shaped
+    like xn), dW = dy^T xn and db = dy's column sums (None without ``bias_grad``); on a CUDA GPU by the C++ entry
+    (ops/launch/direct.cpp's linear_grads: cuBLASLt, db in dW's epilogue, as the C++ route's backward runs them),
+    else (and under torch.compile, for inductor) by torch's ops."""
+    native = direct.NATIVE.linear_grads
+    if native is not None and dy.is_cuda and not torch.compiler.is_compiling():
+        dxn, dweight, *dbias = native(dy, xn, weight, bias_grad)
+        return dxn, dweight, dbias[0] if dbias else None
     n, k = weight.shape
     dy2 = dy.view(-1, n)
-    return (dy2 @ weight).view(xn.shape), dy2.T @ xn.reshape(-1, k), dy2.sum(0)
+    return (dy2 @ weight).view(xn.shape), dy2.T @ xn.reshape(-1, k), dy2.sum(0) if bias_grad else None
 
 
 # ---------------------------------------------------------------- torch.library
@@ -538,12 +556,12 @@ class LayerNormLinearFunction(torch.autograd.Function):
             stats, mean, rstd = layernorm._stats(x)
             xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0, mean, rstd)
             ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, stats)
-            return torch.nn.functional.linear(xn, weight, bias)
+            return _linear(xn, weight, bias)
         # Otherwise the validated calls (torch.compile: the custom ops standing in for them).
         if picked == "unfused":
             validate(x, ln_weight, ln_bias, weight, bias)
             xn, mean, rstd = layernorm.fwd_call(x, ln_weight, ln_bias, eps)
-            y = torch.nn.functional.linear(xn, weight, bias)
+            y = _linear(xn, weight, bias)
         else:
             # algo itself, so that auto's own fallbacks (layernorm_linear_fwd) still apply
             fwd = torch.ops.mojo.layernorm_linear_fwd if compiling else layernorm_linear_fwd
@@ -556,8 +574,7 @@ class LayerNormLinearFunction(torch.autograd.Function):
         x, xn, ln_weight, ln_bias, weight, *stats = ctx.saved_tensors
         dy = dy.contiguous()
         if len(stats) == 1:   # the eager GPU forward's one statistics buffer
-            *grads, dbias = _bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0])
-            return (*grads, dbias if ctx.has_bias else None, None, None)
+            return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0], ctx.has_bias), None, None)
         mean, rstd = stats
         if xn is None:
             xn = layernorm.fwd_call(x, ln_weight, ln_bias, ctx.eps)[0]
@@ -571,11 +588,11 @@ class LayerNormLinearFunction(torch.autograd.Function):
 
 
 def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
-                weight: torch.Tensor, stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The backward of the eager GPU forward: cuBLAS for dW = dy^T xn and dxn = dy W, db = sum of dy, then our
-    LayerNorm backward launched directly on the saved statistics."""
+                weight: torch.Tensor, stats: torch.Tensor, bias_grad: bool) -> tuple[torch.Tensor | None, ...]:
+    """The backward of the eager GPU forward: the Linear's gradients (``_linear_grads``; db only with
+    ``bias_grad``), then our LayerNorm backward launched directly on the saved statistics."""
     check_grad("dy", dy, x.dtype, (*x.shape[:-1], weight.shape[0]), "y")
-    dxn, dweight, dbias = _linear_grads(dy, xn, weight)
+    dxn, dweight, dbias = _linear_grads(dy, xn, weight, bias_grad)
     dx, dln_weight, dln_bias = layernorm._bwd_direct(dxn, x, ln_weight, ln_bias, *layernorm.stat_addresses(stats), 0)
     return dx, dln_weight, dln_bias, dweight, dbias
 
@@ -646,7 +663,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         return layernorm_linear_fwd(*tensors, eps, algo)[0]
     xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
     _remember_algo(x, weight, algo, False, picked)
-    return torch.nn.functional.linear(xn, weight, bias)
+    return _linear(xn, weight, bias)
 
 
 def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object,

@@ -29,16 +29,20 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
 using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using Triple = std::tuple<Tensor, Tensor, Tensor>;
 
 // ---------------------------------------------------------------- the driver API, by dlsym
 
@@ -237,6 +241,9 @@ Tensor empty(at::IntArrayRef shape, const at::TensorOptions& options) {
   return t;
 }
 
+// Row `row` of a contiguous float32 [2, rows] statistics buffer, by address.
+void* stat_row(const Tensor& stats, int64_t row) { return static_cast<float*>(stats.data_ptr()) + row * stats.size(1); }
+
 bool supported(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
 }
@@ -252,6 +259,233 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
   return supported(dtype) && w.scalar_type() == dtype && b.scalar_type() == dtype && w.device() == x.device() &&
          b.device() == x.device() && w.dim() == 1 && b.dim() == 1 && w.size(0) == h && b.size(0) == h &&
          (any_layout || x.is_contiguous()) && w.is_contiguous() && b.is_contiguous();
+}
+
+// ---------------------------------------------------------------- the Linear's GEMMs by cuBLASLt, by dlsym
+
+// The unfused route's three GEMMs (y = xn W^T + bias; dxn = dy W; dW = dy^T xn with db, dy's column sums, in the
+// same GEMM's epilogue) go to cuBLASLt with a descriptor and an algorithm chosen once per shape. torch's addmm
+// and mm ask cuBLAS's heuristics on every call, and its bias gradient is a separate reduction: together they are
+// most of a training step's host time (docs/direct_launch.md). 16-bit only (float32 keeps torch's ops and TF32
+// settings), pointers 256-byte aligned (the heuristics' default assumption), torch's reduced-precision setting
+// honoured; anything else, or a shape cuBLASLt has no algorithm for, runs torch's ops.
+using LtHandle = void*;
+using LtObject = void*;   // a matmul descriptor, matrix layout or preference
+struct LtAlgo { uint64_t data[8]; };
+struct LtHeuristic { LtAlgo algo; size_t workspace; int state; float waves; int reserved[4]; };
+
+constexpr int CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68;
+constexpr int LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8;
+constexpr int LT_PREF_MAX_WORKSPACE = 1, LT_PREF_REDUCTION_MASK = 3;
+constexpr uint32_t LT_EPILOGUE_DEFAULT = 1, LT_EPILOGUE_BIAS = 4, LT_EPILOGUE_BGRADB = 512;
+constexpr uint64_t LT_MAX_WORKSPACE = 32ull << 20;
+constexpr uintptr_t LT_ALIGN = 256;
+
+struct CublasLt {
+  int (*create)(LtHandle*) = nullptr;
+  int (*desc_create)(LtObject*, int, int) = nullptr;
+  int (*desc_set)(LtObject, int, const void*, size_t) = nullptr;
+  int (*layout_create)(LtObject*, int, uint64_t, uint64_t, int64_t) = nullptr;
+  int (*pref_create)(LtObject*) = nullptr;
+  int (*pref_set)(LtObject, int, const void*, size_t) = nullptr;
+  int (*pref_destroy)(LtObject) = nullptr;
+  int (*heuristic)(LtHandle, LtObject, LtObject, LtObject, LtObject, LtObject, LtObject, int, LtHeuristic*,
+                   int*) = nullptr;
+  int (*matmul)(LtHandle, LtObject, const void*, const void*, LtObject, const void*, LtObject, const void*,
+                const void*, LtObject, void*, LtObject, const LtAlgo*, void*, size_t, CUstream) = nullptr;
+
+  CublasLt() {
+    void* lib = nullptr;   // the one torch loaded, else any
+    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"})
+      if ((lib = dlopen(name, RTLD_NOW | RTLD_NOLOAD)) != nullptr) break;
+    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12"})
+      if (lib == nullptr) lib = dlopen(name, RTLD_NOW);
+    const char* off = std::getenv("OPS_CUBLASLT");   // 0: torch's ops (an A/B; docs/direct_launch.md)
+    if (lib == nullptr || (off != nullptr && std::string(off) == "0")) return;
+    create = reinterpret_cast<decltype(create)>(dlsym(lib, "cublasLtCreate"));
+    desc_create = reinterpret_cast<decltype(desc_create)>(dlsym(lib, "cublasLtMatmulDescCreate"));
+    desc_set = reinterpret_cast<decltype(desc_set)>(dlsym(lib, "cublasLtMatmulDescSetAttribute"));
+    layout_create = reinterpret_cast<decltype(layout_create)>(dlsym(lib, "cublasLtMatrixLayoutCreate"));
+    pref_create = reinterpret_cast<decltype(pref_create)>(dlsym(lib, "cublasLtMatmulPreferenceCreate"));
+    pref_set = reinterpret_cast<decltype(pref_set)>(dlsym(lib, "cublasLtMatmulPreferenceSetAttribute"));
+    pref_destroy = reinterpret_cast<decltype(pref_destroy)>(dlsym(lib, "cublasLtMatmulPreferenceDestroy"));
+    heuristic = reinterpret_cast<decltype(heuristic)>(dlsym(lib, "cublasLtMatmulAlgoGetHeuristic"));
+    matmul = reinterpret_cast<decltype(matmul)>(dlsym(lib, "cublasLtMatmul"));
+  }
+  bool ok() const {
+    return create && desc_create && desc_set && layout_create && pref_create && pref_set && pref_destroy &&
+           heuristic && matmul;
+  }
+};
+
+const CublasLt* cublas_lt() {
+  static const CublasLt lt;
+  return lt.ok() ? &lt : nullptr;
+}
+
+// A GEMM D = op(A) op(B) (+ epilogue) in cuBLAS's column-major terms, chosen once; `lock` guards the bias pointer
+// set on the shared descriptor until the call is enqueued.
+struct GemmPlan {
+  LtHandle handle;
+  LtObject desc, a, b, d;
+  LtAlgo algo;
+  size_t workspace;
+  std::mutex lock;
+};
+
+enum GemmKind : int64_t { GEMM_FWD = 0, GEMM_FWD_BIAS = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 3, GEMM_WGRAD_BGRAD = 4 };
+
+std::mutex gemm_lock;
+std::unordered_map<Key, std::unique_ptr<GemmPlan>, KeyHash> gemm_plans;   // null: torch's ops for that key
+constexpr size_t GEMM_PLANS_MAX = 4096;   // beyond it, new shapes run torch's ops
+
+template <class T>
+int64_t reduction_option(T v) {   // torch's bool (older) or CuBLASReductionOption: 0 allows reduced precision
+  if constexpr (std::is_same_v<T, bool>) return v ? 0 : 1;
+  else return static_cast<int64_t>(v);
+}
+
+LtHandle lt_handle(int64_t device) {
+  static std::unordered_map<int64_t, LtHandle> handles;   // under gemm_lock
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  LtHandle h = nullptr;
+  if (cublas_lt()->create(&h) != 0) h = nullptr;
+  handles[device] = h;
+  return h;
+}
+
+// The plan of a [rows x cols] D from A [k x rows] (or its transpose) and B, m/n/k in cuBLAS's terms, or none.
+std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int64_t n, int64_t k, int64_t device,
+                                         int64_t reduction) {
+  const CublasLt& lt = *cublas_lt();
+  auto plan = std::make_unique<GemmPlan>();
+  plan->handle = lt_handle(device);
+  if (plan->handle == nullptr || lt.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) return nullptr;
+  // fwd: D[N, M] = W[K, N]^T xn[K, M]; dgrad: dxn[K, M] = W[K, N] dy[N, M]; wgrad: dW[K, N] = xn[K, M] dy[N, M]^T
+  const bool wgrad = kind >= GEMM_WGRAD;
+  const int32_t ta = kind <= GEMM_FWD_BIAS ? 1 : 0, tb = wgrad ? 1 : 0;
+  const uint32_t epilogue = kind == GEMM_FWD_BIAS ? LT_EPILOGUE_BIAS
+                            : kind == GEMM_WGRAD_BGRAD ? LT_EPILOGUE_BGRADB : LT_EPILOGUE_DEFAULT;
+  void* aligned = reinterpret_cast<void*>(LT_ALIGN);   // the heuristics read the bias pointer's alignment only
+  lt.desc_set(plan->desc, LT_DESC_TRANSA, &ta, sizeof(ta));
+  lt.desc_set(plan->desc, LT_DESC_TRANSB, &tb, sizeof(tb));
+  lt.desc_set(plan->desc, LT_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+  if (epilogue != LT_EPILOGUE_DEFAULT) lt.desc_set(plan->desc, LT_DESC_BIAS_POINTER, &aligned, sizeof(aligned));
+  // A is [k x m] stored (transposed: op(A) = A^T is m x k), B [k x n] (or [n x k] with tb), D [m x n]
+  if (lt.layout_create(&plan->a, dtype, ta ? k : m, ta ? m : k, ta ? k : m) != 0 ||
+      lt.layout_create(&plan->b, dtype, tb ? n : k, tb ? k : n, tb ? n : k) != 0 ||
+      lt.layout_create(&plan->d, dtype, m, n, m) != 0)
+    return nullptr;
+  LtObject pref = nullptr;
+  if (lt.pref_create(&pref) != 0) return nullptr;
+  const uint64_t workspace = LT_MAX_WORKSPACE;
+  const uint32_t mask = reduction == 0 ? 7u : reduction == 1 ? 3u : 1u;   // NONE, INPLACE, COMPUTE_TYPE, OUTPUT_TYPE
+  lt.pref_set(pref, LT_PREF_MAX_WORKSPACE, &workspace, sizeof(workspace));
+  lt.pref_set(pref, LT_PREF_REDUCTION_MASK, &mask, sizeof(mask));
+  LtHeuristic found{};
+  int count = 0;
+  const int err = lt.heuristic(plan->handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1, &found, &count);
+  lt.pref_destroy(pref);
+  if (err != 0 || count < 1 || found.state != 0) return nullptr;
+  plan->algo = found.algo;
+  plan->workspace = found.workspace;
+  return plan;
+}
+
+GemmPlan* gemm_plan(int64_t kind, at::ScalarType dtype, int64_t m, int64_t n, int64_t k, int64_t device) {
+  const auto& ctx = at::globalContext();
+  const int64_t reduction = reduction_option(dtype == at::kHalf ? ctx.allowFP16ReductionCuBLAS()
+                                                                : ctx.allowBF16ReductionCuBLAS());
+  const Key key{kind, m, n, k, static_cast<int64_t>(dtype), device, reduction, 2};
+  std::lock_guard<std::mutex> guard(gemm_lock);
+  auto it = gemm_plans.find(key);
+  if (it != gemm_plans.end()) return it->second.get();
+  if (gemm_plans.size() >= GEMM_PLANS_MAX) return nullptr;
+  auto plan = make_gemm_plan(kind, dtype == at::kHalf ? CUDA_R_16F : CUDA_R_16BF, m, n, k, device, reduction);
+  return (gemm_plans[key] = std::move(plan)).get();
+}
+
+bool lt_aligned(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % LT_ALIGN) return false;
+  return true;
+}
+
+// Whether cuBLASLt may take a GEMM of these tensors (contiguous, 16-bit, on one CUDA device, not empty).
+bool lt_takes(const Tensor& a, const Tensor& w) {
+  const auto dtype = a.scalar_type();
+  return cublas_lt() != nullptr && a.is_cuda() && (dtype == at::kHalf || dtype == at::kBFloat16) &&
+         w.scalar_type() == dtype && w.device() == a.device() && a.is_contiguous() && w.is_contiguous() &&
+         a.numel() > 0 && w.numel() > 0 && w.dim() == 2 && a.size(-1) > 0;
+}
+
+void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias, const at::Device& device) {
+  const CublasLt& lt = *cublas_lt();
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  CUstream stream = impl->getStreamNativeHandle(impl->getStream(device));
+  Tensor workspace;
+  if (plan.workspace) workspace = at::empty({static_cast<int64_t>(plan.workspace)},
+                                            at::TensorOptions().dtype(at::kByte).device(device));
+  const float one = 1.0f, zero = 0.0f;
+  std::lock_guard<std::mutex> guard(plan.lock);
+  if (bias != nullptr) lt.desc_set(plan.desc, LT_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  const int err = lt.matmul(plan.handle, plan.desc, &one, a, plan.a, b, plan.b, &zero, d, plan.d, d, plan.d,
+                            &plan.algo, plan.workspace ? workspace.data_ptr() : nullptr, plan.workspace, stream);
+  TORCH_CHECK(err == 0, "mojo_direct: cublasLtMatmul failed with status ", err);
+}
+
+// y = xn W^T + bias, shaped [..., N] like xn [..., K]; at::linear where cuBLASLt does not take it.
+Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+  const bool has_bias = bias.has_value() && bias->defined();
+  const int64_t n = w.size(0), k = w.size(1);
+  if (!lt_takes(xn, w) || xn.size(-1) != k ||
+      (has_bias && (bias->scalar_type() != xn.scalar_type() || !bias->is_contiguous() || bias->dim() != 1 ||
+                    bias->size(0) != n || bias->device() != xn.device())) ||
+      !lt_aligned({xn.data_ptr(), w.data_ptr(), has_bias ? bias->data_ptr() : nullptr}))
+    return at::linear(xn, w, bias);
+  const int64_t rows = xn.numel() / k;
+  c10::DeviceGuard guard(xn.device());
+  GemmPlan* plan = gemm_plan(has_bias ? GEMM_FWD_BIAS : GEMM_FWD, xn.scalar_type(), n, rows, k, xn.get_device());
+  if (plan == nullptr) return at::linear(xn, w, bias);
+  std::vector<int64_t> shape(xn.sizes().begin(), xn.sizes().end());
+  shape.back() = n;
+  Tensor y = empty(shape, xn.options());
+  run_gemm(*plan, w.data_ptr(), xn.data_ptr(), y.data_ptr(), has_bias ? bias->data_ptr() : nullptr, xn.device());
+  return y;
+}
+
+// The Linear's backward from contiguous dy [..., N] and xn [..., K]: dxn = dy W (shaped like xn); dW = dy^T xn and
+// db = dy's column sums where asked (else undefined; db in dW's epilogue where both are); each by torch's mm or sum
+// where cuBLASLt does not take it.
+Triple linear_grads(const Tensor& dy, const Tensor& xn, const Tensor& w, bool weight_grad, bool bias_grad) {
+  const int64_t n = w.size(0), k = w.size(1);
+  const int64_t rows = xn.numel() / k;
+  const auto dtype = xn.scalar_type();
+  const int64_t device = xn.get_device();
+  c10::DeviceGuard guard(xn.device());
+  const bool lt = lt_takes(dy, w) && lt_takes(xn, w) && dy.numel() == rows * n &&
+                  lt_aligned({dy.data_ptr(), xn.data_ptr(), w.data_ptr()});
+  Tensor dxn, dw, db;
+  if (GemmPlan* dgrad = lt ? gemm_plan(GEMM_DGRAD, dtype, k, rows, n, device) : nullptr) {
+    dxn = empty(xn.sizes(), xn.options());
+    run_gemm(*dgrad, w.data_ptr(), dy.data_ptr(), dxn.data_ptr(), nullptr, xn.device());
+  } else {
+    dxn = dy.view({-1, n}).mm(w).view(xn.sizes());
+  }
+  if (weight_grad) {
+    const int64_t kind = bias_grad ? GEMM_WGRAD_BGRAD : GEMM_WGRAD;
+    if (GemmPlan* wgrad = lt ? gemm_plan(kind, dtype, k, n, rows, device) : nullptr) {
+      dw = empty(w.sizes(), w.options());
+      if (bias_grad) db = empty({n}, w.options());
+      run_gemm(*wgrad, xn.data_ptr(), dy.data_ptr(), dw.data_ptr(), bias_grad ? db.data_ptr() : nullptr,
+               xn.device());
+    } else {
+      dw = dy.view({-1, n}).t().mm(xn.view({-1, k}));
+    }
+  }
+  if (bias_grad && !db.defined()) db = dy.view({-1, n}).sum(0);
+  return {dxn, dw, db};
 }
 
 constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
@@ -327,7 +561,6 @@ std::optional<FwdPlan> fwd_plan(const Tensor& x, const Tensor& w, const Tensor& 
 
 const char* ACTIVATIONS[] = {"none", "gelu_tanh", "gelu"};   // layernorm.ACTIVATIONS, by number
 
-using Triple = std::tuple<Tensor, Tensor, Tensor>;
 
 // The Python route's forward and backward (the torch.library ops of ops/layernorm.py), for a call this file
 // does not take: they validate (named errors), launch, and register the plan for the next call.
@@ -352,7 +585,7 @@ Triple ln_bwd_python(const Tensor& dy, const Tensor& x, const Tensor& w, const T
 // The backward's plan for a call its kernels take as they come (contiguous CUDA x and dy alike, float32 statistics
 // of a value per row, contiguous), or none. The benchmarks' tuning knobs send those calls to Python's route.
 std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
-                                const Tensor& mean, const Tensor& rstd, int64_t act) {
+                                std::initializer_list<const Tensor*> stats, int64_t act) {
   const char* parts = std::getenv("OPS_LN_BWD_PARTS");
   const char* config = std::getenv("OPS_LN_BWD_CONFIG");
   if ((parts && *parts) || (config && *config)) return std::nullopt;
@@ -360,8 +593,9 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
       dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device())
     return std::nullopt;
   const int64_t h = x.size(-1), rows = x.numel() / h;
-  for (const Tensor* stat : {&mean, &rstd})
-    if (stat->scalar_type() != at::kFloat || !stat->is_contiguous() || stat->numel() != rows ||
+  const int64_t per_tensor = rows * (stats.size() == 1 ? 2 : 1);   // a [2, rows] buffer, or mean and rstd
+  for (const Tensor* stat : stats)
+    if (stat->scalar_type() != at::kFloat || !stat->is_contiguous() || stat->numel() != per_tensor ||
         stat->device() != x.device())
       return std::nullopt;
   return find(bwd_plans, fwd_key(rows, h, x.scalar_type(), vec_ok(h, {&dy, &x, &w, &b}), act, x.get_device()));
@@ -369,7 +603,7 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
 
 // dx, dweight, dbias by the plan's two launches (the rows' groups, then the columns' sums of their partials).
 Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
-                  const Tensor& mean, const Tensor& rstd) {
+                  void* mean_p, void* rstd_p) {
   const int64_t h = x.size(-1);
   const int64_t rows = x.numel() / h;
   Tensor dx = empty(x.sizes(), x.options());
@@ -382,8 +616,6 @@ Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const 
   void* xp = x.data_ptr();
   void* wp = w.data_ptr();
   void* bp = b.data_ptr();
-  void* mean_p = mean.data_ptr();
-  void* rstd_p = rstd.data_ptr();
   int32_t rows32 = static_cast<int32_t>(rows), h32 = static_cast<int32_t>(h);
   int32_t parts32 = static_cast<int32_t>(plan.parts);
   void* row_params[] = {&dxp, &part_g, &part_b, &dyp, &xp, &wp, &bp, &mean_p, &rstd_p, &rows32, &h32, &parts32};
@@ -400,9 +632,18 @@ Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const 
 Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
               const Tensor& rstd, int64_t act) {
   const Tensor dy = dy_in.contiguous();
-  auto plan = bwd_plan(dy, x, w, b, mean, rstd, act);
+  auto plan = bwd_plan(dy, x, w, b, {&mean, &rstd}, act);
   if (!plan) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
-  return ln_bwd_run(*plan, dy, x, w, b, mean, rstd);
+  return ln_bwd_run(*plan, dy, x, w, b, mean.data_ptr(), rstd.data_ptr());
+}
+
+// The same from the autograd forward's one float32 [2, rows] statistics buffer (mean, then rstd).
+Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& stats,
+              int64_t act) {
+  const Tensor dy = dy_in.contiguous();
+  auto plan = bwd_plan(dy, x, w, b, {&stats}, act);
+  if (!plan) return ln_bwd_python(dy, x, w, b, stats[0], stats[1], act);
+  return ln_bwd_run(*plan, dy, x, w, b, stats.data_ptr(), stat_row(stats, 1));
 }
 
 // ops/layernorm.py's layernorm_bwd in eager: (dx, dweight, dbias), or none for a call Python takes (no plan yet,
@@ -412,16 +653,15 @@ std::vector<Tensor> layernorm_bwd_with_plan(const Tensor& dy, const Tensor& x, c
   if (act < 0 || act > 2 || !takes(x, w, b, 1.0)) return {};
   const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
   if (mean.sizes() != stat_shape || rstd.sizes() != stat_shape) return {};
-  auto plan = bwd_plan(dy, x, w, b, mean, rstd, act);
+  auto plan = bwd_plan(dy, x, w, b, {&mean, &rstd}, act);
   if (!plan) return {};
-  auto [dx, dw, db] = ln_bwd_run(*plan, dy, x, w, b, mean, rstd);
+  auto [dx, dw, db] = ln_bwd_run(*plan, dy, x, w, b, mean.data_ptr(), rstd.data_ptr());
   return {dx, dw, db};
 }
 
-// One float32 [2, rows] buffer for the rows' mean and rstd (one allocation), and its two rows.
-Triple stats_for(const Tensor& x) {
-  Tensor stats = empty({2, x.numel() / x.size(-1)}, x.options().dtype(at::kFloat));
-  return {stats, stats[0], stats[1]};
+// One float32 [2, rows] buffer for the rows' mean and rstd (one allocation; its rows by address, no views).
+Tensor stats_for(const Tensor& x) {
+  return empty({2, x.numel() / x.size(-1)}, x.options().dtype(at::kFloat));
 }
 
 bool grad_to_come(std::initializer_list<const Tensor*> tensors) {
@@ -434,8 +674,8 @@ bool grad_to_come(std::initializer_list<const Tensor*> tensors) {
 struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, const Tensor& b, double eps,
                         int64_t act, const FwdPlan* plan) {
-    auto [stats, mean, rstd] = stats_for(x);
-    Tensor y = ln_fwd(*plan, x, w, b, eps, mean.data_ptr(), rstd.data_ptr());
+    Tensor stats = stats_for(x);
+    Tensor y = ln_fwd(*plan, x, w, b, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, w, b, stats});
     ctx->saved_data["act"] = act;
     return y;
@@ -443,8 +683,7 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3][0], saved[3][1],
-                               ctx->saved_data["act"].toInt());
+    auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3], ctx->saved_data["act"].toInt());
     return {dx, dw, db, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -464,23 +703,18 @@ Tensor layernorm(const Tensor& x_in, const Tensor& w, const Tensor& b, double ep
 struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
                         const std::optional<Tensor>& bias, double eps, const FwdPlan* plan) {
-    auto [stats, mean, rstd] = stats_for(x);
-    Tensor xn = ln_fwd(*plan, x, lnw, lnb, eps, mean.data_ptr(), rstd.data_ptr());
+    Tensor stats = stats_for(x);
+    Tensor xn = ln_fwd(*plan, x, lnw, lnb, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, xn, lnw, lnb, w, stats});
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
-    return at::linear(xn, w, bias);
+    return linear_forward(xn, w, bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const Tensor &x = s[0], &xn = s[1], &w = s[4];
-    const int64_t n = w.size(0), k = w.size(1);
-    Tensor dy2 = grads[0].contiguous().view({-1, n});
-    Tensor dw = ctx->needs_input_grad(3) ? dy2.t().mm(xn.view({-1, k})) : Tensor();
-    Tensor db = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(4)
-                    ? dy2.sum(0)
-                    : Tensor();
-    auto [dx, dlnw, dlnb] = ln_bwd(dy2.mm(w).view(x.sizes()), x, s[2], s[3], s[5][0], s[5][1], 0);
+    const bool bias_grad = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(4);
+    auto [dxn, dw, db] = linear_grads(grads[0].contiguous(), s[1], s[4], ctx->needs_input_grad(3), bias_grad);
+    auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0);
     return {dx, dlnw, dlnb, dw, db, Tensor(), Tensor()};
   }
 };
@@ -651,7 +885,7 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
   auto plan = fwd_plan(x, lnw, lnb, eps, 0);
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
-  if (!grad) return at::linear(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
+  if (!grad) return linear_forward(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
   return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan);
 }
 
@@ -782,6 +1016,14 @@ std::vector<int64_t> plan_counts() {
 
 void set_poison(bool on) { poison = on; }
 
+// The Python route's Linear backward (ops/layernorm_linear.py), so that both routes run the same GEMMs:
+// [dxn, dweight] and, with bias_grad, dbias.
+std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad) {
+  auto [dxn, dw, db] = linear_grads(dy.contiguous(), xn.contiguous(), w, true, bias_grad);
+  if (bias_grad) return {dxn, dw, db};
+  return {dxn, dw};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(mojo_direct, m) {
@@ -812,6 +1054,8 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("clear_plans() -> ()", &clear_plans);
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);
+  m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
 }
 
 // The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
@@ -828,6 +1072,8 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("layernorm_with_stats", &layernorm_with_stats);
   m.impl("layernorm_bwd_with_plan", &layernorm_bwd_with_plan);
   m.impl("layernorm_linear_with_stats", &layernorm_linear_with_stats);
+  m.impl("linear", &linear_forward);
+  m.impl("linear_grads", &linear_grads_op);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CUDA, m) {

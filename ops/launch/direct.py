@@ -336,6 +336,8 @@ class NativeOps:
     layernorm_bwd_with_plan: object = None
     layernorm_linear: object = None
     layernorm_linear_with_stats: object = None
+    linear: object = None         # the unfused route's Linear by cuBLASLt (y; torch's ops where it does not take it)
+    linear_grads: object = None   # and its backward (dxn, dweight, dbias)
     ops: object = None
 
 
@@ -416,6 +418,8 @@ def load_native() -> NativeOps:
         NATIVE.layernorm_linear = getattr(ops.layernorm_linear.default, "_op", ops.layernorm_linear.default)
         NATIVE.layernorm_linear_with_stats = getattr(ops.layernorm_linear_with_stats.default, "_op",
                                                      ops.layernorm_linear_with_stats.default)
+        NATIVE.linear = getattr(ops.linear.default, "_op", ops.linear.default)
+        NATIVE.linear_grads = getattr(ops.linear_grads.default, "_op", ops.linear_grads.default)
     return NATIVE
 
 

@@ -1,0 +1,136 @@
+"""Where the host's time goes in one call: torch against ours, side by side (needs a CUDA GPU).
+
+Per case, first the host time per call (back-to-back calls, runs of the two interleaved, median of the runs;
+``ops.timing.pipelined_runs``), then torch.profiler's CPU table of each (self CPU time by operator over
+``--calls`` calls, and how many times each ran per call). The tables show which operators and allocations a
+call pays for; the profiler's own overhead inflates every row alike, so compare rows, not totals.
+
+Cases:
+    lnl-train    a training step of Linear(LayerNorm(x)) at 4096x768->3072 bf16, as bench_layernorm_linear's
+                 train rows run it (forward from leaves that need gradients, then all five gradients)
+    lnl-fwd      its forward without gradients
+    ln-fwd       LayerNorm forward, 4096x768 bf16
+    transformer  one eager training step of bench_transformer's GPT-2-small at 1x128 tokens
+
+    python scripts/profile_host.py [case ...]    -> results/profile_host.md (or $OUT_DIR/profile_host.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ops import layernorm_linear as LL  # noqa: E402
+from ops import timing  # noqa: E402
+from ops.layernorm import layernorm  # noqa: E402
+
+CASES = ("lnl-train", "lnl-fwd", "ln-fwd", "transformer")
+M, K, N = 4096, 768, 3072
+
+
+def lnl_inputs(grad: bool) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    x = torch.randn(M, K, device="cuda", dtype=bf16)
+    g, b = (1 + 0.1 * torch.randn(K, device="cuda")).to(bf16), (0.1 * torch.randn(K, device="cuda")).to(bf16)
+    w, bias = (torch.randn(N, K, device="cuda") / K ** 0.5).to(bf16), (0.1 * torch.randn(N, device="cuda")).to(bf16)
+    return tuple(t.requires_grad_(grad) for t in (x, g, b, w, bias))
+
+
+def torch_lnl(x, g, b, w, bias):
+    return F.linear(F.layer_norm(x, (K,), g, b), w, bias)
+
+
+def ours_lnl(x, g, b, w, bias):
+    return LL.layernorm_linear(x, g, b, w, bias)
+
+
+def case_calls(case: str) -> dict[str, Callable[[], object]]:
+    """The two contenders' calls of ``case``, their outputs checked against each other first."""
+    if case in ("lnl-train", "lnl-fwd"):
+        train = case == "lnl-train"
+        leaves = lnl_inputs(train)
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+
+        def call(fwd):
+            if train:
+                return lambda: torch.autograd.grad(fwd(*leaves), leaves, dy)
+            return lambda: fwd(*leaves)
+        calls = {"torch": call(torch_lnl), "ours": call(ours_lnl)}
+    elif case == "ln-fwd":
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        g, b = torch.ones(K, device="cuda", dtype=x.dtype), torch.zeros(K, device="cuda", dtype=x.dtype)
+        calls = {"torch": lambda: F.layer_norm(x, (K,), g, b), "ours": lambda: layernorm(x, g, b)}
+    else:
+        import bench_transformer as bt
+
+        torch.manual_seed(0)
+        x = torch.randn(1, 128, bt.D, device="cuda", dtype=torch.bfloat16)
+        ref = bt.GPT().cuda().bfloat16()
+        calls = {"torch": bt.train_call(ref, x, "eager"), "ours": bt.train_call(bt.ours_from(ref), x, "eager")}
+    outs = {name: fn() for name, fn in calls.items()}
+    if case != "transformer":   # the transformer's two models step their own weights; the bench checks them
+        for got, want in zip(*(o if isinstance(o, tuple) else (o,) for o in outs.values()), strict=True):
+            torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
+    return calls
+
+
+def profile_table(fn: Callable[[], object], calls: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
+    lines = ["| operator | self CPU us per call | calls per call |", "|---|---|---|"]
+    lines += [f"| `{e.key}` | {e.self_cpu_time_total / calls:.1f} | {e.count / calls:g} |" for e in rows]
+    return "\n".join(lines)
+
+
+def run_case(case: str, calls: int) -> str:
+    fns = case_calls(case)
+    for fn in fns.values():   # warm up: plans handed to the C++ entries, cuBLAS handles, allocator pools
+        for _ in range(10):
+            fn()
+    torch.cuda.synchronize()
+    per = 50 if case == "transformer" else 200
+    times = timing.pipelined_runs(fns, calls=per, repeats=7)
+    out = [f"## {case}", "", "| impl | host us per call | pipelined us per call |", "|---|---|---|"]
+    out += [f"| {name} | {t.host_us:.1f} | {t.pipelined_us:.1f} |" for name, t in times.items()]
+    for name, fn in fns.items():
+        out += ["", f"### {name}: torch.profiler, CPU, {calls} calls", "", profile_table(fn, calls)]
+    print("\n".join(out[:6 + len(fns)]), flush=True)
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", help=f"any of {', '.join(CASES)} (default: all)")
+    parser.add_argument("--calls", type=int, default=20, help="calls profiled per contender")
+    args = parser.parse_args()
+    if bad := [c for c in args.cases if c not in CASES]:
+        parser.error(f"unknown case {bad[0]!r}; expected one of {', '.join(CASES)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_host needs a CUDA GPU")
+    parts = ["# Host time per call, torch against ours (scripts/profile_host.py)", "",
+             f"GPU: {timing.gpu_name()}; commit {timing.commit()}", ""]
+    parts += [run_case(case, args.calls) + "\n" for case in args.cases or CASES]
+    out = Path(os.environ.get("OUT_DIR") or ROOT / "results") / "profile_host.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(parts))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
