@@ -265,6 +265,46 @@ def test_gpu_native_layernorm_linear_is_the_python_route(dtype: torch.dtype, row
         assert torch.equal(m(x), python[0])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows_k_n", [(1, 768, 3072), (7, 37, 5), (300, 1023, 64), (2048, 768, 2304)])
+def test_gpu_linear_ops_values_and_fallbacks(dtype: torch.dtype, rows_k_n: tuple[int, int, int]) -> None:
+    """The unfused route's Linear ops (cuBLASLt for 16-bit, torch's ops otherwise): y, dxn, dW and db (the
+    weight GEMM's epilogue) against float64, outputs poisoned first; after 16-bit calls some shape runs on
+    cuBLASLt; a weight or bias off 256-byte alignment, and float32, give torch's own results bitwise."""
+    import torch.nn.functional as F
+
+    from ops.tolerance import compare
+
+    rows, k, n = rows_k_n
+    torch.manual_seed(0)
+    xn = torch.randn(rows, k, device="cuda", dtype=dtype)
+    aligned_w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
+    aligned_b = torch.randn(n, device="cuda", dtype=dtype)
+    dy = torch.randn(rows, n, device="cuda", dtype=dtype)
+    native = direct.load_native()
+    y = native.linear(xn, aligned_w, aligned_b)
+    dxn, dw, db = native.linear_grads(dy, xn, aligned_w, True)
+    dxn_nb, dw_nb = native.linear_grads(dy, xn, aligned_w, False)
+    x64, w64, dy64 = xn.double(), aligned_w.double(), dy.double()
+    refs = {"y": (y, x64 @ w64.T + aligned_b.double(), k), "dxn": (dxn, dy64 @ w64, n),
+            "dW": (dw, dy64.T @ x64, rows), "db": (db, dy64.sum(0), rows), "dW without db": (dw_nb, dy64.T @ x64, rows)}
+    for name, (got, ref, reduction) in refs.items():
+        assert (bad := compare(got, ref, dtype, reduction=reduction)) is None, f"{name}: {bad}"
+    assert torch.equal(dxn_nb, dxn)   # one dxn GEMM, with or without the bias gradient
+    if dtype == torch.float32:   # torch's ops, bitwise
+        assert torch.equal(y, F.linear(xn, aligned_w, aligned_b)) and torch.equal(dw, dy.T @ xn)
+    else:   # some shape (this one, or an earlier one in this process) runs on cuBLASLt
+        assert native.ops.gemm_plan_count() > 0
+    # a weight and bias 2 or 4 bytes off 256-byte alignment: torch's ops, bitwise
+    off_w = torch.empty(n * k + 1, device="cuda", dtype=dtype)[1:].view(n, k).copy_(aligned_w)
+    off_b = torch.empty(n + 1, device="cuda", dtype=dtype)[1:].copy_(aligned_b)
+    assert torch.equal(native.linear(xn, off_w, off_b), F.linear(xn, off_w, off_b))
+    got = native.linear_grads(dy, xn, off_w, True)
+    for g, want in zip(got, (dy @ off_w, dy.T @ xn, dy.sum(0)), strict=True):
+        assert torch.equal(g, want)
+
+
 def _strided(base: torch.Tensor) -> dict[str, torch.Tensor]:
     """Views of base [64, 5, h] that the kernels do not take as they are (column-major: rows of h that are columns
     in memory, which ``copy_transposed`` copies where no gradient is to come)."""

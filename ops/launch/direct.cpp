@@ -1016,6 +1016,14 @@ std::vector<int64_t> plan_counts() {
 
 void set_poison(bool on) { poison = on; }
 
+// How many shapes run on cuBLASLt (tests).
+int64_t gemm_plan_count() {
+  std::lock_guard<std::mutex> guard(gemm_lock);
+  int64_t count = 0;
+  for (const auto& entry : gemm_plans) count += entry.second != nullptr;
+  return count;
+}
+
 // The Python route's Linear backward (ops/layernorm_linear.py), so that both routes run the same GEMMs:
 // [dxn, dweight] and, with bias_grad, dbias.
 std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad) {
@@ -1054,6 +1062,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("clear_plans() -> ()", &clear_plans);
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);
+  m.def("gemm_plan_count() -> int", &gemm_plan_count);
   m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
 }
