@@ -22,6 +22,7 @@
 #   layernorm-linear-sm90-quick  the same at SM90_SHAPES only (about 2 minutes)
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
+#   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
@@ -95,6 +96,8 @@ for step in "${steps[@]}"; do
     transformer-eager)
       run bench_transformer_eager_log python scripts/bench_transformer.py --modes eager --processes 5
       [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
+    profile-host)  # where the host's time goes per call, torch against ours (about a minute)
+      OUT_DIR="$out" run profile_host_log python scripts/profile_host.py ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"
       python scripts/sanitize_workload.py > /dev/null  # compile outside the sanitizer first
