@@ -698,10 +698,7 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     layernorm.check_eps(eps)
     k = x.shape[-1]
     if pick_algo(runs, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
-        xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
-        if grad and x.is_cuda and x.dtype != torch.float32 and _native_linear_traceable():
-            return LinearFunction.apply(xn, weight, bias)
-        return torch.nn.functional.linear(xn, weight, bias)
+        return torch.nn.functional.linear(layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps), weight, bias)
     if grad:
         return LayerNormLinearFunction.apply(*tensors, eps, runs)
     if x.is_cuda and _native_infer_traceable():
@@ -729,50 +726,6 @@ def _native_infer_traceable() -> bool:
 def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, eps: float, algo: int) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
-class LinearFunction(torch.autograd.Function):
-    """The unfused route's Linear with autograd as a torch.compile training graph holds it: the C++ entry's
-    cuBLASLt ops, one each way (``mojo_direct::linear``; ``mojo_direct::linear_grads``, the bias gradient in the
-    weight gradient's GEMM), in place of torch's addmm, two mm and a sum."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, xn: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(xn, weight)
-        ctx.has_bias = bias is not None
-        return torch.ops.mojo_direct.linear(xn, weight, bias)
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
-        xn, weight = ctx.saved_tensors
-        dxn, dweight, *dbias = torch.ops.mojo_direct.linear_grads(dy, xn, weight, ctx.has_bias)
-        return dxn, dweight, dbias[0] if dbias else None
-
-
-_linear_fakes_registered = False
-
-
-@torch.compiler.assume_constant_result
-def _native_linear_traceable() -> bool:
-    """Whether the C++ Linear ops are loaded, with their fakes for tracing."""
-    global _linear_fakes_registered
-    if not layernorm._native_ops_traceable():
-        return False
-    if not _linear_fakes_registered:
-        _linear_fakes_registered = True
-        torch.library.register_fake("mojo_direct::linear")(_fake_linear)
-        torch.library.register_fake("mojo_direct::linear_grads")(_fake_linear_grads)
-    return True
-
-
-def _fake_linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return xn.new_empty(*xn.shape[:-1], weight.shape[0])
-
-
-def _fake_linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool) -> list:
-    grads = [torch.empty_like(xn, memory_format=torch.contiguous_format), torch.empty_like(weight)]
-    return grads + [weight.new_empty(weight.shape[0])] if bias_grad else grads
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:
