@@ -19,7 +19,8 @@ Forward algorithms (``algo``):
   ``SM90_MIN_N`` <= n <= ``SM90_MAX_N`` and at least ``SM90_MIN_ROWS`` rows (bar large x at larger shapes),
   or at least ``SM90_FILL_ROWS`` where its grid fills the GPU and k is short (``sm90_region``: where it won
   the H100 benchmarks, results/bench_layernorm_linear.md and bench_layernorm_linear_sm90.md).
-* ``"unfused"``: our LayerNorm kernel, then ``F.linear`` (cuBLAS).
+* ``"unfused"``: our LayerNorm kernel, then the Linear by cuBLASLt (16-bit on a CUDA GPU, the bias and its
+  gradient in the GEMMs' epilogues; ``docs/direct_launch.md``) or ``F.linear``.
 * ``"auto"`` (default): ``sm90`` in its region (above), else ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
   and at least ``FUSED_MIN_ROWS`` rows, for fp16/bf16 with n <= ``FUSED16_MAX_N``,
   at least ``FUSED16_MIN_ROWS`` rows and k >= ``FUSED16_MIN_K``; else ``unfused`` (these tables and their

@@ -296,6 +296,19 @@ def test_gpu_linear_ops_values_and_fallbacks(dtype: torch.dtype, rows_k_n: tuple
         assert torch.equal(y, F.linear(xn, aligned_w, aligned_b)) and torch.equal(dw, dy.T @ xn)
     else:   # some shape (this one, or an earlier one in this process) runs on cuBLASLt
         assert native.ops.gemm_plan_count() > 0
+        # torch's stricter reduced-precision setting (no 16-bit split-K reductions; plans of its own): right values
+        matmul = torch.backends.cuda.matmul
+        flag = "allow_bf16_reduced_precision_reduction" if dtype == torch.bfloat16 else \
+            "allow_fp16_reduced_precision_reduction"
+        before = getattr(matmul, flag)
+        setattr(matmul, flag, False)
+        try:
+            strict = native.linear_grads(dy, xn, aligned_w, True)
+        finally:
+            setattr(matmul, flag, before)
+        for name, got in zip(("dxn", "dW", "db"), strict, strict=True):
+            ref, reduction = refs[name][1:]
+            assert (bad := compare(got, ref, dtype, reduction=reduction)) is None, f"{name} (strict): {bad}"
     # a weight and bias 2 or 4 bytes off 256-byte alignment: torch's ops, bitwise
     off_w = torch.empty(n * k + 1, device="cuda", dtype=dtype)[1:].view(n, k).copy_(aligned_w)
     off_b = torch.empty(n + 1, device="cuda", dtype=dtype)[1:].copy_(aligned_b)

@@ -13,8 +13,8 @@
 // the ops torch.compile's graphs call (fakes in ops/layernorm.py, ops/layernorm_linear.py); they, and the autograd
 // backward, fall back to the torch.library ops mojo::layernorm_fwd, mojo::layernorm_bwd and
 // mojo::layernorm_linear_fwd through the dispatcher. Design note: docs/direct_launch.md.
-// Kernels are launched with the driver's cuLaunchKernel(Ex), found with dlsym (no CUDA headers needed),
-// on torch's current stream of the tensors' device.
+// Kernels are launched with the driver's cuLaunchKernel(Ex), and the unfused route's Linear runs on cuBLASLt, both
+// found with dlsym (no CUDA headers needed), on torch's current stream of the tensors' device.
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -380,7 +380,9 @@ std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int
   LtObject pref = nullptr;
   if (lt.pref_create(&pref) != 0) return nullptr;
   const uint64_t workspace = LT_MAX_WORKSPACE;
-  const uint32_t mask = reduction == 0 ? 7u : reduction == 1 ? 3u : 1u;   // NONE, INPLACE, COMPUTE_TYPE, OUTPUT_TYPE
+  // torch's setting as its own cuBLASLt calls map it: split-K reductions in any type (INPLACE and OUTPUT_TYPE
+  // reduce in the output's 16-bit type), only in float32 (COMPUTE_TYPE), or none (no split-K)
+  const uint32_t mask = reduction == 0 ? 7u : reduction == 1 ? 2u : 0u;
   lt.pref_set(pref, LT_PREF_MAX_WORKSPACE, &workspace, sizeof(workspace));
   lt.pref_set(pref, LT_PREF_REDUCTION_MASK, &mask, sizeof(mask));
   LtHeuristic found{};
@@ -560,7 +562,6 @@ std::optional<FwdPlan> fwd_plan(const Tensor& x, const Tensor& w, const Tensor& 
 }
 
 const char* ACTIVATIONS[] = {"none", "gelu_tanh", "gelu"};   // layernorm.ACTIVATIONS, by number
-
 
 // The Python route's forward and backward (the torch.library ops of ops/layernorm.py), for a call this file
 // does not take: they validate (named errors), launch, and register the plan for the next call.
