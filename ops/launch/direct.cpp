@@ -129,13 +129,18 @@ void check(int err) {
   TORCH_CHECK(false, "mojo_direct: CUDA driver error ", err, ": ", text ? text : "unknown");
 }
 
+// torch's current stream of `device`.
+CUstream current_stream(const at::Device& device) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl->getStreamNativeHandle(impl->getStream(device));
+}
+
 // One launch on torch's current stream of `device`; clusters > 1 launches grid[0] clusters of that many blocks.
 // dependent: a programmatic dependent launch (PDL) of the stream's previous kernel, which its blocks may overlap
 // until they run griddepcontrol.wait (the kernel must, before reading what that kernel writes).
 void launch(const at::Device& device, CUfunction f, const std::array<unsigned, 3>& grid, unsigned block,
             unsigned clusters, void** params, unsigned smem = 0, bool dependent = false) {
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  CUstream stream = impl->getStreamNativeHandle(impl->getStream(device));
+  CUstream stream = current_stream(device);
   auto once = [&]() {
     if (clusters <= 1 && !dependent)
       return driver().launch(f, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, params, nullptr);
@@ -259,6 +264,17 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
   return supported(dtype) && w.scalar_type() == dtype && b.scalar_type() == dtype && w.device() == x.device() &&
          b.device() == x.device() && w.dim() == 1 && b.dim() == 1 && w.size(0) == h && b.size(0) == h &&
          (any_layout || x.is_contiguous()) && w.is_contiguous() && b.is_contiguous();
+}
+
+// Whether a Linear's weight [N, K] and bias [N] (or none) suit x [..., K]: x's dtype and device, contiguous.
+bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
+  const auto dtype = x.scalar_type();
+  if (w.scalar_type() != dtype || w.device() != x.device() || w.dim() != 2 || w.size(1) != x.size(-1) ||
+      w.size(0) == 0 || !w.is_contiguous())
+    return false;
+  if (!bias.has_value() || !bias->defined()) return true;
+  return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
+         bias->size(0) == w.size(0) && bias->is_contiguous();
 }
 
 // ---------------------------------------------------------------- the Linear's GEMMs by cuBLASLt, by dlsym
@@ -424,8 +440,7 @@ bool lt_takes(const Tensor& a, const Tensor& w) {
 
 void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias, const at::Device& device) {
   const CublasLt& lt = *cublas_lt();
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  CUstream stream = impl->getStreamNativeHandle(impl->getStream(device));
+  CUstream stream = current_stream(device);
   Tensor workspace;
   if (plan.workspace) workspace = at::empty({static_cast<int64_t>(plan.workspace)},
                                             at::TensorOptions().dtype(at::kByte).device(device));
@@ -441,9 +456,7 @@ void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias,
 Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t n = w.size(0), k = w.size(1);
-  if (!lt_takes(xn, w) || xn.size(-1) != k ||
-      (has_bias && (bias->scalar_type() != xn.scalar_type() || !bias->is_contiguous() || bias->dim() != 1 ||
-                    bias->size(0) != n || bias->device() != xn.device())) ||
+  if (!lt_takes(xn, w) || !linear_takes(xn, w, bias) ||
       !lt_aligned({xn.data_ptr(), w.data_ptr(), has_bias ? bias->data_ptr() : nullptr}))
     return at::linear(xn, w, bias);
   const int64_t rows = xn.numel() / k;
@@ -729,16 +742,6 @@ Key lnl_key(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t de
 Key lnl_key(const Tensor& x, const Tensor& w, int64_t algo, int64_t variant) {
   const int64_t k = x.size(-1);
   return lnl_key(x.numel() / k, k, w.size(0), x.scalar_type(), x.get_device(), algo, variant);
-}
-
-bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
-  const auto dtype = x.scalar_type();
-  if (w.scalar_type() != dtype || w.device() != x.device() || w.dim() != 2 || w.size(1) != x.size(-1) ||
-      w.size(0) == 0 || !w.is_contiguous())
-    return false;
-  if (!bias.has_value() || !bias->defined()) return true;
-  return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
-         bias->size(0) == w.size(0) && bias->is_contiguous();
 }
 
 // ---------------------------------------------------------------- LayerNorm + Linear (fused and Hopper forwards)
