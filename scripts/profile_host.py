@@ -30,58 +30,57 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ops import layernorm_linear as LL  # noqa: E402
 from ops import timing  # noqa: E402
 from ops.layernorm import layernorm  # noqa: E402
+from ops.reference import layernorm_linear_grads_ref, layernorm_ref  # noqa: E402
+from ops.tolerance import compare  # noqa: E402
 
 CASES = ("lnl-train", "lnl-fwd", "ln-fwd", "transformer")
 M, K, N = 4096, 768, 3072
 
 
-def lnl_inputs(grad: bool) -> tuple[torch.Tensor, ...]:
-    torch.manual_seed(0)
-    bf16 = torch.bfloat16
-    x = torch.randn(M, K, device="cuda", dtype=bf16)
-    g, b = (1 + 0.1 * torch.randn(K, device="cuda")).to(bf16), (0.1 * torch.randn(K, device="cuda")).to(bf16)
-    w, bias = (torch.randn(N, K, device="cuda") / K ** 0.5).to(bf16), (0.1 * torch.randn(N, device="cuda")).to(bf16)
-    return tuple(t.requires_grad_(grad) for t in (x, g, b, w, bias))
-
-
-def torch_lnl(x, g, b, w, bias):
-    return F.linear(F.layer_norm(x, (K,), g, b), w, bias)
-
-
-def ours_lnl(x, g, b, w, bias):
-    return LL.layernorm_linear(x, g, b, w, bias)
+def checked(name: str, got: tuple[torch.Tensor, ...], refs: tuple[torch.Tensor, ...], reduction: int,
+            cond: float = 1.0) -> None:
+    """Raise unless each output matches its float64 reference (ops.tolerance's table, as the benchmarks ask)."""
+    for i, (g, r) in enumerate(zip(got, refs, strict=True)):
+        if (bad := compare(g, r, g.dtype, reduction=reduction, cond=cond)) is not None:
+            raise SystemExit(f"{name}: output {i} is wrong: {bad}")
 
 
 def case_calls(case: str) -> dict[str, Callable[[], object]]:
-    """The two contenders' calls of ``case``, their outputs checked against each other first."""
+    """The two contenders' calls of ``case``, each checked against the float64 reference first."""
     if case in ("lnl-train", "lnl-fwd"):
-        train = case == "lnl-train"
-        leaves = lnl_inputs(train)
-        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        import bench_layernorm_linear as bl
 
-        def call(fwd):
+        train = case == "lnl-train"
+        *inputs, dy = bl.input_sets(M, K, N, torch.bfloat16)[0]
+        leaves = tuple(t.requires_grad_(train) for t in inputs)
+
+        def call(fwd: Callable) -> Callable[[], object]:
             if train:
                 return lambda: torch.autograd.grad(fwd(*leaves), leaves, dy)
             return lambda: fwd(*leaves)
-        calls = {"torch": call(torch_lnl), "ours": call(ours_lnl)}
+        fwds = {"torch": bl.torch_eager, "ours": bl.ours("auto")}
+        calls = {name: call(fwd) for name, fwd in fwds.items()}
+        for name, fwd in fwds.items():
+            if train:
+                refs = layernorm_linear_grads_ref(*(t.detach() for t in leaves), dy)
+                checked(name, calls[name](), refs, max(M, N * K), cond=10.0)   # bench_backward's check
+            else:
+                bl.check_forward(fwd, (*inputs, dy), name)
     elif case == "ln-fwd":
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         g, b = torch.ones(K, device="cuda", dtype=x.dtype), torch.zeros(K, device="cuda", dtype=x.dtype)
         calls = {"torch": lambda: F.layer_norm(x, (K,), g, b), "ours": lambda: layernorm(x, g, b)}
-    else:
+        for name, fn in calls.items():
+            checked(name, (fn(),), (layernorm_ref(x, g, b),), K)
+    else:   # the transformer's two models step their own weights; bench_transformer checks their outputs
         import bench_transformer as bt
 
         torch.manual_seed(0)
         x = torch.randn(1, 128, bt.D, device="cuda", dtype=torch.bfloat16)
         ref = bt.GPT().cuda().bfloat16()
         calls = {"torch": bt.train_call(ref, x, "eager"), "ours": bt.train_call(bt.ours_from(ref), x, "eager")}
-    outs = {name: fn() for name, fn in calls.items()}
-    if case != "transformer":   # the transformer's two models step their own weights; the bench checks them
-        for got, want in zip(*(o if isinstance(o, tuple) else (o,) for o in outs.values()), strict=True):
-            torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
     return calls
 
 
