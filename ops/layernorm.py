@@ -48,9 +48,11 @@ def eps_bits(eps: float) -> int:
 
 
 def _op_parameters(launch: Launch, kernels: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """A launch as the registered op's parameters: kernel (its index) and CH, WPR, RPB, CL (0: unused)."""
-    p = dict.fromkeys(("CH", "WPR", "RPB", "CL"), 0)
-    if launch.kernel.endswith("_loop"):
+    """A launch as the registered op's parameters: kernel (its index) and CH, WPR, RPB, CL, UNROLL (0: unused)."""
+    p = dict.fromkeys(("CH", "WPR", "RPB", "CL", "UNROLL"), 0)
+    if launch.kernel == "ln_fwd_loop":
+        p["WPR"], p["RPB"], p["UNROLL"] = launch.params
+    elif launch.kernel.endswith("_loop"):
         p["WPR"], p["RPB"] = launch.params
     elif launch.kernel.endswith("_regs"):
         _, p["CH"], p["WPR"], p["RPB"] = launch.params
@@ -128,7 +130,7 @@ def fwd_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, varia
     """The forward launch for validated CUDA x2 [rows, h] (``layernorm_config.fwd_launch``)."""
     rows, h = x2.shape
     vec_ok = _vec_ok(h, x2.dtype, x2, weight, bias)
-    return config.fwd_launch(rows, h, x2.dtype, vec_ok, variant, has_clusters(x2.get_device()))
+    return config.fwd_launch(rows, h, x2.dtype, vec_ok, variant, has_clusters(x2.get_device()), sm_count(x2.device))
 
 
 # What a direct call needs beyond its tensors, per (rows, h, dtype, vec_ok, variant, act, device index):
@@ -142,7 +144,8 @@ _PLANS_MAX = direct.PLANS_MAX
 
 def _fwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str, act: int,
               index: int) -> tuple[direct.Kernel, tuple[int, int, int], int, int]:
-    launch = config.fwd_launch(rows, h, dtype, vec_ok, variant, has_clusters(index))
+    launch = config.fwd_launch(rows, h, dtype, vec_ok, variant, has_clusters(index),
+                               sm_count(torch.device("cuda", index)))
     if len(_fwd_plans) >= _PLANS_MAX:
         _fwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block, launch.cluster)

@@ -31,6 +31,12 @@ REDUCE_NARROW_MAX_H = 1024
 REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS = 8, 7
 REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS = 32, 3
 MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle (H100 sweep)
+# ln_fwd_loop's UNROLL: columns per thread whose loads go out together, in a launch of fewer blocks than SMs (a few
+# long rows: latency-bound); 1 otherwise. H100, branch wip/loop-unroll (0f874df, docs/kernels/layernorm.md):
+# unrolled by 4, vector fp32 32x65536 (ln_fwd_loop[16, 1], 32 blocks) went 66.75 -> 45.81 us, but launches of many
+# blocks slowed (block_warp fp32 16384x4096 208 -> 239 us, 4096x768 11.55 -> 13.86; vector 512x32768 82 -> 90).
+LOOP_UNROLL = 4
+H100_SMS = 132   # the SM count that the choice functions assume when not told the GPU's
 
 # Forward kernels, by the number the MAX op takes as its `kernel` parameter.
 FWD_KERNELS = ("ln_fwd_row_thread", "ln_fwd_block_smem", "ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster")
@@ -147,21 +153,27 @@ def variant_config(variant: str) -> int | None:
                      f"i < {len(FWD_REGS) + len(FWD_CLUSTERS)})")
 
 
-def _loop(wpr: int, rpb: int, rows: int, kernel: str = "ln_fwd_loop") -> Launch:
+def _loop(wpr: int, rpb: int, rows: int, kernel: str = "ln_bwd_loop") -> Launch:
     return Launch(kernel, (wpr, rpb), (-(-rows // rpb), 1, 1), wpr * rpb * WARP)
+
+
+def _fwd_loop(wpr: int, rpb: int, rows: int, sms: int) -> Launch:
+    """``ln_fwd_loop[wpr, rpb, UNROLL]``: UNROLL is LOOP_UNROLL for fewer blocks than ``sms``, else 1."""
+    blocks = -(-rows // rpb)
+    return Launch("ln_fwd_loop", (wpr, rpb, LOOP_UNROLL if blocks < sms else 1), (blocks, 1, 1), wpr * rpb * WARP)
 
 
 @cache
 def fwd_launch(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str = "fast",
-               clusters: bool = True) -> Launch:
+               clusters: bool = True, sms: int = H100_SMS) -> Launch:
     """The forward launch for x [rows, h]. ``vec_ok``: h is a multiple of the vector width and x, y, gamma
-    and beta are 16-byte aligned; ``clusters``: the GPU has thread block clusters (sm_90+)."""
+    and beta are 16-byte aligned; ``clusters``: the GPU has thread block clusters (sm_90+); ``sms``: its SMs."""
     if variant == "row_thread":
         return Launch("ln_fwd_row_thread", (), (-(-rows // ROW_THREAD_BLOCK), 1, 1), ROW_THREAD_BLOCK)
     if variant == "block_smem":
         return Launch("ln_fwd_block_smem", (), (rows, 1, 1), SMEM_BLOCK)
     if variant == "block_warp":
-        return _loop(8, 1, rows)
+        return _fwd_loop(8, 1, rows, sms)
     vec = vector_width(dtype)
     nv = h // vec
     forced = variant_config(variant)
@@ -174,7 +186,7 @@ def fwd_launch(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str
     if vec_ok and config >= len(FWD_REGS):
         ch, wpr, cl = FWD_CLUSTERS[config - len(FWD_REGS)]
         return Launch("ln_fwd_cluster", (vec, ch, wpr, cl), (rows, 1, 1), wpr * WARP, cluster=cl)
-    return _loop(1, 8, rows) if h <= 1024 else _loop(16, 1, rows)
+    return _fwd_loop(1, 8, rows, sms) if h <= 1024 else _fwd_loop(16, 1, rows, sms)
 
 
 def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: int) -> int:
@@ -206,7 +218,7 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
             return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (-(-parts // rpb), 1, 1), wpr * rpb * WARP)
     if config is not None:
         raise ValueError(f"OPS_LN_BWD_CONFIG: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
-    return _loop(1, 8, parts, "ln_bwd_loop") if h <= 1024 else _loop(8, 1, parts, "ln_bwd_loop")
+    return _loop(1, 8, parts) if h <= 1024 else _loop(8, 1, parts)
 
 
 def bwd_config() -> int | None:

@@ -367,12 +367,15 @@ def ln_fwd_block_smem[dtype: DType, act: Int](
         store_stats(mean_out, rstd_out, row, st[0], st[1])
 
 
-def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
+def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int, UNROLL: Int](
     y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
 ):
-    """Variant 3 (WPR=8, RPB=1) and the fallback for any h: WPR warps per row, RPB rows per block."""
+    """Variant 3 (WPR=8, RPB=1) and the fallback for any h: WPR warps per row, RPB rows per block. A thread
+    takes UNROLL of its columns at a time, their loads in flight together (a launch of few blocks is
+    latency-bound), then the rest one by one."""
     comptime GT = WPR * WARP_SIZE
+    comptime STEP = UNROLL * GT
     var sh = stack_allocation[2 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
     var gt = tid % GT
@@ -383,9 +386,25 @@ def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
     var shift: Float32 = 0.0
     var s1: Float32 = 0.0
     var s2: Float32 = 0.0
+    var tail = gt   # this thread's first column after those taken UNROLL at a time
+    comptime if UNROLL > 1:
+        if gt < n:
+            tail = gt + (n - gt) // STEP * STEP
     if valid:
         shift = load_f32(x, base)
-        for i in range(gt, n, GT):
+        comptime if UNROLL > 1:
+            var a1 = SIMD[F32, UNROLL](0.0)
+            var a2 = SIMD[F32, UNROLL](0.0)
+            for i in range(gt, tail, STEP):
+                var d = SIMD[F32, UNROLL](0.0)
+                comptime for u in range(UNROLL):
+                    d[u] = load_f32(x, base + i + u * GT)
+                d -= shift
+                a1 += d
+                a2 += d * d
+            s1 = a1.reduce_add()
+            s2 = a2.reduce_add()
+        for i in range(tail, n, GT):
             var d = load_f32(x, base + i) - shift
             s1 += d
             s2 += d * d
@@ -393,7 +412,15 @@ def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
     var st = shifted_stats(group_sum[WPR, RPB](s1, sh, 0), group_sum[WPR, RPB](s2, sh, 1), shift, n, eps)
     if not valid:
         return
-    for i in range(gt, n, GT):
+    comptime if UNROLL > 1:
+        for i in range(gt, tail, STEP):
+            var v = SIMD[F32, UNROLL](0.0)
+            comptime for u in range(UNROLL):
+                v[u] = normalized(x, gamma, beta, base, i + u * GT, st[0], st[1])
+            var out = activate[act, UNROLL](v)
+            comptime for u in range(UNROLL):
+                y[unsafe_offset=base + i + u * GT] = out[u].cast[dtype]()
+    for i in range(tail, n, GT):
         store_normalized[dtype, act](y, x, gamma, beta, base, i, st[0], st[1])
     if gt == 0:
         store_stats(mean_out, rstd_out, row, st[0], st[1])
@@ -569,11 +596,11 @@ def launch_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: 
                                  grid_dim=rows * CL, block_dim=WPR * WARP_SIZE, cluster_dim=Dim(CL))
 
 
-def launch_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
+def launch_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int, UNROLL: Int](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
 ) raises:
-    comptime kernel = ln_fwd_loop[dtype, act, WPR, RPB]
+    comptime kernel = ln_fwd_loop[dtype, act, WPR, RPB, UNROLL]
     ctx.enqueue_function[kernel](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
                                  grid_dim=ceildiv(rows, RPB), block_dim=WPR * RPB * WARP_SIZE)
 
@@ -589,7 +616,7 @@ def aligned(*addresses: Int) -> Bool:
     return True
 
 
-def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL: Int](
+def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL: Int, UNROLL: Int](
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
 ) raises:
@@ -604,7 +631,7 @@ def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL
         ctx.enqueue_function[k](y, mean, rstd, x, gamma, beta, Int32(rows), Int32(h), eps,
                                 grid_dim=rows, block_dim=SMEM_BLOCK)
     elif kernel == K_LOOP:
-        launch_fwd_loop[dtype, act, WPR, RPB](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
+        launch_fwd_loop[dtype, act, WPR, RPB, UNROLL](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
     elif kernel == K_REGS:
         launch_fwd_regs[dtype, act, VEC, CH, WPR, RPB](ctx, y, mean, rstd, x, gamma, beta, rows, h, eps)
     else:
@@ -921,7 +948,7 @@ def bwd_cpu[dtype: DType, act: Int](
 struct LayerNormFwd:
     @staticmethod
     def execute[target: StaticString, dtype: DType, act: Int, eps_bits: Int, kernel: Int, CH: Int, WPR: Int,
-                RPB: Int, CL: Int](
+                RPB: Int, CL: Int, UNROLL: Int](
         y: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         mean: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
         rstd: _MutableInputTensor[dtype=F32, rank=1, static_spec=_],
@@ -934,9 +961,9 @@ struct LayerNormFwd:
         var rows = x.dim_size(0)
         var h = x.dim_size(1)
         comptime if target == "gpu":
-            fwd_gpu[dtype, act, kernel, CH, WPR, RPB, CL](ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
-                                                          x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(),
-                                                          rows, h, eps)
+            fwd_gpu[dtype, act, kernel, CH, WPR, RPB, CL, UNROLL](
+                ctx, y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(), x.unsafe_ptr(), gamma.unsafe_ptr(),
+                beta.unsafe_ptr(), rows, h, eps)
         else:
             fwd_cpu[dtype, act](y.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
                                 x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), rows, h, eps)
