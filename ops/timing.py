@@ -197,20 +197,26 @@ def captured(fn: Callable[[], object], warmup: int = 3,
 def kernel_us(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]], iters: int = 50) -> float:
     """Median over ``iters`` calls of the device time CUPTI records for one call's kernels (the union of
     their busy intervals), cycling through ``input_sets``; a marker kernel goes before each call."""
+    return statistics.median(marked_calls_us(lambda i: fn(*input_sets[i % len(input_sets)]), iters))
+
+
+def marked_calls_us(call: Callable[[int], object], calls: int) -> list[float]:
+    """The device time CUPTI records for each of ``call(0)``, ..., ``call(calls - 1)`` (the union of each
+    call's busy intervals), in order; a marker kernel goes before each call."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(iters):
+        for i in range(calls):
             torch.cuda._sleep(MARK_CYCLES)
-            fn(*input_sets[i % len(input_sets)])
+            call(i)
         torch.cuda.synchronize()
     spans = [(e.name(), e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events()
              if e.device_type().name == "CUDA" and not _NOT_WORK.search(_activity(e))]
     per_call = busy_us_per_call(spans)
-    if len(per_call) != iters:
-        raise RuntimeError(f"kernel_us: CUPTI showed {len(per_call)} marked calls, expected {iters}")
-    return statistics.median(per_call)
+    if len(per_call) != calls:
+        raise RuntimeError(f"kernel_us: CUPTI showed {len(per_call)} marked calls, expected {calls}")
+    return per_call
 
 
 def _activity(event: object) -> str:
