@@ -6,10 +6,10 @@
 ``scripts/compare_results.py`` sets the kernel times of two benchmark reports side by side. Those runs come from
 other days and other H100s, whose clocks and memory differ by several percent on the same machine code. Here,
 for each forward row of ours in results/bench_layernorm.csv, the kernel that row launches as ``rev`` built and
-launched it and as the working tree does run in one process on one GPU. They take the same inputs (rotated past
-the L2 cache, as the benchmark's), and the calls alternate old, new, old, ... in one CUPTI session. So the ratio
-is the code's, not the machine's. ``--build`` records each side's launch (its own ``layernorm_config`` at that
-revision) and PTX; the GPU run needs neither Mojo nor MAX.
+launched it and as the working tree does run in one process on one GPU, on inputs rotated past the L2 cache as
+the benchmark's (each call the next set), the calls in the order old, new, new, old, ... in one CUPTI session.
+So the ratio is the code's, not the machine's. ``--build`` records each side's launch (its own
+``layernorm_config`` at that revision) and PTX; the GPU run needs neither Mojo nor MAX.
 """
 
 from __future__ import annotations
@@ -139,8 +139,11 @@ def time_pair(old: Loaded, new: Loaded, m: int, h: int, dtype: torch.dtype, acti
     for k, side in ((old, "old"), (new, "new")):
         y.fill_(float("nan"))
         checked(lambda *_, k=k: (call(k, 0), y)[1], *sets[0], activation, f"{side} {k.side['kernel']}")
-    per_call = timing.marked_calls_us(lambda i: call((old, new)[i % 2], i // 2), 2 * CALLS)
-    return statistics.median(per_call[0::2]), statistics.median(per_call[1::2])
+    # Old and new in the order ABBA ABBA ..., each call on the next input set: neither side goes first more
+    # often, nor reads what the other just brought into the L2 cache.
+    sides = [(i + i // 2) % 2 for i in range(2 * CALLS)]
+    per_call = timing.marked_calls_us(lambda i: call((old, new)[sides[i]], i), 2 * CALLS)
+    return tuple(statistics.median(t for t, s in zip(per_call, sides, strict=True) if s == side) for side in (0, 1))
 
 
 def run(rev: str) -> list[dict]:
