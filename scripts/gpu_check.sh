@@ -23,6 +23,8 @@
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
+#   ab-kernels  LayerNorm forward kernels against 0306017's on this GPU -> kernel_ab_vs_0306017.{md,csv}; needs
+#               build/ab_0306017 from `python scripts/ab_kernels.py 0306017 --build` (a machine with Mojo) first
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
@@ -98,6 +100,9 @@ for step in "${steps[@]}"; do
       [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
     profile-host)  # where the host's time goes per call, torch against ours (about a minute)
       OUT_DIR="$out" run profile_host_log python scripts/profile_host.py ;;
+    ab-kernels)  # about 3 minutes
+      run kernel_ab_log python scripts/ab_kernels.py 0306017
+      [ "$out" = results ] || cp results/kernel_ab_vs_0306017.* "$out"/ ;;
     sanitize)
       export PATH="$PATH:/usr/local/cuda/bin"
       python scripts/sanitize_workload.py > /dev/null  # compile outside the sanitizer first
