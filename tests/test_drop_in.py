@@ -462,6 +462,33 @@ def test_gpu_second_device_runs_there() -> None:
 
 
 @NEEDS_TWO
+def test_gpu_second_device_linear_on_cublaslt() -> None:
+    """bf16 on cuda:1 with cuda:0 current: the unfused route's Linear (cuBLASLt: a handle and plans of that device)
+    gives the forward and all five gradients of the float64 reference, on cuda:1."""
+    from ops.launch import direct
+    from ops.reference import layernorm_linear_grads_ref, layernorm_stats_ref
+
+    torch.manual_seed(0)
+    rows, k, n = 64, 768, 256
+    x, g, b, w, bias, dy = (t.to("cuda:1", torch.bfloat16) for t in (
+        torch.randn(rows, k), 1 + 0.1 * torch.randn(k), 0.1 * torch.randn(k), torch.randn(n, k) / k ** 0.5,
+        torch.randn(n), torch.randn(rows, n)))
+    leaves = [t.clone().requires_grad_() for t in (x, g, b, w, bias)]
+    plans = direct.load_native().ops.gemm_plan_count()
+    assert torch.cuda.current_device() == 0
+    y = LL.layernorm_linear(*leaves, algo="unfused")
+    y.backward(dy)
+    assert y.device == x.device and direct.load_native().ops.gemm_plan_count() > plans
+    assert (bad := compare(y, _lnl_ref(*(t.double() for t in (x, g, b, w, bias))), torch.bfloat16,
+                           reduction=k)) is None, bad
+    ref = layernorm_linear_grads_ref(x, g, b, w, bias, dy)
+    for name, leaf, r, red in zip(("dx", "dln_weight", "dln_bias", "dweight", "dbias"), leaves, ref,
+                                  (n * k, rows * n, rows * n, rows, rows), strict=True):
+        cond = float(layernorm_stats_ref(x)[1].max()) if name == "dx" else 1.0
+        assert (bad := compare(leaf.grad, r, torch.bfloat16, reduction=red, cond=cond)) is None, f"{name}: {bad}"
+
+
+@NEEDS_TWO
 def test_gpu_second_device_captures_on_its_stream() -> None:
     """Captured into a CUDA graph on cuda:1 (its capture stream current), our calls replay there on new input:
     a launch on any other stream or device would not be in the graph (and would fail the capture)."""
