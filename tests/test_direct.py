@@ -58,6 +58,16 @@ def test_every_default_kernel_has_a_spec() -> None:
                                        "ln_bwd_reduce", "ln_fwd_row_thread", "ln_fwd_block_smem"}
     source = (bridge.LIBRARY / "layernorm.mojo").read_text()
     assert all(f"def {s.name}[" in source for s in specs)
+    # what the choice functions pick at odd and even shapes, few rows and many, aligned or not, is among them
+    aligned = lambda h, dtype, vec_ok: vec_ok and h % config.vector_width(dtype) == 0   # noqa: E731
+    chosen = {config.fwd_launch(rows, h, dtype, aligned(h, dtype, vec_ok), variant).spec(dtype, act)
+              for dtype in config.DTYPES for act in config.ACTS for variant in config.VARIANTS
+              for rows in (1, 7, 131, 132, 4096) for h in (1, 37, 768, 1023, 1025, 4096, 65536, 131072)
+              for vec_ok in (True, False)}
+    chosen |= {config.bwd_launch(parts, h, dtype, aligned(h, dtype, vec_ok)).spec(dtype, act)
+               for dtype in config.DTYPES for act in config.ACTS for parts in (1, 132, 1584)
+               for h in (1, 37, 768, 1025, 4096, 65536) for vec_ok in (True, False)}
+    assert chosen <= set(specs), sorted(s.expr for s in chosen - set(specs))
 
 
 # The constants the config modules mirror, as the kernel sources define them.
