@@ -13,6 +13,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
+    python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -46,6 +48,13 @@ REPEATS = 11   # interleaved runs per contender (median): the GPU machine's host
 FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
 OUT = ROOT / "results" / "bench_transformer"
 AB_OUT = ROOT / "results" / "bench_transformer_compiled_layernorm"
+BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
+# --breakdown: kernels by kind, from their names (the first pattern that matches; torch's and cuBLAS's names on the
+# H100 with torch 2.11): our Mojo kernels, LayerNorm's, GEMMs, attention, the AdamW step, the rest.
+KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|LayerNorm|GammaBeta"),
+         ("GEMM (cuBLAS)", r"gemm|xmma|cutlass|nvjet|sm90_|splitKreduce"),
+         ("attention", r"flash|fmha|attention|pytorch_flash"),
+         ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
 AB_IMPL = "ours_ln_op"   # --layernorm-ab: ours with COMPILED_LAYERNORM = "ours"
 DEFAULT_CHOICE = layernorm_config.COMPILED_LAYERNORM   # ours' (the contenders set the knob before each call)
 
@@ -186,6 +195,63 @@ def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
     return rows
 
 
+def kind_of(name: str) -> str:
+    return next(kind for kind, pattern in KINDS if re.search(pattern, name))
+
+
+def breakdown() -> list[dict]:
+    """Per size and phase, torch and ours captured (CUDA graph) as ``run`` times them: CUPTI's device time per
+    call of each kind of kernel (``KINDS``), and the busiest kernels, into results/bench_transformer_breakdown.md."""
+    from ops.timing import kernel_times
+
+    rows = []
+    for b, t in SIZES:
+        torch.manual_seed(0)
+        ref_model = GPT().cuda().bfloat16()
+        x = torch.randn(b, t, D, device="cuda", dtype=torch.bfloat16)
+        for phase in ("infer", "train"):
+            for impl in ("torch", "ours"):
+                model = GPT().cuda().bfloat16()
+                model.load_state_dict(ref_model.state_dict())
+                model = ours_from(model) if impl == "ours" else model
+                fn = (infer_call if phase == "infer" else train_call)(model, x, "cuda_graph")
+                for name, (count, us) in kernel_times(fn, calls=5).items():
+                    rows.append({"phase": phase, "tokens": b * t, "impl": impl, "kind": kind_of(name),
+                                 "kernel": name[:90], "launches": count // 5, "us": round(us, 2)})
+                del fn, model
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+    return rows
+
+
+def write_breakdown(rows: list[dict]) -> None:
+    """Per (phase, tokens): each kind's device us per call, torch and ours, and its share of torch's total."""
+    sums: dict[tuple, float] = {}
+    for r in rows:
+        for kind in (r["kind"], "all"):
+            key = (r["phase"], r["tokens"], kind, r["impl"])
+            sums[key] = sums.get(key, 0.0) + r["us"]
+    table = []
+    for phase, tokens in dict.fromkeys((r["phase"], r["tokens"]) for r in rows):
+        total = sums[(phase, tokens, "all", "torch")]
+        for kind in [k for k, _ in KINDS] + ["all"]:
+            t, o = sums.get((phase, tokens, kind, "torch"), 0.0), sums.get((phase, tokens, kind, "ours"), 0.0)
+            table.append({"phase": phase, "tokens": tokens, "kind": kind, "torch_us": round(t, 1),
+                          "ours_us": round(o, 1), "torch_share": round(t / total, 3),
+                          "ours_minus_torch_over_torch_total": round((o - t) / total, 3)})
+    stamp = f"GPU: {gpu_name()}; commit {commit()}"
+    fields = tuple(table[0])
+    busiest = sorted(rows, key=lambda r: -r["us"])
+    top = "; ".join(f"{r['phase']} {r['tokens']} {r['impl']}: {r['kernel'][:50]} {r['us']} us" for r in busiest[:8])
+    write_report(BREAKDOWN_OUT, table, fields, stamp, "GPT-2-small captured in a CUDA graph: device time by kind",
+                 "bf16, the models of bench_transformer.md, each call captured (torch.cuda.graph) and replayed: CUPTI "
+                 "kernel time per call (5 calls), summed per kind of kernel by name (scripts/bench_transformer.py "
+                 "KINDS). The kinds' sums count overlapping kernels twice, so 'all' can exceed the pipelined time. "
+                 f"ours_minus_torch_over_torch_total: what that kind moves the ratio ours / torch by. Busiest: {top}.")
+    write_report(BREAKDOWN_OUT.with_name(BREAKDOWN_OUT.name + "_kernels"), rows, tuple(rows[0]), stamp,
+                 "GPT-2-small captured: every kernel", "Per phase, tokens and model: CUPTI us per call, launches.")
+
+
 def across_processes(argv: list[str], processes: int) -> list[dict]:
     """This script's rows, run in ``processes`` fresh processes (a process's host can be a few percent off for
     its whole life, which interleaving within it cannot even out), as ``process_medians`` of them."""
@@ -271,7 +337,12 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=1,
                    help="run in this many fresh processes; report the medians over them")
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
+    p.add_argument("--breakdown", action="store_true",
+                   help=f"captured calls' device time by kind of kernel instead ({BREAKDOWN_OUT.name}.md)")
     args = p.parse_args()
+    if args.breakdown:
+        write_breakdown(breakdown())
+        return
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")

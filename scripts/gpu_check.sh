@@ -22,6 +22,7 @@
 #   layernorm-linear-sm90-quick  the same at SM90_SHAPES only (about 2 minutes)
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
+#   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
 #   ab-kernels  LayerNorm forward kernels against 0306017's on this GPU -> kernel_ab_vs_0306017.{md,csv}; needs
 #               build/ab_0306017 from `python scripts/ab_kernels.py 0306017 --build` (a machine with Mojo) first
@@ -98,6 +99,9 @@ for step in "${steps[@]}"; do
     transformer-eager)
       run bench_transformer_eager_log python scripts/bench_transformer.py --modes eager --processes 5
       [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
+    transformer-breakdown)  # about 2 minutes
+      run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
+      [ "$out" = results ] || cp results/bench_transformer_breakdown* "$out"/ ;;
     profile-host)  # where the host's time goes per call, torch against ours (about a minute)
       OUT_DIR="$out" run profile_host_log python scripts/profile_host.py ;;
     ab-kernels)  # about 3 minutes
