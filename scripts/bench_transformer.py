@@ -52,8 +52,7 @@ BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
 # --breakdown: kernels by kind, from their names (the first pattern that matches; torch's and cuBLAS's names on the
 # H100 with torch 2.11): our Mojo kernels, LayerNorm's, GEMMs, attention, the AdamW step, the rest.
 KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|LayerNorm|GammaBeta"),
-         ("GEMM (cuBLAS)", r"gemm|xmma|cutlass|nvjet|sm90_|splitKreduce"),
-         ("attention", r"flash|fmha|attention|pytorch_flash"),
+         ("attention", r"sdpa|flash|fmha|attention"), ("GEMM (cuBLAS)", r"gemm|xmma|cutlass|nvjet|Bgrad|splitKreduce"),
          ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
 AB_IMPL = "ours_ln_op"   # --layernorm-ab: ours with COMPILED_LAYERNORM = "ours"
 DEFAULT_CHOICE = layernorm_config.COMPILED_LAYERNORM   # ours' (the contenders set the knob before each call)
@@ -224,8 +223,10 @@ def breakdown() -> list[dict]:
     return rows
 
 
-def write_breakdown(rows: list[dict]) -> None:
+def write_breakdown(rows: list[dict], stamp: str) -> None:
     """Per (phase, tokens): each kind's device us per call, torch and ours, and its share of torch's total."""
+    for r in rows:
+        r["kind"], r["us"] = kind_of(r["kernel"]), float(r["us"])
     sums: dict[tuple, float] = {}
     for r in rows:
         for kind in (r["kind"], "all"):
@@ -239,7 +240,6 @@ def write_breakdown(rows: list[dict]) -> None:
             table.append({"phase": phase, "tokens": tokens, "kind": kind, "torch_us": round(t, 1),
                           "ours_us": round(o, 1), "torch_share": round(t / total, 3),
                           "ours_minus_torch_over_torch_total": round((o - t) / total, 3)})
-    stamp = f"GPU: {gpu_name()}; commit {commit()}"
     fields = tuple(table[0])
     busiest = sorted(rows, key=lambda r: -r["us"])
     top = "; ".join(f"{r['phase']} {r['tokens']} {r['impl']}: {r['kernel'][:50]} {r['us']} us" for r in busiest[:8])
@@ -339,9 +339,15 @@ def main() -> None:
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
     p.add_argument("--breakdown", action="store_true",
                    help=f"captured calls' device time by kind of kernel instead ({BREAKDOWN_OUT.name}.md)")
+    p.add_argument("--breakdown-from", metavar="CSV",
+                   help=f"rewrite {BREAKDOWN_OUT.name}.md from an earlier run's {BREAKDOWN_OUT.name}_kernels.csv")
     args = p.parse_args()
     if args.breakdown:
-        write_breakdown(breakdown())
+        write_breakdown(breakdown(), f"GPU: {gpu_name()}; commit {commit()}")
+        return
+    if args.breakdown_from:   # the kernels of an earlier --breakdown, their kinds as KINDS says now
+        lines = Path(args.breakdown_from).read_text().splitlines()
+        write_breakdown(list(csv.DictReader(lines[1:])), lines[0].lstrip("# "))
         return
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
