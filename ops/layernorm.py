@@ -198,7 +198,7 @@ def stat_addresses(stats: torch.Tensor) -> tuple[int, int]:
 
 def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int, forced: int | None
               ) -> tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]:
-    launch = config.bwd_launch(parts, h, dtype, vec_ok, forced)
+    launch = config.bwd_launch(parts, h, dtype, vec_ok, forced, sm_count(torch.device("cuda", index)))
     if len(_bwd_plans) >= _PLANS_MAX:
         _bwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
@@ -407,7 +407,8 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     parts = bwd_parts(rows, h, x.dtype, x.device)
     launch = _CPU_BWD_LAUNCH
     if x.is_cuda:
-        launch = config.bwd_launch(parts, h, x.dtype, _vec_ok(h, x.dtype, dy, x, weight, bias), config.bwd_config())
+        launch = config.bwd_launch(parts, h, x.dtype, _vec_ok(h, x.dtype, dy, x, weight, bias), config.bwd_config(),
+                                   sm_count(x.device))
     dx, dweight, dbias, _, _ = bwd_op(activation, launch)(dy2, x2, weight, bias, mean.view(-1), rstd.view(-1),
                                                           sizes={"parts": parts})
     return dx.view(x.shape), dweight, dbias

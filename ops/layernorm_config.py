@@ -75,6 +75,11 @@ BWD_ROW_BYTES_PER_SM = 16384
 BWD_MAX_PER_SM = 12
 BWD_ROWS_PER_GROUP = 8          # rows over REDUCE_NARROW_MAX_H
 BWD_ROWS_PER_GROUP_NARROW = 4   # rows up to REDUCE_NARROW_MAX_H
+# BWD_FEW_PARTS: with fewer row groups than SMs x rows per block, a configuration of one row per block keeps more
+# SMs busy. The af122fa sweep (results/bench_layernorm_bwd_sweep.md), bf16 h 768, the first holding configuration
+# (4, 1, 4) against (2, 4, 1), kernel us with the reduction: 128 groups 5.76 against 4.64; 132 (512 rows) 10.03
+# against 7.94; 264 (1024 rows) 10.75 against 9.28; from 528 groups (132 blocks) (4, 1, 4) wins: 11.78 against
+# 14.4 (2048 rows), 15.2 against 15.66 at 1056 (4096 rows).
 
 
 @dataclass(frozen=True)
@@ -203,19 +208,25 @@ def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: 
 
 
 @cache
-def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int | None = None) -> Launch:
+def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int | None = None,
+               sms: int = H100_SMS) -> Launch:
     """The backward's row-group kernel for ``parts`` groups of rows of h (``vec_ok`` as in ``fwd_launch``,
-    for dx, dy, x, gamma and beta): the first register configuration that holds the row. ``config`` forces
-    ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
+    for dx, dy, x, gamma and beta) on a GPU of ``sms`` SMs: the first register configuration that holds the row
+    and gives every SM a block; if none does, the first with the most blocks, then the fewest rows per block
+    (``BWD_FEW_PARTS``). ``config``
+    forces ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
 
     Raises:
         ValueError: a forced configuration that does not hold the row (or a row the register kernel cannot take).
     """
     vec = vector_width(dtype)
     nv = h // vec
-    for ch, wpr, rpb in BWD_REGS if config is None else BWD_REGS[config:config + 1]:
-        if vec_ok and nv <= ch * wpr * WARP:
-            return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (-(-parts // rpb), 1, 1), wpr * rpb * WARP)
+    held = [(ch, wpr, rpb) for ch, wpr, rpb in (BWD_REGS if config is None else BWD_REGS[config:config + 1])
+            if vec_ok and nv <= ch * wpr * WARP]
+    if held:
+        blocks = lambda c: -(-parts // c[2])   # noqa: E731
+        ch, wpr, rpb = next((c for c in held if blocks(c) >= sms), max(held, key=lambda c: (blocks(c), -c[2])))
+        return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (blocks((ch, wpr, rpb)), 1, 1), wpr * rpb * WARP)
     if config is not None:
         raise ValueError(f"OPS_LN_BWD_CONFIG: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
     return _loop(1, 8, parts) if h <= 1024 else _loop(8, 1, parts)

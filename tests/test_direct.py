@@ -65,7 +65,7 @@ def test_every_default_kernel_has_a_spec() -> None:
               for rows in (1, 7, 131, 132, 4096) for h in (1, 37, 768, 1023, 1025, 4096, 65536, 131072)
               for vec_ok in (True, False)}
     chosen |= {config.bwd_launch(parts, h, dtype, aligned(h, dtype, vec_ok)).spec(dtype, act)
-               for dtype in config.DTYPES for act in config.ACTS for parts in (1, 132, 1584)
+               for dtype in config.DTYPES for act in config.ACTS for parts in (1, 128, 132, 264, 1584)
                for h in (1, 37, 768, 1025, 4096, 65536) for vec_ok in (True, False)}
     assert chosen <= set(specs), sorted(s.expr for s in chosen - set(specs))
 

@@ -144,6 +144,11 @@ def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     assert wide.params == (8, 2, 4, 1) and wide.grid == (528, 1, 1) and wide.block == 128
     with pytest.raises(ValueError, match="OPS_LN_BWD_CONFIG: BWD_REGS.0. does not hold a row of 768"):
         config.bwd_launch(528, 768, torch.bfloat16, True, 0)
+    # fewer row groups than give every SM a block of BWD_REGS[2]: one row per block instead (BWD_FEW_PARTS)
+    for parts, blocks in ((1, 1), (128, 128), (264, 264)):
+        few = config.bwd_launch(parts, 768, torch.bfloat16, True, sms=132)
+        assert few.params == (8, *config.BWD_REGS[3]) and few.grid == (blocks, 1, 1)
+    assert config.bwd_launch(528, 768, torch.bfloat16, True, sms=132).params == (8, *config.BWD_REGS[2])
 
 
 def test_module_loads_torch_state_dict(device: str) -> None:
