@@ -95,13 +95,13 @@ for step in "${steps[@]}"; do
       [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
     transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
       run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab
-      [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
+      [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_layernorm.* "$out"/ ;;
     transformer-eager)
       run bench_transformer_eager_log python scripts/bench_transformer.py --modes eager --processes 5
-      [ "$out" = results ] || cp results/bench_transformer* "$out"/ ;;
+      [ "$out" = results ] || cp results/bench_transformer.* "$out"/ ;;
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
-      [ "$out" = results ] || cp results/bench_transformer_breakdown* "$out"/ ;;
+      [ "$out" = results ] || cp results/bench_transformer_breakdown.* results/bench_transformer_breakdown_kernels.* "$out"/ ;;
     profile-host)  # where the host's time goes per call, torch against ours (about a minute)
       OUT_DIR="$out" run profile_host_log python scripts/profile_host.py ;;
     ab-kernels)  # about 3 minutes
