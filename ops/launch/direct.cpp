@@ -301,6 +301,8 @@ struct CublasLt {
   int (*create)(LtHandle*) = nullptr;
   int (*desc_create)(LtObject*, int, int) = nullptr;
   int (*desc_set)(LtObject, int, const void*, size_t) = nullptr;
+  int (*desc_destroy)(LtObject) = nullptr;
+  int (*layout_destroy)(LtObject) = nullptr;
   int (*layout_create)(LtObject*, int, uint64_t, uint64_t, int64_t) = nullptr;
   int (*pref_create)(LtObject*) = nullptr;
   int (*pref_set)(LtObject, int, const void*, size_t) = nullptr;
@@ -321,6 +323,8 @@ struct CublasLt {
     create = reinterpret_cast<decltype(create)>(dlsym(lib, "cublasLtCreate"));
     desc_create = reinterpret_cast<decltype(desc_create)>(dlsym(lib, "cublasLtMatmulDescCreate"));
     desc_set = reinterpret_cast<decltype(desc_set)>(dlsym(lib, "cublasLtMatmulDescSetAttribute"));
+    desc_destroy = reinterpret_cast<decltype(desc_destroy)>(dlsym(lib, "cublasLtMatmulDescDestroy"));
+    layout_destroy = reinterpret_cast<decltype(layout_destroy)>(dlsym(lib, "cublasLtMatrixLayoutDestroy"));
     layout_create = reinterpret_cast<decltype(layout_create)>(dlsym(lib, "cublasLtMatrixLayoutCreate"));
     pref_create = reinterpret_cast<decltype(pref_create)>(dlsym(lib, "cublasLtMatmulPreferenceCreate"));
     pref_set = reinterpret_cast<decltype(pref_set)>(dlsym(lib, "cublasLtMatmulPreferenceSetAttribute"));
@@ -329,8 +333,8 @@ struct CublasLt {
     matmul = reinterpret_cast<decltype(matmul)>(dlsym(lib, "cublasLtMatmul"));
   }
   bool ok() const {
-    return create && desc_create && desc_set && layout_create && pref_create && pref_set && pref_destroy &&
-           heuristic && matmul;
+    return create && desc_create && desc_set && desc_destroy && layout_destroy && layout_create && pref_create &&
+           pref_set && pref_destroy && heuristic && matmul;
   }
 };
 
@@ -342,8 +346,8 @@ const CublasLt* cublas_lt() {
 // A GEMM D = op(A) op(B) (+ epilogue) in cuBLAS's column-major terms, chosen once; `lock` guards the bias pointer
 // set on the shared descriptor until the call is enqueued.
 struct GemmPlan {
-  LtHandle handle;
-  LtObject desc, a, b, d;
+  LtHandle handle = nullptr;
+  LtObject desc = nullptr, a = nullptr, b = nullptr, d = nullptr;
   LtAlgo algo;
   size_t workspace;
   std::mutex lock;
@@ -376,6 +380,17 @@ std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int
                                          int64_t reduction) {
   const CublasLt& lt = *cublas_lt();
   auto plan = std::make_unique<GemmPlan>();
+  struct Discard {   // a plan not returned gives its descriptor and layouts back
+    const CublasLt& lt;
+    GemmPlan* plan;
+    bool keep = false;
+    ~Discard() {
+      if (keep) return;
+      for (LtObject o : {plan->a, plan->b, plan->d})
+        if (o != nullptr) lt.layout_destroy(o);
+      if (plan->desc != nullptr) lt.desc_destroy(plan->desc);
+    }
+  } discard{lt, plan.get()};
   plan->handle = lt_handle(device);
   if (plan->handle == nullptr || lt.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) return nullptr;
   // fwd: D[N, M] = W[K, N]^T xn[K, M]; dgrad: dxn[K, M] = W[K, N] dy[N, M]; wgrad: dW[K, N] = xn[K, M] dy[N, M]^T
@@ -408,6 +423,7 @@ std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int
   if (err != 0 || count < 1 || found.state != 0) return nullptr;
   plan->algo = found.algo;
   plan->workspace = found.workspace;
+  discard.keep = true;
   return plan;
 }
 
