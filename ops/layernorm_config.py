@@ -79,7 +79,7 @@ BWD_ROWS_PER_GROUP_NARROW = 4   # rows up to REDUCE_NARROW_MAX_H
 # SMs busy. The af122fa sweep (results/bench_layernorm_bwd_sweep.md), bf16 h 768, the first holding configuration
 # (4, 1, 4) against (2, 4, 1), kernel us with the reduction: 128 groups 5.76 against 4.64; 132 (512 rows) 10.03
 # against 7.94; 264 (1024 rows) 10.75 against 9.28; from 528 groups (132 blocks) (4, 1, 4) wins: 11.78 against
-# 14.4 (2048 rows), 15.2 against 15.66 at 1056 (4096 rows).
+# 14.4 (2048 rows), 15.2 against 21.02 at 1056 (4096 rows).
 
 
 @dataclass(frozen=True)
@@ -213,8 +213,7 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
     """The backward's row-group kernel for ``parts`` groups of rows of h (``vec_ok`` as in ``fwd_launch``,
     for dx, dy, x, gamma and beta) on a GPU of ``sms`` SMs: the first register configuration that holds the row
     and gives every SM a block; if none does, the first with the most blocks, then the fewest rows per block
-    (``BWD_FEW_PARTS``). ``config``
-    forces ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
+    (``BWD_FEW_PARTS``). ``config`` forces ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
 
     Raises:
         ValueError: a forced configuration that does not hold the row (or a row the register kernel cannot take).
