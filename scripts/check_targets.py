@@ -143,12 +143,40 @@ def ab_rows(rev: str) -> tuple[str, dict[tuple[str, ...], dict[str, str]]]:
     return stamp, {tuple(r[c] for c in ("kind", "impl", "dtype", "M", "H")): r for r in rows}
 
 
+def ab_stale(stamp: str, ab: dict[tuple[str, ...], dict[str, str]]) -> str | None:
+    """Why an A/B (``ab_rows``) no longer describes the working tree's LayerNorm forwards, or None: the kernel
+    source differs from its commit's (or that commit is not here), or a row's launch moved (``ab_moved``)."""
+    commit = stamp_commit(stamp, "")
+    source = "ops/kernels/layernorm.mojo"
+    if subprocess.run(["git", "diff", "--quiet", commit, "--", source], cwd=ROOT, capture_output=True).returncode:
+        return f"{source} differs from {commit}'s"
+    return ab_moved(ab)
+
+
+def ab_moved(ab: dict[tuple[str, ...], dict[str, str]]) -> str | None:
+    """The first A/B row whose forward the working tree launches otherwise than the A/B's "new" side, or None."""
+    import torch
+
+    from ops import layernorm_config
+
+    for (kind, impl, dtype, m, h), r in ab.items():
+        variant = impl.partition(":")[2] or "fast"
+        launch = layernorm_config.fwd_launch(int(m), int(h), getattr(torch, dtype), True, variant)
+        if f"{launch.kernel}{list(launch.params)}" != r["new_kernel"]:
+            return f"{kind} {impl} {dtype} {m}x{h} launches {launch.kernel}{list(launch.params)} now"
+    return None
+
+
 def device_time_check(rev: str, band: float) -> Check:
     """Our contenders' CUPTI kernel time against ``rev``'s (issue 33: no regression). A LayerNorm forward row that
     scripts/ab_kernels.py timed against ``rev``'s kernel on the same GPU counts by that A/B; any other row by the
     committed reports' times (``compare_results``: other runs, other machines)."""
     target = f"device time of ours / {rev}'s (kernel_us; LayerNorm forward: same-GPU A/B)"
     ab_stamp, ab = ab_rows(rev)
+    if ab and (why := ab_stale(ab_stamp, ab)) is not None:   # then every row by the committed reports
+        print(f"check_targets: results/kernel_ab_vs_{rev}.csv is stale ({why}); rerun scripts/ab_kernels.py",
+              file=sys.stderr)
+        ab = {}
     cases = [(float(r["new_vs_old"]), stamp_commit(ab_stamp, ""), f"kernel_ab_vs_{rev}: {' '.join(key)} "
               f"({r['old_kernel']} {r['old_us']} -> {r['new_kernel']} {r['new_us']} us)") for key, r in ab.items()]
     for name in compare_results.BENCHES:

@@ -149,6 +149,22 @@ def test_targets_are_the_worst_row_and_a_miss_is_a_miss() -> None:
     assert [(c.value, c.where, c.met) for c in graph_train] == [(0.96, "4096 tokens", False)]
 
 
+def test_device_time_ab_goes_stale_with_the_launch() -> None:
+    """check_targets counts the same-GPU A/B only while the working tree launches what it timed as "new" and
+    the kernel source is its commit's (a commit not in the repository counts as changed)."""
+    import check_targets
+
+    from ops import layernorm_config
+
+    launch = layernorm_config.fwd_launch(32, 8192, torch.float32, True)
+    key, row = ("fwd", "ours", "float32", "32", "8192"), {"new_kernel": f"{launch.kernel}{list(launch.params)}"}
+    assert check_targets.ab_moved({key: row}) is None
+    moved = check_targets.ab_moved({key: {"new_kernel": "ln_fwd_loop[16, 1, 4]"}})
+    assert moved == f"fwd ours float32 32x8192 launches {launch.kernel}{list(launch.params)} now"
+    gone = check_targets.ab_stale("GPU: H100; commit 0000000; against 0306017", {key: row})
+    assert gone == "ops/kernels/layernorm.mojo differs from 0000000's"
+
+
 def test_host_time_is_part_of_the_pipelined_time() -> None:
     """Host time comes from the pipelined runs (until the last call returned), so it is never more than the
     pipelined time; side_by_side gives every contender both."""
