@@ -65,6 +65,7 @@ def bench_rows() -> list[list]:
 
 
 def launches(tree: Path, cache: Path, rows: list[list]) -> list[dict]:
+    """Per row, the launch and PTX (built into ``cache``) of the revision checked out at ``tree`` (``LAUNCHES``)."""
     env = {**os.environ, "OPS_CACHE_DIR": str(cache), "PYTHONPATH": str(tree)}
     done = subprocess.run([sys.executable, "-c", LAUNCHES], cwd=tree, env=env, input=json.dumps(rows), check=True,
                           capture_output=True, text=True)
