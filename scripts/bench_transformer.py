@@ -54,6 +54,7 @@ BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
 KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|LayerNorm|GammaBeta"),
          ("attention", r"sdpa|flash|fmha|attention"), ("GEMM (cuBLAS)", r"gemm|xmma|cutlass|nvjet|Bgrad|splitKreduce"),
          ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
+KERNEL_FIELDS = ("phase", "tokens", "impl", "kind", "kernel", "launches", "us")
 AB_IMPL = "ours_ln_op"   # --layernorm-ab: ours with COMPILED_LAYERNORM = "ours"
 DEFAULT_CHOICE = layernorm_config.COMPILED_LAYERNORM   # ours' (the contenders set the knob before each call)
 
@@ -100,6 +101,19 @@ def ours_from(model: GPT) -> GPT:
         block.ln_fc1 = FusedLayerNormLinear.from_torch(block.ln_fc1)
     m.ln_f = LayerNorm.from_torch(m.ln_f)
     return m
+
+
+def reference(b: int, t: int) -> tuple[GPT, torch.Tensor]:
+    """The seeded torch model (bf16, CUDA) whose weights every contender copies, and its input [b, t, D]."""
+    torch.manual_seed(0)
+    return GPT().cuda().bfloat16(), torch.randn(b, t, D, device="cuda", dtype=torch.bfloat16)
+
+
+def contender(ref: GPT, impl: str) -> GPT:
+    """A fresh model with ``ref``'s weights: torch's modules for "torch", our drop-ins (``ours_from``) otherwise."""
+    model = GPT().cuda().bfloat16()
+    model.load_state_dict(ref.state_dict())
+    return model if impl == "torch" else ours_from(model)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -152,9 +166,7 @@ def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
     rows = []
     for b, t in SIZES:
         torch._dynamo.reset()   # each size compiled for itself, not as a dynamic-shape recompile of the last
-        torch.manual_seed(0)
-        ref_model = GPT().cuda().bfloat16()
-        x = torch.randn(b, t, D, device="cuda", dtype=torch.bfloat16)
+        ref_model, x = reference(b, t)
         with torch.no_grad():
             err = rel_err(ours_from(ref_model)(x), ref_model(x))
         assert err < 2e-2, f"ours differs from torch at {b}x{t}: relative error {err:.3g}"
@@ -165,9 +177,7 @@ def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
                 fns, us = {}, {}
                 impls = ("torch", "ours", *((AB_IMPL,) if layernorm_ab and mode == "compile" else ()))
                 for impl in impls:
-                    model = GPT().cuda().bfloat16()
-                    model.load_state_dict(ref_model.state_dict())
-                    model = ours_from(model) if impl != "torch" else model
+                    model = contender(ref_model, impl)
                     fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
                     if AB_IMPL in impls and impl != "torch":   # ours' contenders toggle the knob (guarded)
                         fn = with_compiled_layernorm("ours" if impl == AB_IMPL else DEFAULT_CHOICE, fn)
@@ -205,18 +215,14 @@ def breakdown() -> list[dict]:
 
     rows = []
     for b, t in SIZES:
-        torch.manual_seed(0)
-        ref_model = GPT().cuda().bfloat16()
-        x = torch.randn(b, t, D, device="cuda", dtype=torch.bfloat16)
+        ref_model, x = reference(b, t)
         for phase in ("infer", "train"):
             for impl in ("torch", "ours"):
-                model = GPT().cuda().bfloat16()
-                model.load_state_dict(ref_model.state_dict())
-                model = ours_from(model) if impl == "ours" else model
+                model = contender(ref_model, impl)
                 fn = (infer_call if phase == "infer" else train_call)(model, x, "cuda_graph")
                 for name, (count, us) in kernel_times(fn, calls=5).items():
-                    rows.append({"phase": phase, "tokens": b * t, "impl": impl, "kind": kind_of(name),
-                                 "kernel": name[:90], "launches": count // 5, "us": round(us, 2)})
+                    rows.append({"phase": phase, "tokens": b * t, "impl": impl, "kernel": name[:90],
+                                 "launches": count // 5, "us": round(us, 2)})
                 del fn, model
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
@@ -224,7 +230,8 @@ def breakdown() -> list[dict]:
 
 
 def write_breakdown(rows: list[dict], stamp: str) -> None:
-    """Per (phase, tokens): each kind's device us per call, torch and ours, and its share of torch's total."""
+    """Per (phase, tokens): each kind's device us per call, torch and ours, and its share of torch's total; and
+    every kernel (``KERNEL_FIELDS``) with its kind as ``KINDS`` says."""
     for r in rows:
         r["kind"], r["us"] = kind_of(r["kernel"]), float(r["us"])
     sums: dict[tuple, float] = {}
@@ -248,7 +255,7 @@ def write_breakdown(rows: list[dict], stamp: str) -> None:
                  "kernel time per call (5 calls), summed per kind of kernel by name (scripts/bench_transformer.py "
                  "KINDS). The kinds' sums count overlapping kernels twice, so 'all' can exceed the pipelined time. "
                  f"ours_minus_torch_over_torch_total: what that kind moves the ratio ours / torch by. Busiest: {top}.")
-    write_report(BREAKDOWN_OUT.with_name(BREAKDOWN_OUT.name + "_kernels"), rows, tuple(rows[0]), stamp,
+    write_report(BREAKDOWN_OUT.with_name(BREAKDOWN_OUT.name + "_kernels"), rows, KERNEL_FIELDS, stamp,
                  "GPT-2-small captured: every kernel", "Per phase, tokens and model: CUPTI us per call, launches.")
 
 

@@ -77,10 +77,8 @@ def case_calls(case: str) -> dict[str, Callable[[], object]]:
     else:   # the transformer's two models step their own weights; bench_transformer checks their outputs
         import bench_transformer as bt
 
-        torch.manual_seed(0)
-        x = torch.randn(1, 128, bt.D, device="cuda", dtype=torch.bfloat16)
-        ref = bt.GPT().cuda().bfloat16()
-        calls = {"torch": bt.train_call(ref, x, "eager"), "ours": bt.train_call(bt.ours_from(ref), x, "eager")}
+        ref, x = bt.reference(1, 128)
+        calls = {impl: bt.train_call(bt.contender(ref, impl), x, "eager") for impl in ("torch", "ours")}
     return calls
 
 
