@@ -158,8 +158,9 @@ def variant_config(variant: str) -> int | None:
                      f"i < {len(FWD_REGS) + len(FWD_CLUSTERS)})")
 
 
-def _loop(wpr: int, rpb: int, rows: int, kernel: str = "ln_bwd_loop") -> Launch:
-    return Launch(kernel, (wpr, rpb), (-(-rows // rpb), 1, 1), wpr * rpb * WARP)
+def _bwd_loop(wpr: int, rpb: int, parts: int) -> Launch:
+    """``ln_bwd_loop[wpr, rpb]`` over ``parts`` row groups."""
+    return Launch("ln_bwd_loop", (wpr, rpb), (-(-parts // rpb), 1, 1), wpr * rpb * WARP)
 
 
 def _fwd_loop(wpr: int, rpb: int, rows: int, sms: int) -> Launch:
@@ -228,7 +229,7 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
         return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (blocks((ch, wpr, rpb)), 1, 1), wpr * rpb * WARP)
     if config is not None:
         raise ValueError(f"OPS_LN_BWD_CONFIG: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
-    return _loop(1, 8, parts) if h <= 1024 else _loop(8, 1, parts)
+    return _bwd_loop(1, 8, parts) if h <= 1024 else _bwd_loop(8, 1, parts)
 
 
 def bwd_config() -> int | None:
