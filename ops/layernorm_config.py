@@ -50,6 +50,10 @@ FWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (8, 1, 4), (1, 8, 1), (2, 8, 1), (4
 FWD_CLUSTERS = ((2, 16, 2), (4, 16, 4), (4, 16, 8))
 # Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays.
 BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1))
+# ln_bwd_regs's ROWS: a thread issues the loads of this many rows (x and dy, as loaded) before it reduces the first,
+# where it holds at most BWD_ROWS_IN_FLIGHT_MAX_VALUES values of a row (else 1: the registers would spill).
+BWD_ROWS_IN_FLIGHT = 2
+BWD_ROWS_IN_FLIGHT_MAX_VALUES = 32
 
 # Under torch.compile, who runs the default ("fast") LayerNorm, alone and as LayerNorm+Linear's "unfused" LayerNorm:
 # "inductor" leaves it to torch's layer_norm, which inductor fuses with its neighbours (the residual add before it);
@@ -210,11 +214,12 @@ def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: 
 
 @cache
 def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int | None = None,
-               sms: int = H100_SMS) -> Launch:
+               sms: int = H100_SMS, rows_in_flight: int | None = None) -> Launch:
     """The backward's row-group kernel for ``parts`` groups of rows of h (``vec_ok`` as in ``fwd_launch``,
     for dx, dy, x, gamma and beta) on a GPU of ``sms`` SMs: the first register configuration that holds the row
     and gives every SM a block; if none does, the first with the most blocks, then the fewest rows per block
-    (``BWD_FEW_PARTS``). ``config`` forces ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
+    (``BWD_FEW_PARTS``), with ``bwd_rows_in_flight`` rows' loads in flight. ``config`` forces ``BWD_REGS[config]``
+    and ``rows_in_flight`` that count (a benchmark's sweep, OPS_LN_BWD_CONFIG and OPS_LN_BWD_ROWS).
 
     Raises:
         ValueError: a forced configuration that does not hold the row (or a row the register kernel cannot take).
@@ -226,10 +231,24 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
     if held:
         blocks = lambda c: -(-parts // c[2])   # noqa: E731
         ch, wpr, rpb = next((c for c in held if blocks(c) >= sms), max(held, key=lambda c: (blocks(c), -c[2])))
-        return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (blocks((ch, wpr, rpb)), 1, 1), wpr * rpb * WARP)
+        rows = bwd_rows_in_flight(ch * vec, rows_in_flight)
+        return Launch("ln_bwd_regs", (vec, ch, wpr, rpb, rows), (blocks((ch, wpr, rpb)), 1, 1), wpr * rpb * WARP)
     if config is not None:
         raise ValueError(f"OPS_LN_BWD_CONFIG: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
     return _bwd_loop(1, 8, parts) if h <= 1024 else _bwd_loop(8, 1, parts)
+
+
+def bwd_rows_in_flight(values: int, forced: int | None = None) -> int:
+    """How many rows' loads a thread of ``ln_bwd_regs`` issues together, holding ``values`` of each row."""
+    if forced is not None:
+        return forced
+    return BWD_ROWS_IN_FLIGHT if values <= BWD_ROWS_IN_FLIGHT_MAX_VALUES else 1
+
+
+def bwd_rows_forced() -> int | None:
+    """The rows in flight forced by OPS_LN_BWD_ROWS (a benchmark's sweep, as OPS_LN_BWD_CONFIG), or None."""
+    forced = os.environ.get("OPS_LN_BWD_ROWS")
+    return int(forced) if forced else None
 
 
 def bwd_config() -> int | None:

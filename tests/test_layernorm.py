@@ -131,24 +131,33 @@ def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int,
 
 
 def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OPS_LN_BWD_CONFIG (the sweep's knob) forces a register configuration that holds the row, names itself
-    where it does not, and is off by default; the default is the first that holds the row."""
+    """OPS_LN_BWD_CONFIG and OPS_LN_BWD_ROWS (the sweep's knobs) force a register configuration that holds the row
+    (named where it does not) and the rows in flight, and are off by default; the default is the first configuration
+    that holds the row, with BWD_ROWS_IN_FLIGHT rows in flight where a thread holds few values of a row."""
     from ops import layernorm_config as config
 
     monkeypatch.delenv("OPS_LN_BWD_CONFIG", raising=False)
-    assert config.bwd_config() is None
+    monkeypatch.delenv("OPS_LN_BWD_ROWS", raising=False)
+    assert config.bwd_config() is None and config.bwd_rows_forced() is None
+    two = config.BWD_ROWS_IN_FLIGHT
     default = config.bwd_launch(528, 768, torch.bfloat16, True)
-    assert default.params == (8, *config.BWD_REGS[2]) and default.grid == (132, 1, 1) and default.block == 128
+    assert default.params == (8, *config.BWD_REGS[2], two) and default.grid == (132, 1, 1) and default.block == 128
     monkeypatch.setenv("OPS_LN_BWD_CONFIG", "3")
-    wide = config.bwd_launch(528, 768, torch.bfloat16, True, config.bwd_config())
-    assert wide.params == (8, 2, 4, 1) and wide.grid == (528, 1, 1) and wide.block == 128
+    monkeypatch.setenv("OPS_LN_BWD_ROWS", "1")
+    wide = config.bwd_launch(528, 768, torch.bfloat16, True, config.bwd_config(),
+                             rows_in_flight=config.bwd_rows_forced())
+    assert wide.params == (8, 2, 4, 1, 1) and wide.grid == (528, 1, 1) and wide.block == 128
     with pytest.raises(ValueError, match="OPS_LN_BWD_CONFIG: BWD_REGS.0. does not hold a row of 768"):
         config.bwd_launch(528, 768, torch.bfloat16, True, 0)
     # fewer row groups than give every SM a block of BWD_REGS[2]: one row per block instead (BWD_FEW_PARTS)
     for parts, blocks in ((1, 1), (128, 128), (264, 264)):
         few = config.bwd_launch(parts, 768, torch.bfloat16, True, sms=132)
-        assert few.params == (8, *config.BWD_REGS[3]) and few.grid == (blocks, 1, 1)
-    assert config.bwd_launch(528, 768, torch.bfloat16, True, sms=132).params == (8, *config.BWD_REGS[2])
+        assert few.params == (8, *config.BWD_REGS[3], two) and few.grid == (blocks, 1, 1)
+    assert config.bwd_launch(528, 768, torch.bfloat16, True, sms=132).params == (8, *config.BWD_REGS[2], two)
+    # a thread holding more values of a row than BWD_ROWS_IN_FLIGHT_MAX_VALUES keeps one row in flight
+    long_row = config.bwd_launch(132, 16384, torch.bfloat16, True, sms=132)
+    assert long_row.params[1] * long_row.params[0] > config.BWD_ROWS_IN_FLIGHT_MAX_VALUES
+    assert long_row.params[-1] == 1
 
 
 def test_module_loads_torch_state_dict(device: str) -> None:
