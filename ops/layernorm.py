@@ -141,7 +141,7 @@ def fwd_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, varia
 _fwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, int]] = {}
 # The backward's, per (parts, h, dtype, vec_ok, act, device index, forced config): parts and the forced config
 # are worked out at every call, so OPS_LN_BWD_PARTS and OPS_LN_BWD_CONFIG take effect at once.
-_bwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]] = {}
+_bwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]] = {}
 _PLANS_MAX = direct.PLANS_MAX
 
 
@@ -200,13 +200,15 @@ def stat_addresses(stats: torch.Tensor) -> tuple[int, int]:
 
 
 def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int,
-              forced: tuple[int | None, int | None]) -> tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]:
-    """``forced``: the register configuration and rows in flight a benchmark's sweep forces (``bwd_forced``)."""
+              forced: tuple[int | None, int | None]
+              ) -> tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]:
+    """The row-group kernel, its grid and block, the column sums' kernel, and (row groups, partial rows) for
+    ``parts`` row groups; ``forced``: the register configuration and rows in flight a sweep forces (``bwd_forced``)."""
     launch = config.bwd_launch(parts, h, dtype, vec_ok, forced[0], sm_count(torch.device("cuda", index)), forced[1])
     if len(_bwd_plans) >= _PLANS_MAX:
         _bwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
-            direct.kernel(config.reduce_spec(dtype, h), index))
+            direct.kernel(config.reduce_spec(dtype, h), index), config.bwd_sizes(launch, parts))
     _bwd_plans[(parts, h, dtype, vec_ok, act, index, forced)] = plan
     return plan
 
@@ -216,16 +218,16 @@ def bwd_forced() -> tuple[int | None, int | None]:
     return config.bwd_config(), config.bwd_rows_forced()
 
 
-def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int, parts: int,
-                     plan: tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel]) -> None:
+def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int,
+                     plan: tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]) -> None:
     """Hand a backward plan to the C++ entries (keyed by rows: they do not work out the row groups), unless
     OPS_LN_BWD_PARTS, OPS_LN_BWD_CONFIG or OPS_LN_BWD_ROWS forces the launch (those calls stay on this route)."""
     if os.environ.get("OPS_LN_BWD_PARTS") or bwd_forced() != (None, None):
         return
-    rows_kernel, grid, block, reduce = plan
+    rows_kernel, grid, block, reduce, (groups, part_rows) = plan
     direct.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
-        rows, h, dtype, vec_ok, act, index, int(rows_kernel.function), grid, block, parts, int(reduce.function),
-        config.reduce_grid(h), config.reduce_block(h)))
+        rows, h, dtype, vec_ok, act, index, int(rows_kernel.function), grid, block, groups, part_rows,
+        int(reduce.function), config.reduce_grid(h), config.reduce_block(h)))
 
 
 def native_transpose(dtype: torch.dtype, index: int) -> None:
@@ -247,17 +249,17 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
     plan = _bwd_plans.get((parts, h, x.dtype, vec_ok, act, index, forced))
     if plan is None:
         plan = _bwd_plan(parts, h, x.dtype, vec_ok, act, index, forced)
-    _native_bwd_plan(rows, h, x.dtype, vec_ok, act, index, parts, plan)
-    rows_kernel, grid, block, reduce = plan
+    _native_bwd_plan(rows, h, x.dtype, vec_ok, act, index, plan)
+    rows_kernel, grid, block, reduce, (groups, part_rows) = plan
     dx = _empty(x.shape, x.dtype, x.device)
     dweight, dbias = _empty(weight.shape, weight.dtype, x.device), _empty(weight.shape, weight.dtype, x.device)
-    part = _empty((2, parts, h), F32, x.device)
-    part_g, part_b = part.data_ptr(), part.data_ptr() + 4 * parts * h
+    part = _empty((2, part_rows, h), F32, x.device)
+    part_g, part_b = part.data_ptr(), part.data_ptr() + 4 * part_rows * h
     with direct.on_device(index) as stream:
         rows_kernel.launch(stream, grid, block, 0, dx.data_ptr(), part_g, part_b, dy.data_ptr(), x.data_ptr(),
-                           weight.data_ptr(), bias.data_ptr(), mean, rstd, rows, h, parts)
+                           weight.data_ptr(), bias.data_ptr(), mean, rstd, rows, h, groups)
         reduce.launch(stream, config.reduce_grid(h), config.reduce_block(h), 0, dweight.data_ptr(), dbias.data_ptr(),
-                      part_g, part_b, parts, h)
+                      part_g, part_b, part_rows, h)
     return dx, dweight, dbias
 
 
@@ -419,7 +421,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
         launch = config.bwd_launch(parts, h, x.dtype, _vec_ok(h, x.dtype, dy, x, weight, bias), config.bwd_config(),
                                    sm_count(x.device), config.bwd_rows_forced())
     dx, dweight, dbias, _, _ = bwd_op(activation, launch)(dy2, x2, weight, bias, mean.view(-1), rstd.view(-1),
-                                                          sizes={"parts": parts})
+                                                          sizes={"parts": config.bwd_sizes(launch, parts)[1]})
     return dx.view(x.shape), dweight, dbias
 
 

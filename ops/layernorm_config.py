@@ -238,6 +238,14 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
     return _bwd_loop(1, 8, parts) if h <= 1024 else _bwd_loop(8, 1, parts)
 
 
+def bwd_sizes(launch: Launch, parts: int) -> tuple[int, int]:
+    """(row groups, partial rows) of a backward launch over ``parts`` row groups: ``ln_bwd_regs`` runs RPB groups per
+    block (so blocks * RPB of them) and writes one partial row per block; ``ln_bwd_loop`` one per group."""
+    if launch.kernel == "ln_bwd_regs":
+        return launch.grid[0] * launch.params[3], launch.grid[0]
+    return parts, parts
+
+
 def bwd_rows_in_flight(values: int, forced: int | None = None) -> int:
     """How many rows' loads a thread of ``ln_bwd_regs`` issues together, holding ``values`` of each row."""
     if forced is not None:

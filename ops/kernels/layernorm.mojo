@@ -646,8 +646,9 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int, R
     gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
     rows: Int32, h: Int32, parts: Int32,
 ):
-    """Group p (of `parts`) handles rows p, p + parts, ...; dx = rstd * (g*dy - E[g*dy] - xhat * E[g*dy*xhat]).
-    The loads of ROWS rows go out together (as loaded, 16-bit rows in half the registers), then each is reduced."""
+    """Group p (of `parts`, RPB per block: parts = blocks * RPB) handles rows p, p + parts, ...;
+    dx = rstd * (g*dy - E[g*dy] - xhat * E[g*dy*xhat]). The loads of ROWS rows go out together (as loaded, 16-bit
+    rows in half the registers), then each is reduced. dgamma/dbeta partials: one row per block."""
     comptime GT = WPR * WARP_SIZE
     comptime W = CH * VEC
     var sh = stack_allocation[4 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
@@ -686,23 +687,38 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int, R
                         xs = xs.insert[offset=u * W + c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](at))
                         dys = dys.insert[offset=u * W + c * VEC](dy.unsafe_load[width=VEC, alignment=ALIGN](at))
         comptime for u in range(ROWS):
-            var row = group + (it0 + u) * p
-            var r = rs[u]
-            var xhat = (xs.slice[W, offset=u * W]().cast[F32]() - ms[u]) * r
-            var dyv = dys.slice[W, offset=u * W]().cast[F32]()
-            comptime if act != ACT_NONE:
-                dyv = dyv * activate_grad[act, W](xhat * g + bt)
-            var gdy = g * dyv
-            var slot = 2 * ((it0 + u) % 2)
-            var a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
-            var b = group_sum[WPR, RPB]((gdy * xhat).reduce_add(), sh, slot + 1) / Float32(n)
-            acc_g += dyv * xhat
-            acc_b += dyv
-            if group < p and row < Int(rows):
-                store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), row * n, 0, gt, nv)
-    if group < p:
-        store_slice[F32, VEC, CH, GT](part_g, acc_g, group * n, 0, gt, nv)
-        store_slice[F32, VEC, CH, GT](part_b, acc_b, group * n, 0, gt, nv)
+            if it0 + u < iters:   # the same for the whole block: its barriers stay matched
+                var row = group + (it0 + u) * p
+                var r = rs[u]
+                var xhat = (xs.slice[W, offset=u * W]().cast[F32]() - ms[u]) * r
+                var dyv = dys.slice[W, offset=u * W]().cast[F32]()
+                comptime if act != ACT_NONE:
+                    dyv = dyv * activate_grad[act, W](xhat * g + bt)
+                var gdy = g * dyv
+                var slot = 2 * ((it0 + u) % 2)
+                var a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
+                var b = group_sum[WPR, RPB]((gdy * xhat).reduce_add(), sh, slot + 1) / Float32(n)
+                acc_g += dyv * xhat
+                acc_b += dyv
+                if group < p and row < Int(rows):
+                    store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), row * n, 0, gt, nv)
+    # One partial row per block: its RPB groups' sums add in order through shared memory (group 0 keeps its own).
+    comptime if RPB > 1:
+        var red = stack_allocation[2 * (RPB - 1) * W * GT, F32, address_space=AddressSpace.SHARED]()
+        var local = tid // GT
+        if local > 0:
+            comptime for e in range(W):   # element e of every thread of a group side by side: no bank conflicts
+                red[unsafe_offset=((2 * (local - 1)) * W + e) * GT + gt] = acc_g[e]
+                red[unsafe_offset=((2 * (local - 1) + 1) * W + e) * GT + gt] = acc_b[e]
+        barrier()
+        if local > 0:
+            return
+        comptime for k in range(RPB - 1):
+            comptime for e in range(W):
+                acc_g[e] += red[unsafe_offset=((2 * k) * W + e) * GT + gt]
+                acc_b[e] += red[unsafe_offset=((2 * k + 1) * W + e) * GT + gt]
+    store_slice[F32, VEC, CH, GT](part_g, acc_g, Int(block_idx.x) * n, 0, gt, nv)
+    store_slice[F32, VEC, CH, GT](part_b, acc_b, Int(block_idx.x) * n, 0, gt, nv)
 
 
 def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
@@ -870,11 +886,12 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, RO
     part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], rows: Int, h: Int, parts: Int,
 ) raises:
-    """The row-group kernel `kernel` (K_LOOP or K_REGS, as ops/layernorm_config.py chose), then the reduction."""
+    """The row-group kernel `kernel` (K_LOOP or K_REGS, as ops/layernorm_config.py chose), then the reduction of
+    `parts` partial rows (K_REGS: a row per block of RPB groups; K_LOOP: a row per group)."""
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_REGS:
         launch_bwd_regs[dtype, act, VEC, CH, WPR, RPB, ROWS](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean,
-                                                             rstd, rows, h, parts)
+                                                             rstd, rows, h, parts * RPB)
     else:
         launch_bwd_loop[dtype, act, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     if h <= REDUCE_NARROW_MAX_H:

@@ -186,7 +186,7 @@ struct BwdPlan {
   CUfunction rows_kernel;
   std::array<unsigned, 3> grid;
   unsigned block;
-  int64_t parts;
+  int64_t parts, part_rows;  // row groups the first kernel takes; partial rows it writes and the second sums
   CUfunction reduce_kernel;
   std::array<unsigned, 3> reduce_grid;
   unsigned reduce_block;
@@ -618,7 +618,8 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
                                 std::initializer_list<const Tensor*> stats, int64_t act) {
   const char* parts = std::getenv("OPS_LN_BWD_PARTS");
   const char* config = std::getenv("OPS_LN_BWD_CONFIG");
-  if ((parts && *parts) || (config && *config)) return std::nullopt;
+  const char* in_flight = std::getenv("OPS_LN_BWD_ROWS");
+  if ((parts && *parts) || (config && *config) || (in_flight && *in_flight)) return std::nullopt;
   if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !x.is_contiguous() || !dy.is_contiguous() ||
       dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device())
     return std::nullopt;
@@ -638,22 +639,22 @@ Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const 
   const int64_t rows = x.numel() / h;
   Tensor dx = empty(x.sizes(), x.options());
   Tensor dw = empty(w.sizes(), w.options()), db = empty(b.sizes(), b.options());
-  Tensor part = empty({2, plan.parts, h}, x.options().dtype(at::kFloat));
+  Tensor part = empty({2, plan.part_rows, h}, x.options().dtype(at::kFloat));
   void* dxp = dx.data_ptr();
   void* part_g = part.data_ptr();
-  void* part_b = static_cast<float*>(part_g) + plan.parts * h;
+  void* part_b = static_cast<float*>(part_g) + plan.part_rows * h;
   void* dyp = dy.data_ptr();
   void* xp = x.data_ptr();
   void* wp = w.data_ptr();
   void* bp = b.data_ptr();
   int32_t rows32 = static_cast<int32_t>(rows), h32 = static_cast<int32_t>(h);
-  int32_t parts32 = static_cast<int32_t>(plan.parts);
+  int32_t parts32 = static_cast<int32_t>(plan.parts), part_rows32 = static_cast<int32_t>(plan.part_rows);
   void* row_params[] = {&dxp, &part_g, &part_b, &dyp, &xp, &wp, &bp, &mean_p, &rstd_p, &rows32, &h32, &parts32};
   c10::DeviceGuard guard(x.device());
   launch(x.device(), plan.rows_kernel, plan.grid, plan.block, 1, row_params);
   void* dwp = dw.data_ptr();
   void* dbp = db.data_ptr();
-  void* reduce_params[] = {&dwp, &dbp, &part_g, &part_b, &parts32, &h32};
+  void* reduce_params[] = {&dwp, &dbp, &part_g, &part_b, &part_rows32, &h32};
   launch(x.device(), plan.reduce_kernel, plan.reduce_grid, plan.reduce_block, 1, reduce_params);
   return {dx, dw, db};
 }
@@ -986,11 +987,11 @@ void set_fwd_plan(int64_t rows, int64_t h, at::ScalarType dtype, bool vec, int64
 }
 
 void set_bwd_plan(int64_t rows, int64_t h, at::ScalarType dtype, bool vec, int64_t act, int64_t device,
-                  int64_t kernel, at::IntArrayRef grid, int64_t block, int64_t parts, int64_t reduce_kernel,
-                  at::IntArrayRef reduce_grid, int64_t reduce_block) {
+                  int64_t kernel, at::IntArrayRef grid, int64_t block, int64_t parts, int64_t part_rows,
+                  int64_t reduce_kernel, at::IntArrayRef reduce_grid, int64_t reduce_block) {
   std::lock_guard<std::mutex> guard(plans_lock);
   bwd_plans[fwd_key(rows, h, dtype, vec, act, device)] =
-      BwdPlan{function(kernel),        dims(grid),        static_cast<unsigned>(block),       parts,
+      BwdPlan{function(kernel),        dims(grid),        static_cast<unsigned>(block), parts, part_rows,
               function(reduce_kernel), dims(reduce_grid), static_cast<unsigned>(reduce_block)};
 }
 
@@ -1072,7 +1073,8 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_fwd_plan(int rows, int h, ScalarType dtype, bool vec_ok, int act, int device, int kernel, int[] grid, "
         "int block, int cluster) -> ()", &set_fwd_plan);
   m.def("set_bwd_plan(int rows, int h, ScalarType dtype, bool vec_ok, int act, int device, int kernel, int[] grid, "
-        "int block, int parts, int reduce_kernel, int[] reduce_grid, int reduce_block) -> ()", &set_bwd_plan);
+        "int block, int parts, int part_rows, int reduce_kernel, int[] reduce_grid, int reduce_block) -> ()",
+        &set_bwd_plan);
   m.def("set_linear_algo(int rows, int k, int n, ScalarType dtype, int device, int algo, bool grad, bool unfused) "
         "-> ()", &set_linear_algo);
   m.def("set_fused_plan(int rows, int k, int n, ScalarType dtype, int device, int algo, int mask, int kind, "
