@@ -47,21 +47,18 @@ def eps_bits(eps: float) -> int:
     return struct.unpack("<I", struct.pack("<f", eps))[0]
 
 
-def _op_parameters(launch: Launch, kernels: tuple[str, ...], names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """A launch as the registered op's parameters: kernel (its index), then those of CH, WPR, RPB, CL, UNROLL and
-    ROWS that ``names`` lists (0: unused by the launch's kernel)."""
-    p = dict.fromkeys(("CH", "WPR", "RPB", "CL", "UNROLL", "ROWS"), 0)
+def _op_parameters(launch: Launch, kernels: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """A launch as the registered op's parameters: kernel (its index) and CH, WPR, RPB, CL, UNROLL (0: unused)."""
+    p = dict.fromkeys(("CH", "WPR", "RPB", "CL", "UNROLL"), 0)
     if launch.kernel == "ln_fwd_loop":
         p["WPR"], p["RPB"], p["UNROLL"] = launch.params
     elif launch.kernel.endswith("_loop"):
         p["WPR"], p["RPB"] = launch.params
-    elif launch.kernel == "ln_bwd_regs":
-        _, p["CH"], p["WPR"], p["RPB"], p["ROWS"] = launch.params
     elif launch.kernel.endswith("_regs"):
         _, p["CH"], p["WPR"], p["RPB"] = launch.params
     elif launch.kernel.endswith("_cluster"):
         _, p["CH"], p["WPR"], p["CL"] = launch.params
-    return (("kernel", kernels.index(launch.kernel)), *((name, p[name]) for name in names))
+    return (("kernel", kernels.index(launch.kernel)), *p.items())
 
 
 @cache
@@ -72,7 +69,7 @@ def fwd_op(activation: str, eps: float, launch: Launch = _CPU_LAUNCH) -> GraphOp
         inputs=(_ROWS_H, ("h",), ("h",)),
         outputs=(Out(_ROWS_H), Out(("rows",), F32), Out(("rows",), F32)),
         parameters=(("act", ACTIVATIONS[activation]), ("eps_bits", eps_bits(eps)),
-                    *_op_parameters(launch, config.FWD_KERNELS, ("CH", "WPR", "RPB", "CL", "UNROLL"))),
+                    *_op_parameters(launch, config.FWD_KERNELS)),
         weights=frozenset({1, 2}),
     )
 
@@ -86,7 +83,7 @@ def bwd_op(activation: str, launch: Launch = _CPU_BWD_LAUNCH) -> GraphOp:
         outputs=(Out(_ROWS_H), Out(("h",), 2), Out(("h",), 2),
                  Out(("parts", "h"), F32), Out(("parts", "h"), F32)),
         parameters=(("act", ACTIVATIONS[activation]),
-                    *_op_parameters(launch, config.BWD_KERNELS, ("CH", "WPR", "RPB", "ROWS"))),
+                    *_op_parameters(launch, config.BWD_KERNELS)[:4]),
         weights=frozenset({2, 3}),
     )
 
@@ -200,11 +197,10 @@ def stat_addresses(stats: torch.Tensor) -> tuple[int, int]:
 
 
 def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int,
-              forced: tuple[int | None, int | None]
-              ) -> tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]:
+              forced: int | None) -> tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]:
     """The row-group kernel, its grid and block, the column sums' kernel, and (row groups, partial rows) for
-    ``parts`` row groups; ``forced``: the register configuration and rows in flight a sweep forces (``bwd_forced``)."""
-    launch = config.bwd_launch(parts, h, dtype, vec_ok, forced[0], sm_count(torch.device("cuda", index)), forced[1])
+    ``parts`` row groups; ``forced``: the register configuration a benchmark's sweep forces (``bwd_config``)."""
+    launch = config.bwd_launch(parts, h, dtype, vec_ok, forced, sm_count(torch.device("cuda", index)))
     if len(_bwd_plans) >= _PLANS_MAX:
         _bwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
@@ -213,16 +209,11 @@ def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, in
     return plan
 
 
-def bwd_forced() -> tuple[int | None, int | None]:
-    """The backward's launch as a benchmark's sweep forces it: OPS_LN_BWD_CONFIG's and OPS_LN_BWD_ROWS's values."""
-    return config.bwd_config(), config.bwd_rows_forced()
-
-
 def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int,
                      plan: tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]) -> None:
     """Hand a backward plan to the C++ entries (keyed by rows: they do not work out the row groups), unless
-    OPS_LN_BWD_PARTS, OPS_LN_BWD_CONFIG or OPS_LN_BWD_ROWS forces the launch (those calls stay on this route)."""
-    if os.environ.get("OPS_LN_BWD_PARTS") or bwd_forced() != (None, None):
+    OPS_LN_BWD_PARTS or OPS_LN_BWD_CONFIG forces the launch (those calls stay on this route)."""
+    if os.environ.get("OPS_LN_BWD_PARTS") or os.environ.get("OPS_LN_BWD_CONFIG"):
         return
     rows_kernel, grid, block, reduce, (groups, part_rows) = plan
     direct.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
@@ -245,7 +236,7 @@ def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
     rows = x.numel() // h if h else 0
     index = x.get_device()
     vec_ok = _vec_ok(h, x.dtype, dy, x, weight, bias)
-    parts, forced = bwd_parts(rows, h, x.dtype, x.device), bwd_forced()
+    parts, forced = bwd_parts(rows, h, x.dtype, x.device), config.bwd_config()
     plan = _bwd_plans.get((parts, h, x.dtype, vec_ok, act, index, forced))
     if plan is None:
         plan = _bwd_plan(parts, h, x.dtype, vec_ok, act, index, forced)
@@ -419,7 +410,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     launch = _CPU_BWD_LAUNCH
     if x.is_cuda:
         launch = config.bwd_launch(parts, h, x.dtype, _vec_ok(h, x.dtype, dy, x, weight, bias), config.bwd_config(),
-                                   sm_count(x.device), config.bwd_rows_forced())
+                                   sm_count(x.device))
     dx, dweight, dbias, _, _ = bwd_op(activation, launch)(dy2, x2, weight, bias, mean.view(-1), rstd.view(-1),
                                                           sizes={"parts": config.bwd_sizes(launch, parts)[1]})
     return dx.view(x.shape), dweight, dbias

@@ -50,10 +50,6 @@ FWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (8, 1, 4), (1, 8, 1), (2, 8, 1), (4
 FWD_CLUSTERS = ((2, 16, 2), (4, 16, 4), (4, 16, 8))
 # Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays.
 BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1))
-# ln_bwd_regs's ROWS: a thread issues the loads of this many rows (x and dy, as loaded) before it reduces the first,
-# where it holds at most BWD_ROWS_IN_FLIGHT_MAX_VALUES values of a row (else 1: the registers would spill).
-BWD_ROWS_IN_FLIGHT = 2
-BWD_ROWS_IN_FLIGHT_MAX_VALUES = 32
 
 # Under torch.compile, who runs the default ("fast") LayerNorm, alone and as LayerNorm+Linear's "unfused" LayerNorm:
 # "inductor" leaves it to torch's layer_norm, which inductor fuses with its neighbours (the residual add before it);
@@ -71,14 +67,16 @@ VARIANTS = ("row_thread", "block_smem", "block_warp", "vector", "fast")
 # Short rows want more groups per SM to keep loads in flight, until registers cap residency; each group
 # wants ~8 rows so its partials stay small next to what it reads. An H100 sweep of 11 shapes in fp32 and bf16
 # (session 15) put the best count at 16 KB of row bytes per SM, the row's bytes rounded up to a power of two,
-# at most 12 groups per SM. Rows up to REDUCE_NARROW_MAX_H, whose column sums are the cheap narrow shape, want ~4
-# rows a group: the sweep at af122fa (results/bench_layernorm_bwd_sweep.md) had bf16 4096x768 15.2 us at 8 groups
-# per SM against 17.3 at 4, 2048x768 11.8 against 16.3, 1024x768 10.8 against 15.9; fp32 2048x768 11.6 against
-# 13.1, 1024x768 9.2 against 11.1; the other shapes of that sweep keep their counts.
+# at most 12 groups per SM. Rows up to REDUCE_NARROW_MAX_H, whose column sums are the cheap narrow shape, want ~2
+# rows a group since ln_bwd_regs writes one partial row per block of RPB groups (26e2b81; ~4 before, from the af122fa
+# sweep in git). The sweep at 26e2b81 (results/bench_layernorm_bwd_sweep.md, one row in flight), kernel us with the
+# column sums, ~2 against ~4 rows a group: bf16 2048x768 9.2 against 10.03, 1024x768 7.65 against 9.15 (264 groups
+# of one row per block), 512x768 7.01 against 7.78; fp32 1024x768 8.67 against 9.22, 512x768 7.12 against 7.92;
+# 4096 rows keep their counts (the row-bytes cap).
 BWD_ROW_BYTES_PER_SM = 16384
 BWD_MAX_PER_SM = 12
 BWD_ROWS_PER_GROUP = 8          # rows over REDUCE_NARROW_MAX_H
-BWD_ROWS_PER_GROUP_NARROW = 4   # rows up to REDUCE_NARROW_MAX_H
+BWD_ROWS_PER_GROUP_NARROW = 2   # rows up to REDUCE_NARROW_MAX_H
 # BWD_FEW_PARTS: with fewer row groups than SMs x rows per block, a configuration of one row per block keeps more
 # SMs busy. The af122fa sweep (results/bench_layernorm_bwd_sweep.md), bf16 h 768, the first holding configuration
 # (4, 1, 4) against (2, 4, 1), kernel us with the reduction: 128 groups 5.76 against 4.64; 132 (512 rows) 10.03
@@ -214,12 +212,11 @@ def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: 
 
 @cache
 def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int | None = None,
-               sms: int = H100_SMS, rows_in_flight: int | None = None) -> Launch:
+               sms: int = H100_SMS) -> Launch:
     """The backward's row-group kernel for ``parts`` groups of rows of h (``vec_ok`` as in ``fwd_launch``,
     for dx, dy, x, gamma and beta) on a GPU of ``sms`` SMs: the first register configuration that holds the row
     and gives every SM a block; if none does, the first with the most blocks, then the fewest rows per block
-    (``BWD_FEW_PARTS``), with ``bwd_rows_in_flight`` rows' loads in flight. ``config`` forces ``BWD_REGS[config]``
-    and ``rows_in_flight`` that count (a benchmark's sweep, OPS_LN_BWD_CONFIG and OPS_LN_BWD_ROWS).
+    (``BWD_FEW_PARTS``). ``config`` forces ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
 
     Raises:
         ValueError: a forced configuration that does not hold the row (or a row the register kernel cannot take).
@@ -231,8 +228,7 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
     if held:
         blocks = lambda c: -(-parts // c[2])   # noqa: E731
         ch, wpr, rpb = next((c for c in held if blocks(c) >= sms), max(held, key=lambda c: (blocks(c), -c[2])))
-        rows = bwd_rows_in_flight(ch * vec, rows_in_flight)
-        return Launch("ln_bwd_regs", (vec, ch, wpr, rpb, rows), (blocks((ch, wpr, rpb)), 1, 1), wpr * rpb * WARP)
+        return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (blocks((ch, wpr, rpb)), 1, 1), wpr * rpb * WARP)
     if config is not None:
         raise ValueError(f"OPS_LN_BWD_CONFIG: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
     return _bwd_loop(1, 8, parts) if h <= 1024 else _bwd_loop(8, 1, parts)
@@ -244,19 +240,6 @@ def bwd_sizes(launch: Launch, parts: int) -> tuple[int, int]:
     if launch.kernel == "ln_bwd_regs":
         return launch.grid[0] * launch.params[3], launch.grid[0]
     return parts, parts
-
-
-def bwd_rows_in_flight(values: int, forced: int | None = None) -> int:
-    """How many rows' loads a thread of ``ln_bwd_regs`` issues together, holding ``values`` of each row."""
-    if forced is not None:
-        return forced
-    return BWD_ROWS_IN_FLIGHT if values <= BWD_ROWS_IN_FLIGHT_MAX_VALUES else 1
-
-
-def bwd_rows_forced() -> int | None:
-    """The rows in flight forced by OPS_LN_BWD_ROWS (a benchmark's sweep, as OPS_LN_BWD_CONFIG), or None."""
-    forced = os.environ.get("OPS_LN_BWD_ROWS")
-    return int(forced) if forced else None
 
 
 def bwd_config() -> int | None:

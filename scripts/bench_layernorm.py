@@ -27,7 +27,6 @@ Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sys
 from collections.abc import Callable
@@ -55,9 +54,7 @@ LONG_ROWS = ((4096, 16384), (512, 32768), (32, 65536))  # fast: a cluster of blo
 BWD_SWEEP_SHAPES = ((4096, 768), (16384, 768), (1024, 768), (4096, 1024), (4096, 4096), (128, 768), (512, 768),
                     (2048, 768), (512, 4096))
 BWD_SWEEP_PER_SM = (1, 2, 4, 8, 12, 16)
-BWD_SWEEP_ROWS = (1, 2)   # ln_bwd_regs's rows in flight (OPS_LN_BWD_ROWS)
-SWEEP_FIELDS = ("dtype", "M", "H", "per_sm", "parts", "config", "ch", "wpr", "rpb", "rows_in_flight", "blocks",
-                "threads", "default",
+SWEEP_FIELDS = ("dtype", "M", "H", "per_sm", "parts", "config", "ch", "wpr", "rpb", "blocks", "threads", "default",
                 "us", "kernel_us", "reduce_us", "GBps", "pct_copy")
 BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
 GELU_SHAPES = ((4096, 768), (16384, 4096))
@@ -231,8 +228,7 @@ def backward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor
 
 def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 30) -> list[dict]:
     """The backward's launch choices at each shape: each register configuration that holds the row
-    (OPS_LN_BWD_CONFIG) with 1 or 2 rows' loads in flight (OPS_LN_BWD_ROWS) at each count of row groups per SM
-    (OPS_LN_BWD_PARTS), checked against the float64
+    (OPS_LN_BWD_CONFIG) at each count of row groups per SM (OPS_LN_BWD_PARTS), checked against the float64
     reference, then timed (CUPTI kernel time of the row-group and column-sum kernels; ``reduce_us``: the
     column sums' share, by torch.profiler). ``default`` marks what ops/layernorm_config.py chooses; GB/s counts
     x, dy read and dx written."""
@@ -249,26 +245,23 @@ def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: flo
             if parts in seen:
                 continue
             seen.add(parts)
-            for (i, (ch, wpr, rpb)), in_flight in itertools.product(enumerate(config.BWD_REGS), BWD_SWEEP_ROWS):
+            for i, (ch, wpr, rpb) in enumerate(config.BWD_REGS):
                 try:
-                    launch = config.bwd_launch(parts, h, dtype, True, i, rows_in_flight=in_flight)
+                    launch = config.bwd_launch(parts, h, dtype, True, i)
                 except ValueError:
                     continue   # it does not hold the row
-                with mock.patch.dict(os.environ, OPS_LN_BWD_PARTS=str(parts), OPS_LN_BWD_CONFIG=str(i),
-                                     OPS_LN_BWD_ROWS=str(in_flight)):
+                with mock.patch.dict(os.environ, OPS_LN_BWD_PARTS=str(parts), OPS_LN_BWD_CONFIG=str(i)):
                     for name, g, r, n in zip(("dx", "dw", "db"), L.layernorm_bwd(dy, x, w, b, mean, rstd), ref,
                                              (h, m, m), strict=True):
                         if (bad := compare(g, r, dtype, reduction=n)) is not None:
-                            raise SystemExit(f"backward {name} is wrong at M={m} H={h} {dtype} config {i} "
-                                             f"rows in flight {in_flight} parts "
+                            raise SystemExit(f"backward {name} is wrong at M={m} H={h} {dtype} config {i} parts "
                                              f"{parts}: {bad}")
                     t = timing.measure(backward, sets, iters, kernels=True, pipelined=False)
                     found = timing.kernel_times(functools.partial(backward, *sets[0]), 10)
                 reduce_us = sum(us for name, (_, us) in found.items() if "ln_bwd_reduc" in name)  # names cut short
                 gbps = 3 * m * h * dtype.itemsize / t.kernel_us / 1e3
                 out.append({"dtype": str(dtype).removeprefix("torch."), "M": m, "H": h, "per_sm": per_sm,
-                            "parts": parts, "config": i, "ch": ch, "wpr": wpr, "rpb": rpb,
-                            "rows_in_flight": in_flight, "blocks": launch.grid[0],
+                            "parts": parts, "config": i, "ch": ch, "wpr": wpr, "rpb": rpb, "blocks": launch.grid[0],
                             "threads": launch.block, "default": (parts, launch) == default,
                             "us": round(t.device_us, 2), "kernel_us": round(t.kernel_us, 2),
                             "reduce_us": round(reduce_us, 2), "GBps": round(gbps, 1),

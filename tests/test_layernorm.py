@@ -117,13 +117,13 @@ def test_backward_is_deterministic(device: str) -> None:
 
 @pytest.mark.parametrize(("rows", "h", "dtype", "parts"), [
     (4096, 768, torch.bfloat16, 1056), (16384, 768, torch.bfloat16, 1056), (16384, 4096, torch.bfloat16, 264),
-    (2048, 768, torch.bfloat16, 528), (1024, 768, torch.float32, 264), (4096, 1024, torch.bfloat16, 1056),
+    (2048, 768, torch.bfloat16, 1056), (1024, 768, torch.float32, 528), (4096, 1024, torch.bfloat16, 1056),
     (4096, 768, torch.float32, 528), (4096, 8192, torch.float32, 132), (65536, 256, torch.float32, 1584),
     (512, 4096, torch.bfloat16, 132), (32, 4096, torch.float32, 32), (1, 7, torch.float16, 1)], ids=str)
 def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int, dtype: torch.dtype,
                              parts: int) -> None:
     """The backward's row-group count on a 132-SM GPU at shapes of the H100 sweeps (results/bench_layernorm_bwd_sweep.md
-    and ops/layernorm_config.py's notes): about 4 rows a group up to 1024-wide rows, 8 beyond, capped by row bytes."""
+    and ops/layernorm_config.py's notes): about 2 rows a group up to 1024-wide rows, 8 beyond, capped by row bytes."""
     monkeypatch.delenv("OPS_LN_BWD_PARTS", raising=False)
     monkeypatch.setattr(L, "sm_count", lambda device: 132)
     assert L.bwd_parts(rows, h, dtype, torch.device("cuda")) == parts
@@ -131,33 +131,38 @@ def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int,
 
 
 def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OPS_LN_BWD_CONFIG and OPS_LN_BWD_ROWS (the sweep's knobs) force a register configuration that holds the row
-    (named where it does not) and the rows in flight, and are off by default; the default is the first configuration
-    that holds the row, with BWD_ROWS_IN_FLIGHT rows in flight where a thread holds few values of a row."""
+    """OPS_LN_BWD_CONFIG (the sweep's knob) forces a register configuration that holds the row, names itself
+    where it does not, and is off by default; the default is the first that holds the row."""
     from ops import layernorm_config as config
 
     monkeypatch.delenv("OPS_LN_BWD_CONFIG", raising=False)
-    monkeypatch.delenv("OPS_LN_BWD_ROWS", raising=False)
-    assert config.bwd_config() is None and config.bwd_rows_forced() is None
-    two = config.BWD_ROWS_IN_FLIGHT
+    assert config.bwd_config() is None
     default = config.bwd_launch(528, 768, torch.bfloat16, True)
-    assert default.params == (8, *config.BWD_REGS[2], two) and default.grid == (132, 1, 1) and default.block == 128
+    assert default.params == (8, *config.BWD_REGS[2]) and default.grid == (132, 1, 1) and default.block == 128
     monkeypatch.setenv("OPS_LN_BWD_CONFIG", "3")
-    monkeypatch.setenv("OPS_LN_BWD_ROWS", "1")
-    wide = config.bwd_launch(528, 768, torch.bfloat16, True, config.bwd_config(),
-                             rows_in_flight=config.bwd_rows_forced())
-    assert wide.params == (8, 2, 4, 1, 1) and wide.grid == (528, 1, 1) and wide.block == 128
+    wide = config.bwd_launch(528, 768, torch.bfloat16, True, config.bwd_config())
+    assert wide.params == (8, 2, 4, 1) and wide.grid == (528, 1, 1) and wide.block == 128
     with pytest.raises(ValueError, match="OPS_LN_BWD_CONFIG: BWD_REGS.0. does not hold a row of 768"):
         config.bwd_launch(528, 768, torch.bfloat16, True, 0)
     # fewer row groups than give every SM a block of BWD_REGS[2]: one row per block instead (BWD_FEW_PARTS)
     for parts, blocks in ((1, 1), (128, 128), (264, 264)):
         few = config.bwd_launch(parts, 768, torch.bfloat16, True, sms=132)
-        assert few.params == (8, *config.BWD_REGS[3], two) and few.grid == (blocks, 1, 1)
-    assert config.bwd_launch(528, 768, torch.bfloat16, True, sms=132).params == (8, *config.BWD_REGS[2], two)
-    # a thread holding more values of a row than BWD_ROWS_IN_FLIGHT_MAX_VALUES keeps one row in flight
-    long_row = config.bwd_launch(132, 16384, torch.bfloat16, True, sms=132)
-    assert long_row.params[1] * long_row.params[0] > config.BWD_ROWS_IN_FLIGHT_MAX_VALUES
-    assert long_row.params[-1] == 1
+        assert few.params == (8, *config.BWD_REGS[3]) and few.grid == (blocks, 1, 1)
+    assert config.bwd_launch(528, 768, torch.bfloat16, True, sms=132).params == (8, *config.BWD_REGS[2])
+
+
+@pytest.mark.parametrize(("parts", "h", "dtype", "sizes"), [
+    (1056, 768, torch.bfloat16, (1056, 264)), (1001, 768, torch.bfloat16, (1004, 251)),
+    (37, 768, torch.bfloat16, (37, 37)), (264, 4096, torch.bfloat16, (264, 264)),
+    (528, 770, torch.bfloat16, (528, 528))], ids=str)
+def test_backward_partial_rows(parts: int, h: int, dtype: torch.dtype, sizes: tuple[int, int]) -> None:
+    """(row groups, partial rows): ln_bwd_regs takes blocks * RPB groups and writes a partial row per block
+    (4096x768 bf16: 264 rows of dgamma/dbeta partials, not 1056); ln_bwd_loop (770: not whole vectors) one per group."""
+    from ops import layernorm_config as config
+
+    launch = config.bwd_launch(parts, h, dtype, h % 8 == 0, sms=132)
+    assert config.bwd_sizes(launch, parts) == sizes
+    assert launch.grid[0] == (sizes[1] if launch.kernel == "ln_bwd_regs" else -(-parts // launch.params[1]))
 
 
 def test_module_loads_torch_state_dict(device: str) -> None:

@@ -641,14 +641,13 @@ def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL
 
 # ---------------------------------------------------------------- backward
 
-def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int, ROWS: Int](
+def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
     rows: Int32, h: Int32, parts: Int32,
 ):
     """Group p (of `parts`, RPB per block: parts = blocks * RPB) handles rows p, p + parts, ...;
-    dx = rstd * (g*dy - E[g*dy] - xhat * E[g*dy*xhat]). The loads of ROWS rows go out together (as loaded, 16-bit
-    rows in half the registers), then each is reduced. dgamma/dbeta partials: one row per block."""
+    dx = rstd * (g*dy - E[g*dy] - xhat * E[g*dy*xhat]). dgamma/dbeta partials: one row per block."""
     comptime GT = WPR * WARP_SIZE
     comptime W = CH * VEC
     var sh = stack_allocation[4 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
@@ -669,39 +668,34 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int, R
     var acc_g = SIMD[F32, W](0.0)
     var acc_b = SIMD[F32, W](0.0)
     var iters = ceildiv(Int(rows), p)
-    for it0 in range(0, iters, ROWS):
-        var xs = SIMD[dtype, ROWS * W](0)
-        var dys = SIMD[dtype, ROWS * W](0)  # zero where invalid: contributes nothing below
-        var ms = SIMD[F32, ROWS](0.0)
-        var rs = SIMD[F32, ROWS](0.0)
-        comptime for u in range(ROWS):
-            var row = group + (it0 + u) * p
-            if group < p and row < Int(rows):
-                ms[u] = mean[unsafe_offset=row]
-                rs[u] = rstd[unsafe_offset=row]
-                # x and dy in one loop (not two load_slice calls): ptxas then needs fewer registers.
-                comptime for c in range(CH):
-                    var j = c * GT + gt
-                    if j < nv:
-                        var at = row * n + j * VEC
-                        xs = xs.insert[offset=u * W + c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](at))
-                        dys = dys.insert[offset=u * W + c * VEC](dy.unsafe_load[width=VEC, alignment=ALIGN](at))
-        comptime for u in range(ROWS):
-            if it0 + u < iters:   # the same for the whole block: its barriers stay matched
-                var row = group + (it0 + u) * p
-                var r = rs[u]
-                var xhat = (xs.slice[W, offset=u * W]().cast[F32]() - ms[u]) * r
-                var dyv = dys.slice[W, offset=u * W]().cast[F32]()
-                comptime if act != ACT_NONE:
-                    dyv = dyv * activate_grad[act, W](xhat * g + bt)
-                var gdy = g * dyv
-                var slot = 2 * ((it0 + u) % 2)
-                var a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
-                var b = group_sum[WPR, RPB]((gdy * xhat).reduce_add(), sh, slot + 1) / Float32(n)
-                acc_g += dyv * xhat
-                acc_b += dyv
-                if group < p and row < Int(rows):
-                    store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), row * n, 0, gt, nv)
+    for it in range(iters):
+        var row = group + it * p
+        var valid = group < p and row < Int(rows)
+        var base = row * n
+        var xv = Regs[VEC, CH](0.0)
+        var dyv = Regs[VEC, CH](0.0)  # zero where invalid: contributes nothing below
+        var m: Float32 = 0.0
+        var r: Float32 = 0.0
+        if valid:
+            m = mean[unsafe_offset=row]
+            r = rstd[unsafe_offset=row]
+            # x and dy in one loop (not two load_slice calls): ptxas then needs fewer registers.
+            comptime for c in range(CH):
+                var j = c * GT + gt
+                if j < nv:
+                    xv = xv.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+                    dyv = dyv.insert[offset=c * VEC](dy.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+        var xhat = (xv - m) * r
+        comptime if act != ACT_NONE:
+            dyv = dyv * activate_grad[act, W](xhat * g + bt)
+        var gdy = g * dyv
+        var slot = 2 * (it % 2)
+        var a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
+        var b = group_sum[WPR, RPB]((gdy * xhat).reduce_add(), sh, slot + 1) / Float32(n)
+        acc_g += dyv * xhat
+        acc_b += dyv
+        if valid:
+            store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), base, 0, gt, nv)
     # One partial row per block: its RPB groups' sums add in order through shared memory (group 0 keeps its own).
     comptime if RPB > 1:
         var red = stack_allocation[2 * (RPB - 1) * W * GT, F32, address_space=AddressSpace.SHARED]()
@@ -859,12 +853,12 @@ def copy_transposed[dtype: DType](y: Ptr[dtype], x: Ptr[dtype], r: Int32, h: Int
             y[unsafe_offset=dst + i * cols + j] = tile[unsafe_offset=tx * PITCH + ty + k]
 
 
-def launch_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int, ROWS: Int](
+def launch_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     ctx: DeviceContext, dx: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype],
     x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32],
     rows: Int, h: Int, parts: Int,
 ) raises:
-    comptime kernel = ln_bwd_regs[dtype, act, VEC, CH, WPR, RPB, ROWS]
+    comptime kernel = ln_bwd_regs[dtype, act, VEC, CH, WPR, RPB]
     ctx.enqueue_function[kernel](dx, part_g, part_b, dy, x, gamma, beta, mean, rstd,
                                  Int32(rows), Int32(h), Int32(parts),
                                  grid_dim=ceildiv(parts, RPB), block_dim=WPR * RPB * WARP_SIZE)
@@ -881,7 +875,7 @@ def launch_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                                  grid_dim=ceildiv(parts, RPB), block_dim=WPR * RPB * WARP_SIZE)
 
 
-def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, ROWS: Int](
+def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
     ctx: DeviceContext, dx: Ptr[dtype], dgamma: Ptr[dtype], dbeta: Ptr[dtype],
     part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], rows: Int, h: Int, parts: Int,
@@ -890,8 +884,8 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, RO
     `parts` partial rows (K_REGS: a row per block of RPB groups; K_LOOP: a row per group)."""
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_REGS:
-        launch_bwd_regs[dtype, act, VEC, CH, WPR, RPB, ROWS](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean,
-                                                             rstd, rows, h, parts * RPB)
+        launch_bwd_regs[dtype, act, VEC, CH, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd,
+                                                       rows, h, parts * RPB)
     else:
         launch_bwd_loop[dtype, act, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
     if h <= REDUCE_NARROW_MAX_H:
@@ -994,8 +988,7 @@ struct LayerNormFwd:
 @extensibility.register("layernorm_bwd")
 struct LayerNormBwd:
     @staticmethod
-    def execute[target: StaticString, dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int,
-                ROWS: Int](
+    def execute[target: StaticString, dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
         dx: _MutableInputTensor[dtype=dtype, rank=2, static_spec=_],
         dgamma: _MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
         dbeta: _MutableInputTensor[dtype=dtype, rank=1, static_spec=_],
@@ -1013,10 +1006,10 @@ struct LayerNormBwd:
         var h = x.dim_size(1)
         var parts = part_g.dim_size(0)
         comptime if target == "gpu":
-            bwd_gpu[dtype, act, kernel, CH, WPR, RPB, ROWS](
-                ctx, dx.unsafe_ptr(), dgamma.unsafe_ptr(), dbeta.unsafe_ptr(), part_g.unsafe_ptr(), part_b.unsafe_ptr(),
-                dy.unsafe_ptr(), x.unsafe_ptr(), gamma.unsafe_ptr(), beta.unsafe_ptr(), mean.unsafe_ptr(),
-                rstd.unsafe_ptr(), rows, h, parts)
+            bwd_gpu[dtype, act, kernel, CH, WPR, RPB](ctx, dx.unsafe_ptr(), dgamma.unsafe_ptr(), dbeta.unsafe_ptr(),
+                                part_g.unsafe_ptr(), part_b.unsafe_ptr(), dy.unsafe_ptr(), x.unsafe_ptr(),
+                                gamma.unsafe_ptr(), beta.unsafe_ptr(), mean.unsafe_ptr(), rstd.unsafe_ptr(),
+                                rows, h, parts)
         else:
             bwd_cpu[dtype, act](dx.unsafe_ptr(), dgamma.unsafe_ptr(), dbeta.unsafe_ptr(),
                                 part_g.unsafe_ptr(), part_b.unsafe_ptr(), dy.unsafe_ptr(), x.unsafe_ptr(),

@@ -618,8 +618,7 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
                                 std::initializer_list<const Tensor*> stats, int64_t act) {
   const char* parts = std::getenv("OPS_LN_BWD_PARTS");
   const char* config = std::getenv("OPS_LN_BWD_CONFIG");
-  const char* in_flight = std::getenv("OPS_LN_BWD_ROWS");
-  if ((parts && *parts) || (config && *config) || (in_flight && *in_flight)) return std::nullopt;
+  if ((parts && *parts) || (config && *config)) return std::nullopt;
   if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !x.is_contiguous() || !dy.is_contiguous() ||
       dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device())
     return std::nullopt;
