@@ -446,12 +446,16 @@ bool lt_aligned(std::initializer_list<const void*> pointers) {
   return true;
 }
 
-// Whether cuBLASLt may take a GEMM of these tensors (contiguous, 16-bit, on one CUDA device, not empty).
-bool lt_takes(const Tensor& a, const Tensor& w) {
-  const auto dtype = a.scalar_type();
-  return cublas_lt() != nullptr && a.is_cuda() && (dtype == at::kHalf || dtype == at::kBFloat16) &&
-         w.scalar_type() == dtype && w.device() == a.device() && a.is_contiguous() && w.is_contiguous() &&
-         a.numel() > 0 && w.numel() > 0 && w.dim() == 2 && a.size(-1) > 0;
+// Whether cuBLASLt may take a GEMM of these tensors: all in the first's 16-bit dtype on its CUDA device,
+// contiguous, not empty (the callers check the shapes).
+bool lt_takes(std::initializer_list<const Tensor*> tensors) {
+  const Tensor& first = **tensors.begin();
+  const auto dtype = first.scalar_type();
+  if (cublas_lt() == nullptr || !first.is_cuda() || (dtype != at::kHalf && dtype != at::kBFloat16)) return false;
+  for (const Tensor* t : tensors)
+    if (t->scalar_type() != dtype || t->device() != first.device() || !t->is_contiguous() || t->numel() == 0)
+      return false;
+  return true;
 }
 
 void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias, const at::Device& device) {
@@ -472,7 +476,7 @@ void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias,
 Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t n = w.size(0), k = w.size(1);
-  if (!lt_takes(xn, w) || !linear_takes(xn, w, bias) ||
+  if (!linear_takes(xn, w, bias) || !lt_takes({&xn, &w}) ||
       !lt_aligned({xn.data_ptr(), w.data_ptr(), has_bias ? bias->data_ptr() : nullptr}))
     return at::linear(xn, w, bias);
   const int64_t rows = xn.numel() / k;
@@ -495,7 +499,7 @@ Triple linear_grads(const Tensor& dy, const Tensor& xn, const Tensor& w, bool we
   const auto dtype = xn.scalar_type();
   const int64_t device = xn.get_device();
   c10::DeviceGuard guard(xn.device());
-  const bool lt = lt_takes(dy, w) && lt_takes(xn, w) && dy.numel() == rows * n &&
+  const bool lt = w.dim() == 2 && lt_takes({&dy, &xn, &w}) && dy.numel() == rows * n &&
                   lt_aligned({dy.data_ptr(), xn.data_ptr(), w.data_ptr()});
   Tensor dxn, dw, db;
   if (GemmPlan* dgrad = lt ? gemm_plan(GEMM_DGRAD, dtype, k, rows, n, device) : nullptr) {
