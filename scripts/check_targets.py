@@ -144,13 +144,46 @@ def ab_rows(rev: str) -> tuple[str, dict[tuple[str, ...], dict[str, str]]]:
 
 
 def ab_stale(stamp: str, ab: dict[tuple[str, ...], dict[str, str]]) -> str | None:
-    """Why an A/B (``ab_rows``) no longer describes the working tree's LayerNorm forwards, or None: the kernel
-    source differs from its commit's (or that commit is not here), or a row's launch moved (``ab_moved``)."""
+    """Why an A/B (``ab_rows``) no longer describes the working tree's LayerNorm forwards, or None: a row's launch
+    moved (``ab_moved``), or the kernel source differs from its commit's (or that commit is not here) and so does
+    the PTX of a forward it timed as "new" (``forward_ptx_changed``)."""
     commit = stamp_commit(stamp, "")
     source = "ops/kernels/layernorm.mojo"
+    if (moved := ab_moved(ab)) is not None:
+        return moved
     if subprocess.run(["git", "diff", "--quiet", commit, "--", source], cwd=ROOT, capture_output=True).returncode:
-        return f"{source} differs from {commit}'s"
-    return ab_moved(ab)
+        return forward_ptx_changed(commit, ab)
+    return None
+
+
+def forward_ptx_changed(commit: str, ab: dict[tuple[str, ...], dict[str, str]]) -> str | None:
+    """The first A/B row whose "new" forward builds to other PTX (names aside) here than at ``commit``, or None.
+    Builds every kernel at ``commit`` in a git worktree (``compare_ptx.build_at``: a minute or two, no GPU)."""
+    import tempfile
+
+    import compare_ptx
+    import torch
+
+    from ops import layernorm_config
+    from ops.launch import direct
+
+    if subprocess.run(["git", "rev-parse", "--verify", "-q", f"{commit}^{{commit}}"], cwd=ROOT,
+                      capture_output=True).returncode:
+        return f"commit {commit} is not in this repository"
+    specs = {}
+    for (kind, impl, dtype, m, h) in ab:
+        dt = getattr(torch, dtype)
+        launch = layernorm_config.fwd_launch(int(m), int(h), dt, True, impl.partition(":")[2] or "fast")
+        specs[launch.spec(dt, 0)] = f"{kind} {impl} {dtype} {m}x{h}"
+    direct.build(list(specs), "H100", quiet=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        old = {path.name: path for path in compare_ptx.build_at(commit, Path(tmp))}
+        for spec, row in specs.items():
+            here = direct.ptx_path(spec, "H100")
+            then = old.get(here.name)
+            if then is None or compare_ptx.fingerprint(then.read_text()) != compare_ptx.fingerprint(here.read_text()):
+                return f"{row}: its kernel's PTX differs from {commit}'s"
+    return None
 
 
 def ab_moved(ab: dict[tuple[str, ...], dict[str, str]]) -> str | None:

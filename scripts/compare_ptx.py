@@ -43,6 +43,16 @@ def build_revision(tree: Path, cache: Path) -> list[Path]:
     raise SystemExit(f"compare_ptx: no kernel builder ({', '.join(BUILDERS)}) in {tree}")
 
 
+def build_at(rev: str, tmp: Path) -> list[Path]:
+    """Every kernel of revision ``rev`` built (in a git worktree under ``tmp``) into ``tmp``/old; its PTX files."""
+    tree = tmp / "tree"
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=ROOT, check=True)
+    try:
+        return build_revision(tree, tmp / "old")
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
+
+
 def build_here() -> dict[Path, str]:
     """Build every kernel of the working tree (``poe build-kernels``'s list, in OPS_CACHE_DIR); kernel function
     name -> its instantiations' PTX files."""
@@ -110,13 +120,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--write", action="store_true", help="write results/ptx_vs_<rev>.md")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), args.rev], cwd=ROOT, check=True)
-        try:
-            old = build_revision(tree, Path(tmp) / "old")
-            built = {fingerprint(f.read_text()) for f in old}
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
+        old = build_at(args.rev, Path(tmp))
+        built = {fingerprint(f.read_text()) for f in old}
         os.environ["OPS_CACHE_DIR"] = str(Path(tmp) / "new")
         new = build_here()
         text = report(args.rev, compare(built, new), len(old), len(new), moved_rows(args.rev, built))
