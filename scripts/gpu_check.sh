@@ -52,7 +52,7 @@ for step in "${steps[@]}"; do
     gpu-tests)  # in OPS_TEST_WORKERS processes (pytest-xdist; MAX's compiles dominate), then the kernel-timing
       # tests alone: their CUPTI timings must not share the GPU with other processes
       run gpu_tests bash -c "python -m pytest -q -rs -p no:cacheprovider tests -k '(cuda or gpu) and not test_timing' \
-        -n ${OPS_TEST_WORKERS:-8} --durations=15 && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu" ;;
+        -n ${OPS_TEST_WORKERS:-12} --durations=15 && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu" ;;
     direct-tests) run gpu_tests_drop_in python -m pytest -q -rs -p no:cacheprovider tests/test_drop_in.py \
       tests/test_direct.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;
