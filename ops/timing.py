@@ -350,15 +350,16 @@ def write_report(stem: Path, rows: list[dict], fields: Sequence[str], stamp: str
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-def kept_rows(csv_path: Path, dtypes: set[str]) -> list[dict]:
-    """Rows of an earlier report's CSV whose dtype is not in ``dtypes`` (a benchmark run one dtype per device
-    call appends to the others' rows)."""
+def kept_rows(csv_path: Path, dtypes: set[str], column: str = "dtype") -> list[dict]:
+    """Rows of an earlier report's CSV whose ``column`` (dtype; the transformer's: mode) is not in ``dtypes`` (a
+    benchmark run one dtype per device call appends to the others' rows)."""
     if not csv_path.exists():
         return []
-    return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r["dtype"] not in dtypes]
+    return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r[column] not in dtypes]
 
 
 KEPT = "; rows of other dtypes kept from: "
+KEPT_ANY = re.compile(r"; rows of other \w+ kept from: ")   # KEPT, or the same naming another column
 
 
 def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
@@ -368,7 +369,7 @@ def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
     from: <the earlier report's stamp>"; the oldest run, unlabelled, wrote whatever no later one did.
     """
     runs = []
-    for seg in stamp.split(KEPT):
+    for seg in KEPT_ANY.split(stamp):
         label = re.search(r" \(([\w,]+) rows\)$", seg)
         runs.append((frozenset(label.group(1).split(",")), seg[: label.start()]) if label else (None, seg))
     return runs
@@ -383,14 +384,14 @@ def stamp_commit(stamp: str, dtype: str) -> str:
     return "?"
 
 
-def kept_stamp(csv_path: Path, dtypes: set[str] | None = None) -> str:
-    """What to add to the stamp of a report that keeps ``kept_rows(csv_path, dtypes)``: the earlier report's
-    stamp, less the runs none of whose rows are kept, so each kept row's commit stays known ('' when there is
-    no earlier report)."""
+def kept_stamp(csv_path: Path, dtypes: set[str] | None = None, column: str = "dtype") -> str:
+    """What to add to the stamp of a report that keeps ``kept_rows(csv_path, dtypes, column)``: the earlier
+    report's stamp, less the runs none of whose rows are kept, so each kept row's commit stays known ('' when
+    there is no earlier report)."""
     if not csv_path.exists():
         return ""
     lines = csv_path.read_text().splitlines()
-    kept = {r["dtype"] for r in csv.DictReader(lines[1:])} - (dtypes or set())
+    kept = {r[column] for r in csv.DictReader(lines[1:])} - (dtypes or set())
     runs, owned = [], set()
     for run_dtypes, own in stamp_runs(lines[0].lstrip("# ")):
         wrote = (kept - owned) if run_dtypes is None else (run_dtypes & kept) - owned
@@ -399,14 +400,17 @@ def kept_stamp(csv_path: Path, dtypes: set[str] | None = None) -> str:
         owned |= wrote
         if run_dtypes is None:
             break
-    return KEPT + KEPT.join(runs) if runs else ""
+    sep = KEPT.replace("dtypes", f"{column}s")
+    return sep + sep.join(runs) if runs else ""
 
 
-def appended(csv_path: Path, dtypes: str, rows: list[dict]) -> tuple[list[dict], str]:
-    """A run of the comma-separated ``dtypes`` added to the report at ``csv_path``: the earlier report's rows
-    of other dtypes, then ``rows``, and what the new report's stamp appends (``kept_stamp``)."""
-    kept = kept_rows(csv_path, set(dtypes.split(",")))
-    return kept + rows, f" ({dtypes} rows){kept_stamp(csv_path, set(dtypes.split(',')))}"
+def appended(csv_path: Path, dtypes: str, rows: list[dict], column: str = "dtype") -> tuple[list[dict], str]:
+    """A run of the comma-separated ``dtypes`` (values of ``column``) added to the report at ``csv_path``: the
+    earlier report's rows of other values, then ``rows``, and what the new report's stamp appends
+    (``kept_stamp``; nothing when no row is kept)."""
+    kept = kept_rows(csv_path, set(dtypes.split(",")), column)
+    tail = kept_stamp(csv_path, set(dtypes.split(",")), column)
+    return kept + rows, f" ({dtypes} rows){tail}" if tail else ""
 
 
 def plot_forward(csv_path: Path, png: Path, title: str, value: str, ylabel: str, shape_cols: Sequence[str],

@@ -39,7 +39,7 @@ from torch import nn  # noqa: E402
 from ops import layernorm_config  # noqa: E402
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
-from ops.timing import captured, commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
+from ops.timing import appended, captured, commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
 
 D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
@@ -300,18 +300,16 @@ def write_layernorm_ab(rows: list[dict]) -> None:
 def write(rows: list[dict], modes: list[str], processes: int = 1) -> None:
     """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
     rows = [r for r in rows if r["impl"] in ("torch", "ours")]
-    csv_path = OUT.with_suffix(".csv")
-    kept = []
-    if csv_path.exists():
-        kept = [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r["mode"] not in modes]
-    rows = sorted(kept + rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
-    stamp = f"GPU: {gpu_name()}; commit {commit()}"
+    rows, kept = appended(OUT.with_suffix(".csv"), ",".join(modes), rows, column="mode")
+    rows = sorted(rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
+    spread = f"; medians over {processes} processes" if processes > 1 else ""
+    stamp = f"GPU: {gpu_name()}; commit {commit()}{spread}{kept}"
     write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
                  f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {REPEATS} runs, "
-                 "torch's and ours interleaved"
-                 + (f"; then the median over {processes} fresh processes, of the ms and of each process's vs_torch"
-                    if processes > 1 else "") + "); "
-                 "train = forward + backward + AdamW. vs_torch = ours / torch in the same mode.")
+                 "torch's and ours interleaved; a run stamped \"medians over N processes\" then took the median "
+                 "over N fresh processes, of the ms and of each process's vs_torch); train = forward + backward + "
+                 "AdamW. vs_torch = ours / torch in the same mode. A stamp naming several runs says which modes' "
+                 "rows each wrote.")
     try:
         plot(rows, stamp)
     except ImportError:

@@ -124,12 +124,13 @@ TRANSFORMER_LIMITS = {("eager", "infer"): 1.0, ("eager", "train"): 1.0, ("cuda_g
 
 def transformer_checks(stamp: str, rows: Rows) -> list[Check]:
     ours = [r for r in rows if r["impl"] == "ours"]
+    # each case keyed by its mode: a report that kept some modes' rows from an earlier run names that run's commit
     checks = [worst(33, f"transformer {mode} {phase} / torch's", limit, stamp,
-                    [(float(r["vs_torch"]), "", f"{r['tokens']} tokens") for r in ours
+                    [(float(r["vs_torch"]), mode, f"{r['tokens']} tokens") for r in ours
                      if (r["mode"], r["phase"]) == (mode, phase)])
               for (mode, phase), limit in TRANSFORMER_LIMITS.items()]
     checks.append(worst(33, "transformer cuda_graph infer 8x512 / torch's", 0.92, stamp,
-                        [(float(r["vs_torch"]), "", "4096 tokens") for r in ours
+                        [(float(r["vs_torch"]), "cuda_graph", "4096 tokens") for r in ours
                          if (r["mode"], r["phase"], r["tokens"]) == ("cuda_graph", "infer", "4096")]))
     return checks
 

@@ -84,6 +84,30 @@ def test_appended_report_keeps_the_other_dtypes_rows_and_their_stamp(tmp_path: P
         " (bfloat16 rows); rows of other dtypes kept from: GPU: test; commit aaa")
 
 
+def test_transformer_report_keeps_other_modes_rows_with_their_commit(tmp_path: Path) -> None:
+    """A transformer run of some modes keeps the other modes' rows, its stamp names the run they came from
+    (keyed by mode), and check_targets counts each mode's rows at its own run's commit."""
+    import check_targets
+
+    csv_path = tmp_path / "bench_t.csv"
+    fields = ["mode", "phase", "tokens", "impl", "vs_torch"]
+    first = [{"mode": m, "phase": "train", "tokens": "4096", "impl": "ours", "vs_torch": v}
+             for m, v in (("eager", 0.9), ("cuda_graph", 0.96))]
+    write_report(tmp_path / "bench_t", first, fields, "GPU: g; commit a1", "T", "note")
+    rerun = [{"mode": "eager", "phase": "train", "tokens": "4096", "impl": "ours", "vs_torch": 0.8}]
+    rows, kept = appended(csv_path, "eager", rerun, column="mode")
+    assert kept == " (eager rows); rows of other modes kept from: GPU: g; commit a1"
+    write_report(tmp_path / "bench_t", rows, fields, f"GPU: g; commit b2; medians over 5 processes{kept}", "T", "n")
+    stamp = csv_path.read_text().splitlines()[0].lstrip("# ")
+    assert [stamp_commit(stamp, m) for m in ("eager", "cuda_graph")] == ["b2", "a1"]
+    found = {c.target: c for c in check_targets.transformer_checks(stamp, rows)}
+    assert (found["transformer eager train / torch's"].value, found["transformer eager train / torch's"].commit) \
+        == (0.8, "b2")
+    assert (found["transformer cuda_graph train / torch's"].value,
+            found["transformer cuda_graph train / torch's"].commit) == (0.96, "a1")
+    assert appended(tmp_path / "none.csv", "eager", rerun, column="mode") == (rerun, "")
+
+
 def test_each_dtypes_commit_is_the_newest_run_that_wrote_it(tmp_path: Path) -> None:
     """Reruns of some dtypes chain their stamps; each dtype's commit is the newest run's that names it (a run
     of two dtypes names both), and runs that no kept row came from drop out of the chain."""
