@@ -175,7 +175,7 @@ def forward_ptx_changed(commit: str, ab: dict[tuple[str, ...], dict[str, str]]) 
     for (kind, impl, dtype, m, h) in ab:
         dt = getattr(torch, dtype)
         launch = layernorm_config.fwd_launch(int(m), int(h), dt, True, impl.partition(":")[2] or "fast")
-        specs[launch.spec(dt, 0)] = f"{kind} {impl} {dtype} {m}x{h}"
+        specs[launch.spec(dt, 0 if kind == "fwd" else 2)] = f"{kind} {impl} {dtype} {m}x{h}"   # as ab_kernels
     direct.build(list(specs), "H100", quiet=True)
     with tempfile.TemporaryDirectory() as tmp:
         old = {path.name: path for path in compare_ptx.build_at(commit, Path(tmp))}
