@@ -358,8 +358,8 @@ def kept_rows(csv_path: Path, dtypes: set[str], column: str = "dtype") -> list[d
     return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r[column] not in dtypes]
 
 
-KEPT = "; rows of other dtypes kept from: "
-KEPT_ANY = re.compile(r"; rows of other \w+ kept from: ")   # KEPT, or the same naming another column
+KEPT = "; rows of other {column}s kept from: "   # before the runs whose rows a report kept, by the column's name
+KEPT_ANY = re.compile(KEPT.format(column=r"\w+"))
 
 
 def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
@@ -400,7 +400,7 @@ def kept_stamp(csv_path: Path, dtypes: set[str] | None = None, column: str = "dt
         owned |= wrote
         if run_dtypes is None:
             break
-    sep = KEPT.replace("dtypes", f"{column}s")
+    sep = KEPT.format(column=column)
     return sep + sep.join(runs) if runs else ""
 
 

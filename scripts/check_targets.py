@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -28,6 +29,9 @@ import compare_results  # noqa: E402
 from readme_tables import read  # noqa: E402
 
 from ops.timing import stamp_commit  # noqa: E402
+
+if TYPE_CHECKING:
+    from ops.layernorm_config import Launch
 
 Rows = list[dict[str, str]]
 
@@ -165,7 +169,6 @@ def forward_ptx_changed(commit: str, ab: dict[tuple[str, ...], dict[str, str]]) 
     import compare_ptx
     import torch
 
-    from ops import layernorm_config
     from ops.launch import direct
 
     if subprocess.run(["git", "rev-parse", "--verify", "-q", f"{commit}^{{commit}}"], cwd=ROOT,
@@ -173,9 +176,8 @@ def forward_ptx_changed(commit: str, ab: dict[tuple[str, ...], dict[str, str]]) 
         return f"commit {commit} is not in this repository"
     specs = {}
     for (kind, impl, dtype, m, h) in ab:
-        dt = getattr(torch, dtype)
-        launch = layernorm_config.fwd_launch(int(m), int(h), dt, True, impl.partition(":")[2] or "fast")
-        specs[launch.spec(dt, 0 if kind == "fwd" else 2)] = f"{kind} {impl} {dtype} {m}x{h}"   # as ab_kernels
+        launch = ab_launch(impl, dtype, m, h)
+        specs[launch.spec(getattr(torch, dtype), 0 if kind == "fwd" else 2)] = f"{kind} {impl} {dtype} {m}x{h}"
     direct.build(list(specs), "H100", quiet=True)
     with tempfile.TemporaryDirectory() as tmp:
         old = {path.name: path for path in compare_ptx.build_at(commit, Path(tmp))}
@@ -187,15 +189,19 @@ def forward_ptx_changed(commit: str, ab: dict[tuple[str, ...], dict[str, str]]) 
     return None
 
 
-def ab_moved(ab: dict[tuple[str, ...], dict[str, str]]) -> str | None:
-    """The first A/B row whose forward the working tree launches otherwise than the A/B's "new" side, or None."""
+def ab_launch(impl: str, dtype: str, m: str, h: str) -> Launch:
+    """The forward launch the working tree picks for an A/B row (as scripts/ab_kernels.py asks for its "new" side)."""
     import torch
 
     from ops import layernorm_config
 
+    return layernorm_config.fwd_launch(int(m), int(h), getattr(torch, dtype), True, impl.partition(":")[2] or "fast")
+
+
+def ab_moved(ab: dict[tuple[str, ...], dict[str, str]]) -> str | None:
+    """The first A/B row whose forward the working tree launches otherwise than the A/B's "new" side, or None."""
     for (kind, impl, dtype, m, h), r in ab.items():
-        variant = impl.partition(":")[2] or "fast"
-        launch = layernorm_config.fwd_launch(int(m), int(h), getattr(torch, dtype), True, variant)
+        launch = ab_launch(impl, dtype, m, h)
         if f"{launch.kernel}{list(launch.params)}" != r["new_kernel"]:
             return f"{kind} {impl} {dtype} {m}x{h} launches {launch.kernel}{list(launch.params)} now"
     return None
