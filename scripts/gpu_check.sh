@@ -23,6 +23,7 @@
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
 #   transformer-compile  its compile rows only, likewise (host-bound too)
+#   transformer-cuda_graph  its CUDA-graph rows only, likewise
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
 #   ab-kernels  LayerNorm forward kernels against 0306017's on this GPU -> kernel_ab_vs_0306017.{md,csv}; needs
@@ -97,7 +98,7 @@ for step in "${steps[@]}"; do
     transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
       run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab
       [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_layernorm.* "$out"/ ;;
-    transformer-eager|transformer-compile)  # one mode, medians over 5 fresh processes (about 3 and 6 minutes)
+    transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5
       [ "$out" = results ] || cp results/bench_transformer.* "$out"/ ;;

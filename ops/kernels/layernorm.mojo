@@ -9,6 +9,7 @@
 #   ln_fwd_row_thread, ln_fwd_block_smem, ln_fwd_loop: the teaching progression (variant=) and the fallbacks
 #     (unaligned pointers, h not a multiple of the vector): one pass of shifted sums.
 #   ln_bwd_regs / ln_bwd_loop: rows dealt round-robin to row groups that keep dgamma/dbeta partials;
+#     ln_bwd_regs loads a group's next row while it reduces the current one (two rows in flight a warp);
 #     ln_bwd_reduce sums the partials per column in a fixed order (deterministic, no float atomics).
 # Limits: rows and h below 2^31; the CPU path (fwd_cpu, bwd_cpu) takes one row at a time.
 # Design notes, the kernel progression and the measurements behind each choice: docs/kernels/layernorm.md.
@@ -665,26 +666,37 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
             g = g.insert[offset=c * VEC](gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]())
             comptime if act != ACT_NONE:
                 bt = bt.insert[offset=c * VEC](beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]())
+    # dgamma/dbeta accumulators: in registers with one group per block; with several (RPB > 1), in shared memory,
+    # 16 bytes per thread side by side (conflict-free), which leaves the registers for the next row's loads (with
+    # them in registers as well, ptxas spilled).
+    comptime SMEM_ACC = RPB > 1
+    comptime Q = W // 4                # 16-byte quads per accumulator
+    var local = tid // GT
+    var acc_s = stack_allocation[(2 * RPB * Q * GT * 4) if SMEM_ACC else 1, F32, address_space=AddressSpace.SHARED]()
     var acc_g = SIMD[F32, W](0.0)
     var acc_b = SIMD[F32, W](0.0)
+    comptime if SMEM_ACC:
+        comptime for q in range(Q):
+            acc_store(acc_s, quad_index[Q, GT](local, 0, q, gt), SIMD[F32, 4](0.0))
+            acc_store(acc_s, quad_index[Q, GT](local, 1, q, gt), SIMD[F32, 4](0.0))
     var iters = ceildiv(Int(rows), p)
+    # Row it + 1's x, dy and statistics load (as stored) while row it is reduced: two rows in flight a warp.
+    var nx = SIMD[dtype, W](0)
+    var ndy = SIMD[dtype, W](0)
+    var nm: Float32 = 0.0
+    var nr: Float32 = 0.0
+    load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, group, group < p and group < Int(rows), n, gt, nv)
     for it in range(iters):
         var row = group + it * p
         var valid = group < p and row < Int(rows)
         var base = row * n
-        var xv = Regs[VEC, CH](0.0)
-        var dyv = Regs[VEC, CH](0.0)  # zero where invalid: contributes nothing below
-        var m: Float32 = 0.0
-        var r: Float32 = 0.0
-        if valid:
-            m = mean[unsafe_offset=row]
-            r = rstd[unsafe_offset=row]
-            # x and dy in one loop (not two load_slice calls): ptxas then needs fewer registers.
-            comptime for c in range(CH):
-                var j = c * GT + gt
-                if j < nv:
-                    xv = xv.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
-                    dyv = dyv.insert[offset=c * VEC](dy.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC).cast[F32]())
+        var xv = nx.cast[F32]()
+        var dyv = ndy.cast[F32]()  # zero where invalid: contributes nothing below
+        var m = nm
+        var r = nr
+        var nrow = row + p
+        load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, nrow, group < p and nrow < Int(rows), n, gt,
+                                     nv)
         var xhat = (xv - m) * r
         comptime if act != ACT_NONE:
             dyv = dyv * activate_grad[act, W](xhat * g + bt)
@@ -692,27 +704,71 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         var slot = 2 * (it % 2)
         var a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
         var b = group_sum[WPR, RPB]((gdy * xhat).reduce_add(), sh, slot + 1) / Float32(n)
-        acc_g += dyv * xhat
-        acc_b += dyv
+        comptime if SMEM_ACC:
+            var dg = dyv * xhat
+            comptime for q in range(Q):
+                if (q * 4) // VEC * GT + gt < nv:
+                    var ig = quad_index[Q, GT](local, 0, q, gt)
+                    var ib = quad_index[Q, GT](local, 1, q, gt)
+                    acc_store(acc_s, ig, acc_load(acc_s, ig) + dg.slice[4, offset=q * 4]())
+                    acc_store(acc_s, ib, acc_load(acc_s, ib) + dyv.slice[4, offset=q * 4]())
+        else:
+            acc_g += dyv * xhat
+            acc_b += dyv
         if valid:
             store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), base, 0, gt, nv)
     # One partial row per block: its RPB groups' sums add in order through shared memory (group 0 keeps its own).
-    comptime if RPB > 1:
-        var red = stack_allocation[2 * (RPB - 1) * W * GT, F32, address_space=AddressSpace.SHARED]()
-        var local = tid // GT
-        if local > 0:
-            comptime for e in range(W):   # element e of every thread of a group side by side: no bank conflicts
-                red[unsafe_offset=((2 * (local - 1)) * W + e) * GT + gt] = acc_g[e]
-                red[unsafe_offset=((2 * (local - 1) + 1) * W + e) * GT + gt] = acc_b[e]
+    comptime if SMEM_ACC:
         barrier()
         if local > 0:
             return
-        comptime for k in range(RPB - 1):
-            comptime for e in range(W):
-                acc_g[e] += red[unsafe_offset=((2 * k) * W + e) * GT + gt]
-                acc_b[e] += red[unsafe_offset=((2 * k + 1) * W + e) * GT + gt]
+        comptime for q in range(Q):
+            if (q * 4) // VEC * GT + gt < nv:
+                var tg = acc_load(acc_s, quad_index[Q, GT](0, 0, q, gt))
+                var tb = acc_load(acc_s, quad_index[Q, GT](0, 1, q, gt))
+                comptime for k in range(1, RPB):
+                    tg += acc_load(acc_s, quad_index[Q, GT](k, 0, q, gt))
+                    tb += acc_load(acc_s, quad_index[Q, GT](k, 1, q, gt))
+                acc_g = acc_g.insert[offset=q * 4](tg)
+                acc_b = acc_b.insert[offset=q * 4](tb)
     store_slice[F32, VEC, CH, GT](part_g, acc_g, Int(block_idx.x) * n, 0, gt, nv)
     store_slice[F32, VEC, CH, GT](part_b, acc_b, Int(block_idx.x) * n, 0, gt, nv)
+
+
+@always_inline
+def load_row[dtype: DType, VEC: Int, CH: Int, GT: Int](
+    mut xv: SIMD[dtype, CH * VEC], mut dyv: SIMD[dtype, CH * VEC], mut m: Float32, mut r: Float32, x: Ptr[dtype],
+    dy: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], row: Int, valid: Bool, n: Int, gt: Int, nv: Int,
+):
+    """This thread's vectors of row `row` of x and dy (as stored) and its statistics; zeros when not valid."""
+    xv = SIMD[dtype, CH * VEC](0)
+    dyv = SIMD[dtype, CH * VEC](0)
+    m = 0.0
+    r = 0.0
+    if valid:
+        m = mean[unsafe_offset=row]
+        r = rstd[unsafe_offset=row]
+        comptime for c in range(CH):
+            var j = c * GT + gt
+            if j < nv:
+                xv = xv.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](row * n + j * VEC))
+                dyv = dyv.insert[offset=c * VEC](dy.unsafe_load[width=VEC, alignment=ALIGN](row * n + j * VEC))
+
+
+@always_inline
+def quad_index[Q: Int, GT: Int](local: Int, which: Int, q: Int, gt: Int) -> Int:
+    """Float offset of quad q of thread gt's dgamma (which 0) or dbeta (1) accumulator in group `local`'s plane."""
+    return (((2 * local + which) * Q + q) * GT + gt) * 4
+
+
+@always_inline
+def acc_load(p: Shared, i: Int) -> SIMD[F32, 4]:
+    return p.unsafe_load[width=4, alignment=16](i)
+
+
+@always_inline
+def acc_store(p: Shared, i: Int, v: SIMD[F32, 4]):
+    p.unsafe_store[alignment=16](i, v)
 
 
 def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
