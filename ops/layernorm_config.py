@@ -69,10 +69,12 @@ VARIANTS = ("row_thread", "block_smem", "block_warp", "vector", "fast")
 # (session 15) put the best count at 16 KB of row bytes per SM, the row's bytes rounded up to a power of two,
 # at most 12 groups per SM. Rows up to REDUCE_NARROW_MAX_H, whose column sums are the cheap narrow shape, want ~2
 # rows a group since ln_bwd_regs writes one partial row per block of RPB groups (26e2b81; ~4 before, from the af122fa
-# sweep in git). The sweep at 26e2b81 (results/bench_layernorm_bwd_sweep.md, one row in flight), kernel us with the
-# column sums, ~2 against ~4 rows a group: bf16 2048x768 9.2 against 10.03, 1024x768 7.65 against 9.15 (264 groups
-# of one row per block), 512x768 7.01 against 7.78; fp32 1024x768 8.67 against 9.22, 512x768 7.12 against 7.92;
-# 4096 rows keep their counts (the row-bytes cap).
+# sweep in git). The sweep at 26e2b81 (results/bench_layernorm_bwd_sweep_at_26e2b81.md, one row in flight), kernel
+# us with the column sums, ~2 against ~4 rows a group: bf16 2048x768 9.2 against 10.03, 1024x768 7.65 against 9.15
+# (264 groups of one row per block), 512x768 7.01 against 7.78; fp32 1024x768 8.67 against 9.22, 512x768 7.12
+# against 7.92; 4096 rows keep their counts (the row-bytes cap). With two rows in flight (50581a1; its sweep,
+# results/bench_layernorm_bwd_sweep.md) these choices are still the fastest at 16 of the 18 shapes; the other two
+# are within 5% (bf16 512x768 6.67 us against 6.37, fp32 1024x768 8.34 against 8.1).
 BWD_ROW_BYTES_PER_SM = 16384
 BWD_MAX_PER_SM = 12
 BWD_ROWS_PER_GROUP = 8          # rows over REDUCE_NARROW_MAX_H
