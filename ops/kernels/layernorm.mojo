@@ -9,7 +9,7 @@
 #   ln_fwd_row_thread, ln_fwd_block_smem, ln_fwd_loop: the teaching progression (variant=) and the fallbacks
 #     (unaligned pointers, h not a multiple of the vector): one pass of shifted sums.
 #   ln_bwd_regs / ln_bwd_loop: rows dealt round-robin to row groups that keep dgamma/dbeta partials;
-#     ln_bwd_regs loads a group's next row while it reduces the current one (two rows in flight a warp);
+#     ln_bwd_regs loads a group's next row while it reduces the current one (up to 4 vectors a thread);
 #     ln_bwd_reduce sums the partials per column in a fixed order (deterministic, no float atomics).
 # Limits: rows and h below 2^31; the CPU path (fwd_cpu, bwd_cpu) takes one row at a time.
 # Design notes, the kernel progression and the measurements behind each choice: docs/kernels/layernorm.md.
@@ -680,23 +680,30 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
             acc_store(acc_s, quad_index[Q, GT](local, 0, q, gt), SIMD[F32, 4](0.0))
             acc_store(acc_s, quad_index[Q, GT](local, 1, q, gt), SIMD[F32, 4](0.0))
     var iters = ceildiv(Int(rows), p)
-    # Row it + 1's x, dy and statistics load (as stored) while row it is reduced: two rows in flight a warp.
+    # With AHEAD, row it + 1's x, dy and statistics load (as stored) while row it is reduced: two rows in flight a
+    # warp. Not with 8 vectors a thread: those registers spill (fp32 4096x8192, (8, 8, 1): 12% slower).
+    comptime AHEAD = CH <= 4
     var nx = SIMD[dtype, W](0)
     var ndy = SIMD[dtype, W](0)
     var nm: Float32 = 0.0
     var nr: Float32 = 0.0
-    load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, group, group < p and group < Int(rows), n, gt, nv)
+    comptime if AHEAD:
+        load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, group, group < p and group < Int(rows), n, gt,
+                                     nv)
     for it in range(iters):
         var row = group + it * p
         var valid = group < p and row < Int(rows)
         var base = row * n
+        comptime if not AHEAD:
+            load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, row, valid, n, gt, nv)
         var xv = nx.cast[F32]()
         var dyv = ndy.cast[F32]()  # zero where invalid: contributes nothing below
         var m = nm
         var r = nr
-        var nrow = row + p
-        load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, nrow, group < p and nrow < Int(rows), n, gt,
-                                     nv)
+        comptime if AHEAD:
+            var nrow = row + p
+            load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, nrow, group < p and nrow < Int(rows), n,
+                                         gt, nv)
         var xhat = (xv - m) * r
         comptime if act != ACT_NONE:
             dyv = dyv * activate_grad[act, W](xhat * g + bt)
