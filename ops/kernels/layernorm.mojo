@@ -681,7 +681,7 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
             acc_store(acc_s, quad_index[Q, GT](local, 1, q, gt), SIMD[F32, 4](0.0))
     var iters = ceildiv(Int(rows), p)
     # With AHEAD, row it + 1's x, dy and statistics load (as stored) while row it is reduced: two rows in flight a
-    # warp. Not with 8 vectors a thread: those registers spill (fp32 4096x8192, (8, 8, 1): 12% slower).
+    # warp. Not with 8 vectors a thread, where ptxas spills them (docs/kernels/layernorm.md).
     comptime AHEAD = CH <= 4
     var nx = SIMD[dtype, W](0)
     var ndy = SIMD[dtype, W](0)
