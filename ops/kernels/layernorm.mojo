@@ -714,7 +714,7 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         comptime if SMEM_ACC:
             var dg = dyv * xhat
             comptime for q in range(Q):
-                if (q * 4) // VEC * GT + gt < nv:
+                if quad_in_row[VEC, GT](q, gt, nv):
                     var ig = quad_index[Q, GT](local, 0, q, gt)
                     var ib = quad_index[Q, GT](local, 1, q, gt)
                     acc_store(acc_s, ig, acc_load(acc_s, ig) + dg.slice[4, offset=q * 4]())
@@ -730,7 +730,7 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         if local > 0:
             return
         comptime for q in range(Q):
-            if (q * 4) // VEC * GT + gt < nv:
+            if quad_in_row[VEC, GT](q, gt, nv):
                 var tg = acc_load(acc_s, quad_index[Q, GT](0, 0, q, gt))
                 var tb = acc_load(acc_s, quad_index[Q, GT](0, 1, q, gt))
                 comptime for k in range(1, RPB):
@@ -747,7 +747,8 @@ def load_row[dtype: DType, VEC: Int, CH: Int, GT: Int](
     mut xv: SIMD[dtype, CH * VEC], mut dyv: SIMD[dtype, CH * VEC], mut m: Float32, mut r: Float32, x: Ptr[dtype],
     dy: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], row: Int, valid: Bool, n: Int, gt: Int, nv: Int,
 ):
-    """This thread's vectors of row `row` of x and dy (as stored) and its statistics; zeros when not valid."""
+    """This thread's vectors of row `row` of x and dy (as stored) and its statistics; zeros when not valid. x and dy
+    in one loop, not two `load_slice` calls: ptxas then needs fewer registers."""
     xv = SIMD[dtype, CH * VEC](0)
     dyv = SIMD[dtype, CH * VEC](0)
     m = 0.0
@@ -760,6 +761,12 @@ def load_row[dtype: DType, VEC: Int, CH: Int, GT: Int](
             if j < nv:
                 xv = xv.insert[offset=c * VEC](x.unsafe_load[width=VEC, alignment=ALIGN](row * n + j * VEC))
                 dyv = dyv.insert[offset=c * VEC](dy.unsafe_load[width=VEC, alignment=ALIGN](row * n + j * VEC))
+
+
+@always_inline
+def quad_in_row[VEC: Int, GT: Int](q: Int, gt: Int, nv: Int) -> Bool:
+    """Whether quad q of thread gt's accumulators lies in its vectors below nv (the row's; the rest stay unused)."""
+    return (q * 4) // VEC * GT + gt < nv
 
 
 @always_inline
