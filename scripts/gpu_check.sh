@@ -52,9 +52,15 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests) run gpu_tests python -m pytest -q -rs -p no:cacheprovider tests ;;
     gpu-tests)  # in OPS_TEST_WORKERS processes (pytest-xdist; MAX's compiles dominate), then the kernel-timing
-      # tests alone: their CUPTI timings must not share the GPU with other processes
+      # tests alone: their CUPTI timings must not share the GPU with other processes; then what the builds cost
+      # (OPS_COMPILE_LOG, see bridge.built_once). GPU_TESTS_ARGS: more pytest arguments for the first run
+      export OPS_COMPILE_LOG="$out/gpu_tests_compiles.tsv"; : > "$OPS_COMPILE_LOG"
       run gpu_tests bash -c "python -m pytest -q -rs -p no:cacheprovider tests -k '(cuda or gpu) and not test_timing' \
-        -n ${OPS_TEST_WORKERS:-12} --durations=15 && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu" ;;
+        -n ${OPS_TEST_WORKERS:-12} --durations=15 ${GPU_TESTS_ARGS:-} \
+        && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu"
+      awk -F'\t' '{n++; w += $2; h += $3; if (!seen[$4]++) d++} END {printf "builds: %d (%d distinct), %.0f s \
+building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG" | tee -a "$out/gpu_tests.txt"
+      unset OPS_COMPILE_LOG ;;
     direct-tests) run gpu_tests_drop_in python -m pytest -q -rs -p no:cacheprovider tests/test_drop_in.py \
       tests/test_direct.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;

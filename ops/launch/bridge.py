@@ -25,9 +25,11 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
@@ -162,6 +164,31 @@ def _cache_dir() -> Path:
     return path
 
 
+@contextmanager
+def built_once(name: str) -> Iterator[None]:
+    """Hold the cache's lock named ``name`` while building the thing it names, and log the build's time.
+
+    Processes that share the cache (pytest-xdist workers, the ranks of one host) then build each package,
+    graph or library once: the others wait, and find it in the cache (the graph in MAX's own, ~/.cache/modular)
+    at a few seconds' cost instead of compiling it again at the same time. Where ``OPS_COMPILE_LOG`` names a
+    file, each build appends a line to it: pid, seconds waited, seconds held, name (``scripts/gpu_check.sh``
+    sums it up).
+    """
+    import fcntl
+
+    locks = _cache_dir() / "locks"
+    locks.mkdir(exist_ok=True)
+    start = time.perf_counter()
+    with open(locks / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)   # released when f closes
+        held = time.perf_counter()
+        yield
+        if log := os.environ.get("OPS_COMPILE_LOG"):
+            now = time.perf_counter()
+            with open(log, "a") as out:
+                out.write(f"{os.getpid()}\t{held - start:.1f}\t{now - held:.1f}\t{name}\n")
+
+
 def compile_package(package: Path) -> Path:
     """Return a ``.mojoc`` built from ``package`` as it is on disk now.
 
@@ -176,6 +203,14 @@ def compile_package(package: Path) -> Path:
     final = _cache_dir() / digest / f"{package.name}.mojoc"
     if final.is_file():
         return final
+    with built_once(f"package {final}"):
+        if not final.is_file():   # another process may have built it while this one waited
+            _precompile(package, final, digest)
+    return final
+
+
+def _precompile(package: Path, final: Path, digest: str) -> None:
+    """``mojo precompile package`` into ``final``, published by an atomic rename."""
     from mojo.run import subprocess_run_mojo
 
     # The compiler bakes the file stem in as the module name, so the staging
@@ -190,7 +225,6 @@ def compile_package(package: Path) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(built, final)
     staging.rmdir()
-    return final
 
 
 class MojoCompileError(RuntimeError):
@@ -297,8 +331,8 @@ def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.devic
         return model
     with _models_lock:
         if key not in _models:
-            graph = build_graph(op, dtypes, kind, index)
-            _models[key] = _session(kind, index).load(graph)
+            with built_once(f"graph {key}"):
+                _models[key] = _session(kind, index).load(build_graph(op, dtypes, kind, index))
             compile_count += 1
         return _models[key]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ops.launch.bridge import LIBRARY, MojoCompileError, _cache_dir, package_digest
+from ops.launch.bridge import LIBRARY, MojoCompileError, _cache_dir, built_once, package_digest
 
 # CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
 TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
@@ -124,33 +124,40 @@ def build(specs: Iterable[KernelSpec], target: str = "H100", quiet: bool = False
     """Compile the specs whose PTX is not cached yet, in one ``mojo run``; returns how many it built."""
     specs = list(dict.fromkeys(specs))
     with _build_lock:
-        missing = [s for s in specs if not ptx_path(s, target).is_file()]
-        if not missing:
+        if all(ptx_path(s, target).is_file() for s in specs):
             return 0
-        if not quiet:
-            print(f"ops: compiling {len(missing)} GPU kernel(s) for {target} to PTX "
-                  f"(once per kernel source; cache {ptx_dir(target)})", file=sys.stderr, flush=True)
-        from mojo.run import subprocess_run_mojo
+        with built_once(f"ptx {ptx_dir(target)}"):
+            return _build_missing([s for s in specs if not ptx_path(s, target).is_file()], target, quiet)
 
-        with tempfile.TemporaryDirectory() as tmp:
-            emit = Path(tmp) / "emit_ptx.mojo"
-            emit.write_text(emit_source(missing, target))
-            proc = subprocess_run_mojo(["run", "-I", str(LIBRARY.parent), str(emit)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise MojoCompileError(f"PTX build failed:\n{proc.stdout[-2000:]}{proc.stderr}")
-        parts = proc.stdout.split(MARK)[1:]
-        if len(parts) != len(missing):
-            raise MojoCompileError(f"PTX build printed {len(parts)} kernels, expected {len(missing)}")
-        out = ptx_dir(target)
-        out.mkdir(parents=True, exist_ok=True)
-        for spec, part in zip(missing, parts, strict=True):
-            ptx = part.split("\n", 1)[1]
-            if ".entry" not in ptx:
-                raise MojoCompileError(f"no kernel entry in the PTX of {spec.expr}")
-            tmp_file = out / f".{os.getpid()}.tmp"
-            tmp_file.write_text(ptx)
-            os.replace(tmp_file, ptx_path(spec, target))
-        return len(missing)
+
+def _build_missing(missing: list[KernelSpec], target: str, quiet: bool) -> int:
+    """``build``'s work on the specs whose PTX is missing, under its locks."""
+    if not missing:
+        return 0
+    if not quiet:
+        print(f"ops: compiling {len(missing)} GPU kernel(s) for {target} to PTX "
+              f"(once per kernel source; cache {ptx_dir(target)})", file=sys.stderr, flush=True)
+    from mojo.run import subprocess_run_mojo
+
+    with tempfile.TemporaryDirectory() as tmp:
+        emit = Path(tmp) / "emit_ptx.mojo"
+        emit.write_text(emit_source(missing, target))
+        proc = subprocess_run_mojo(["run", "-I", str(LIBRARY.parent), str(emit)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MojoCompileError(f"PTX build failed:\n{proc.stdout[-2000:]}{proc.stderr}")
+    parts = proc.stdout.split(MARK)[1:]
+    if len(parts) != len(missing):
+        raise MojoCompileError(f"PTX build printed {len(parts)} kernels, expected {len(missing)}")
+    out = ptx_dir(target)
+    out.mkdir(parents=True, exist_ok=True)
+    for spec, part in zip(missing, parts, strict=True):
+        ptx = part.split("\n", 1)[1]
+        if ".entry" not in ptx:
+            raise MojoCompileError(f"no kernel entry in the PTX of {spec.expr}")
+        tmp_file = out / f".{os.getpid()}.tmp"
+        tmp_file.write_text(ptx)
+        os.replace(tmp_file, ptx_path(spec, target))
+    return len(missing)
 
 
 def entry_name(ptx: str) -> str:
@@ -359,14 +366,22 @@ def build_native(quiet: bool = False) -> Path:
     Raises:
         NativeBuildError: no C++ compiler, or the compile failed (its output in the message).
     """
+    path = native_library_path()
+    if path.is_file():
+        return path
+    with built_once(f"native {path}"):
+        if not path.is_file():   # another process may have built it while this one waited
+            _compile_native(path, quiet)
+    return path
+
+
+def _compile_native(path: Path, quiet: bool) -> None:
+    """``build_native``'s compile into ``path``, published by an atomic rename."""
     import shutil
     import subprocess
 
     from torch.utils import cpp_extension
 
-    path = native_library_path()
-    if path.is_file():
-        return path
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
         raise NativeBuildError("no C++ compiler (c++ or g++ on PATH, or CXX)")
@@ -383,7 +398,6 @@ def build_native(quiet: bool = False) -> Path:
     if proc.returncode != 0:
         raise NativeBuildError(f"building {NATIVE_SOURCE} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
     os.replace(staging, path)
-    return path
 
 
 def load_native() -> NativeOps:
