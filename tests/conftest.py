@@ -15,6 +15,20 @@ DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "slow: compiles extra packages (edits, virtual GPU)")
+    if HAS_GPU and config.getoption("numprocesses", default=None) and not hasattr(config, "workerinput"):
+        # xdist's controller on a GPU machine: build the graphs the workers share, all at once
+        import warm_graphs
+
+        _warming.extend(warm_graphs.start())
+
+
+_warming: list = []   # the processes warm_graphs.start() began
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for proc in _warming:
+        proc.kill()
+        proc.wait()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

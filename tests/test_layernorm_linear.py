@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,23 @@ def make(lead: tuple[int, ...], k: int, n: int, dtype: torch.dtype, device: str,
     ts = (torch.randn(*lead, k, **f64) + mean, 1.0 + 0.2 * torch.randn(k, **f64), 0.2 * torch.randn(k, **f64),
           torch.randn(n, k, **f64) / k ** 0.5, 0.2 * torch.randn(n, **f64), torch.randn(*lead, n, **f64))
     return tuple(t.to(device=device, dtype=dtype) for t in ts)
+
+
+@pytest.fixture
+def fused_in_splits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[torch.Tensor, ...]]]:
+    """``run(x, g, b, w, bias, splits)``: the "fused" forward (y, mean, rstd) through the route users run (the C++
+    entry where it is built), its k split count forced to ``splits``. Each call hands its plan over afresh and
+    checks that the plan asked for the split count; no forced plan outlives the test."""
+    def run(*args: torch.Tensor, splits: int) -> tuple[torch.Tensor, ...]:
+        asked: list[int] = []
+        monkeypatch.setattr(LL, "fused_splits", lambda *a, **kw: asked.append(splits) or splits)
+        direct.forget_plans()
+        out = LL.layernorm_linear_fwd(*args, eps=1e-5, algo="fused")
+        assert asked, "the fused forward did not ask for its split count"
+        return out
+
+    yield run
+    direct.forget_plans()
 
 
 def check_forward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor, bias: torch.Tensor,
@@ -213,11 +232,11 @@ def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", LL.DTYPES, ids=str)
 @pytest.mark.parametrize("splits", [1, 3, 7, 40])
-def test_gpu_fused_splits(dtype: torch.dtype, splits: int) -> None:
+def test_gpu_fused_splits(fused_in_splits: Callable, dtype: torch.dtype, splits: int) -> None:
     """Every split count gives the same answer: chunks ending mid-step (K = 1000), splits past the end of K
     (40 chunks of a 1000-long row leave the last ones empty), rows and columns off the 64-tiles."""
     x, g, b, w, bias, _ = make((130,), 1000, 70, dtype, "cuda", mean=3.0)
-    y, mean, rstd = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)
+    y, mean, rstd = fused_in_splits(x, g, b, w, bias, splits=splits)
     assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=1000)) is None, bad
     mean_ref, rstd_ref = layernorm_stats_ref(x)
     assert (bad := compare(mean, mean_ref, torch.float32, 1000)) is None, bad
@@ -228,9 +247,9 @@ def test_gpu_fused_splits(dtype: torch.dtype, splits: int) -> None:
 def test_gpu_fused_forward_is_deterministic() -> None:
     x, g, b, w, bias, _ = make((4096,), 4096, 64, torch.bfloat16, "cuda")
     assert LL.fused_splits(4096, 4096, 64, x.device) > 1  # the split path, whose sums must keep their order
-    first = LL.fused_fwd(x, g, b, w, bias, 1e-5)
+    first = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="fused")
     for _ in range(10):
-        for a, again in zip(first, LL.fused_fwd(x, g, b, w, bias, 1e-5), strict=True):
+        for a, again in zip(first, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="fused"), strict=True):
             assert torch.equal(a, again)
 
 
@@ -319,7 +338,7 @@ def test_autograd_algo() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_gpu_fused_outlier_first_columns(dtype: torch.dtype) -> None:
+def test_gpu_fused_outlier_first_columns(fused_in_splits: Callable, dtype: torch.dtype) -> None:
     """The fused kernel shifts each row by a sample of its first elements before the 16-bit GEMM:
     rows that start 6 spreads off their mean (and gamma ~ N(0, 1)) must stay as accurate as the rest."""
     x, g, b, w, bias, _ = make((4100,), 100, 768, torch.float32, "cuda")
@@ -327,19 +346,20 @@ def test_gpu_fused_outlier_first_columns(dtype: torch.dtype) -> None:
     g = torch.randn_like(g)
     args = [t.to(dtype) for t in (x, g, b, w, bias)]
     for splits in (1, 2):
-        y = LL.fused_fwd(*args, 1e-5, splits)[0]
+        y = fused_in_splits(*args, splits=splits)[0]
         assert (bad := compare(y, layernorm_linear_ref(*args), dtype, reduction=100)) is None, bad
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("lead,k,n", [((64,), 64, 64), ((300,), 100, 130), ((1,), 7, 1), ((513,), 4096, 64)])
-def test_gpu_fused16_large_mean_rows(dtype: torch.dtype, lead: tuple[int, ...], k: int, n: int) -> None:
+def test_gpu_fused16_large_mean_rows(fused_in_splits: Callable, dtype: torch.dtype, lead: tuple[int, ...], k: int,
+                                     n: int) -> None:
     """Rows at mean 1e3, spread 1: in bf16 many short rows round to nearly one value (rstd up to ~300),
     which magnifies any mismatch between the GEMM's 16-bit w * gamma and the correction's G."""
     x, g, b, w, bias, _ = make(lead, k, n, dtype, "cuda", mean=1e3)
     for splits in (1, 3):
-        y, mean, rstd = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)
+        y, mean, rstd = fused_in_splits(x, g, b, w, bias, splits=splits)
         where = f"{dtype}, x {tuple(x.shape)}, weight {tuple(w.shape)}, splits {splits}"
         assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=k)) is None, \
             f"y, {where}: {bad}"
@@ -382,7 +402,7 @@ def test_gpu_fused_sees_weight_updates(dtype: torch.dtype) -> None:
     for t in (w, g, b, bias, None):
         if t is not None:
             t.mul_(1.5)
-        y = LL.fused_fwd(x, g, b, w, bias, 1e-5)[0]
+        y = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="fused")[0]
         assert (bad := compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, 4096)) is None, bad
 
 
