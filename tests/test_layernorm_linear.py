@@ -32,7 +32,7 @@ def make(lead: tuple[int, ...], k: int, n: int, dtype: torch.dtype, device: str,
 
 @pytest.fixture
 def fused_in_splits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[torch.Tensor, ...]]]:
-    """``run(x, g, b, w, bias, splits)``: the "fused" forward (y, mean, rstd) through the route users run (the C++
+    """``run(x, g, b, w, bias, splits=s)``: the "fused" forward (y, mean, rstd) through the route users run (the C++
     entry where it is built), its k split count forced to ``splits``. Each call hands its plan over afresh and
     checks that the plan asked for the split count; no forced plan outlives the test."""
     def run(*args: torch.Tensor, splits: int) -> tuple[torch.Tensor, ...]:

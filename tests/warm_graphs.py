@@ -5,8 +5,8 @@ Each MAX graph of ``graphs()`` (and the C++ launcher, item -1) is built in a pro
 lock (``ops.launch.bridge.built_once``). A worker that needs one of them waits on that lock and then loads it
 from the cache in a few seconds. Without this, whichever worker came first compiled each graph, one after
 another (the puzzle's unfused path alone needs four), while the others waited: in the H100 run at 04393c2, 1186 s
-of the workers' time went to waiting, 696 s to building (``results/gpu_tests.txt``). Only speed depends on this
-list: a graph not on it is compiled where a test needs it.
+of the workers' time went to waiting, 696 s to building (``results/gpu_tests.txt`` as of 0f47e5e). Only speed
+depends on this list: a graph not on it is compiled where a test needs it.
 
     python tests/warm_graphs.py ITEM    # -1: the C++ launcher; 0..: graphs()[ITEM]
 """
