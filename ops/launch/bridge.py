@@ -6,7 +6,8 @@ Every op in ``ops/`` and every puzzle runner goes through this module. It:
   ``.mojo`` file gives a new digest, so stale packages are never loaded);
 * builds a MAX graph with symbolic dimensions once per
   (package digest, graph name, parameters, input dtypes/ranks, device), so a
-  new shape never recompiles;
+  new shape never recompiles; processes sharing the cache build each package
+  and graph once between them (``built_once``: a lock per build);
 * executes it on torch tensors with stream ordering against torch's current
   CUDA stream, and returns torch tensors that alias MAX's outputs (no copy).
 
