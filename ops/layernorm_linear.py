@@ -17,8 +17,9 @@ Forward algorithms (``algo``):
   persistent Hopper kernel (TMA loads, wgmma, ``ops/kernels/layernorm_linear_sm90.mojo``); a
   ``ValueError`` names what is missing elsewhere. ``auto`` picks it for bfloat16 on sm_90 with
   ``SM90_MIN_N`` <= n <= ``SM90_MAX_N`` and at least ``SM90_MIN_ROWS`` rows (bar large x at larger shapes),
-  or at least ``SM90_FILL_ROWS`` where its grid fills the GPU and k is short (``sm90_region``: where it won
-  the H100 benchmarks, results/bench_layernorm_linear.md and bench_layernorm_linear_sm90.md).
+  or at least ``SM90_FILL_ROWS`` where its grid fills the GPU and k is short, this last region not under CUDA
+  graph capture (``sm90_region``: where it won the H100 benchmarks, results/bench_layernorm_linear.md,
+  bench_layernorm_linear_sm90.md and bench_transformer.md).
 * ``"unfused"``: our LayerNorm kernel, then the Linear by cuBLASLt (16-bit on a CUDA GPU, the bias and its
   gradient in the GEMMs' epilogues; ``docs/direct_launch.md``) or ``F.linear``.
 * ``"auto"`` (default): ``sm90`` in its region (above), else ``fused`` on the GPU for float32 with n <= ``FUSED_MAX_N``
@@ -162,6 +163,13 @@ def _sm90_traceable(index: int) -> bool:
 def _sms_traceable(index: int) -> int:
     """The SM count of CUDA device ``index``, a constant to torch.compile."""
     return layernorm.sm_count(torch.device("cuda", index))
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a graph (never while torch.compile traces: the
+    compiled graph keeps the eager choice)."""
+    return (not torch.compiler.is_compiling() and torch.cuda.is_available()
+            and torch.cuda.is_current_stream_capturing())
 
 
 def is_sm90(device: torch.device) -> bool:
@@ -332,14 +340,16 @@ def _valid_linear(x: torch.Tensor, weight: object, bias: object | None) -> bool:
 
 
 def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int = 0) -> str:
-    """The forward algorithm ``auto`` resolves to (see the module docstring)."""
+    """The forward algorithm ``auto`` resolves to (see the module docstring); under CUDA graph capture too
+    (``config.sm90_region``)."""
     if algo not in ALGOS:
         raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
     if algo != "auto":
         return algo
     if device.type != "cuda":
         return "unfused"
-    if dtype == torch.bfloat16 and is_sm90(device) and sm90_region(rows, n, k, _sms_traceable(device.index or 0)):
+    if dtype == torch.bfloat16 and is_sm90(device) and sm90_region(rows, n, k, _sms_traceable(device.index or 0),
+                                                                    _capturing()):
         return "sm90"
     return "fused" if config.fused_region(dtype, rows, n, k) else "unfused"
 
@@ -730,12 +740,14 @@ def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:
-    """Tell the C++ entry whether ``algo`` on this shape (with or without a gradient to come) is "unfused",
-    the one it runs (ops/launch/direct.py: remember)."""
+    """Tell the C++ entry whether ``algo`` on this shape (with or without a gradient to come, under graph capture
+    or not) is "unfused", the one it runs (ops/launch/direct.py: remember)."""
     k, n = x.shape[-1], weight.shape[0]
     rows, dtype, index, code = x.numel() // k, x.dtype, x.get_device(), ALGO_IDS.get(algo, -1)
-    direct.remember(("linear", rows, k, n, dtype, index, code, grad), lambda native: native.set_linear_algo(
-        rows, k, n, dtype, index, code, grad, picked == "unfused"))
+    captured = _capturing()
+    direct.remember(("linear", rows, k, n, dtype, index, code, grad, captured),
+                    lambda native: native.set_linear_algo(rows, k, n, dtype, index, code, grad, captured,
+                                                          picked == "unfused"))
 
 
 class FusedLayerNormLinear(nn.Sequential):

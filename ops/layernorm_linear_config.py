@@ -202,6 +202,20 @@ SM90_RUN_MAX_X = 16384 * 768
 SM90_FILL_ROWS = 4096
 SM90_FILL_MIN = 0.9
 SM90_FILL_MAX_K = 1024
+# ... but not inside a CUDA graph (stream capture). There a kernel costs its device time and a gap of about 0.4 us,
+# and the Hopper route's edge over LayerNorm + cuBLAS (one launch gap less, and none spent in a memset of cuBLAS's
+# workspace: LT_NO_WORKSPACE_MAX_K_PER_N) is gone: at 4096 x 768 -> 3072 LayerNorm + cuBLAS took 36.46 us of
+# kernel time against the route's 37.46 (results/bench_layernorm_linear_workspace.md), and the transformer's
+# captured 8x512 inference, where ln_2 + fc1 is this shape, ran faster with fc1 unfused
+# (results/bench_transformer.md; docs/kernels/layernorm_linear.md has the A/B).
+
+# The unfused forward's GEMM (cuBLASLt) asks for no workspace where k <= LT_NO_WORKSPACE_MAX_K_PER_N * n, else
+# for up to 32 MiB (ops/launch/direct.cpp: lt_max_workspace). With a workspace, the heuristics' first choice at
+# 4096 x 768 -> 3072 is a kernel that zeroes part of it first (a memset node, and about 5 us of gaps, in a CUDA
+# graph); without, a statically scheduled one of the same tile and no memset. Over the bf16 grid
+# (results/bench_layernorm_linear_workspace.md) no workspace was as fast or faster by kernel time where k <= 1.33 n,
+# and slower where the heuristics split a long k over few output tiles (k >= 5.3 n: 16 x 4096 -> 64 by 14%).
+LT_NO_WORKSPACE_MAX_K_PER_N = 2
 
 
 def fused_region(dtype: torch.dtype, rows: int, n: int, k: int) -> bool:
@@ -211,15 +225,15 @@ def fused_region(dtype: torch.dtype, rows: int, n: int, k: int) -> bool:
     return n <= FUSED16_MAX_N and rows >= FUSED16_MIN_ROWS and k >= FUSED16_MIN_K
 
 
-def sm90_region(rows: int, n: int, k: int, sms: int) -> bool:
+def sm90_region(rows: int, n: int, k: int, sms: int, captured: bool = False) -> bool:
     """Whether x [rows, k] @ weight [n, k]^T is in auto's "sm90" region on a GPU of ``sms`` SMs (see
-    SM90_MIN_ROWS, SM90_RUN_MAX_X and SM90_FILL_ROWS)."""
+    SM90_MIN_ROWS, SM90_RUN_MAX_X and SM90_FILL_ROWS; ``captured``: under CUDA graph capture)."""
     if rows < SM90_FILL_ROWS or not SM90_MIN_N <= n <= SM90_MAX_N or k % 8 or n % 8:
         return False
     tiles = -(-rows // SM90_TILE[0]) * -(-n // SM90_TILE[1])
     run = -(-tiles // sms)   # the kernel's tiles per block
     if rows < SM90_MIN_ROWS:
-        return k <= SM90_FILL_MAX_K and -(-tiles // run) >= SM90_FILL_MIN * sms
+        return not captured and k <= SM90_FILL_MAX_K and -(-tiles // run) >= SM90_FILL_MIN * sms
     return run <= SM90_SHORT_RUN or rows * k <= SM90_RUN_MAX_X
 
 

@@ -21,10 +21,17 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
                                                           torch, auto and cuBLAS's GEMM alone over the shape
                                                           grid, or with --quick at SM90_SHAPES:
                                                           results/bench_layernorm_linear_sm90.{csv,md})
+    python scripts/bench_layernorm_linear.py --workspace   (the unfused forward's cuBLASLt GEMM with the
+                                                          workspace rule, with 32 MiB and with none, one
+                                                          process each, bfloat16 grid:
+                                                          results/bench_layernorm_linear_workspace.{csv,md})
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -166,6 +173,46 @@ def bench_sm90(shapes: list[tuple[int, int, int]]) -> list[dict]:
     return [r for shape in shapes for r in time_contenders(torch.bfloat16, shape, contenders)]
 
 
+# --workspace: the cuBLASLt workspace cap per process (OPS_LT_WORKSPACE, read once; unset: the library's rule)
+WORKSPACE_CAPS = (("rule", None), ("32MiB", str(32 << 20)), ("none", "0"))
+WORKSPACE_FIELDS = ("M", "K", "N", "rule_picks", *(f"kernel_us_{c}" for c, _ in WORKSPACE_CAPS),
+                    "kernel_none_vs_32MiB", *(f"pipe_us_{c}" for c, _ in WORKSPACE_CAPS))
+WORKSPACE_CHILD = "OPS_BENCH_WORKSPACE_CHILD"
+
+
+def workspace_child(shapes: list[tuple[int, int, int]]) -> None:
+    """One --workspace process: torch and ours:unfused (bfloat16) at each shape, ours' times as JSON lines."""
+    for shape in shapes:
+        rows = time_contenders(torch.bfloat16, shape, lambda _: [("torch", torch_eager), ("ours", ours("unfused"))])
+        print("ROW " + json.dumps(rows[-1]), flush=True)
+
+
+def bench_workspace(shapes: list[tuple[int, int, int]], quick: bool) -> list[dict]:
+    """The unfused forward at each shape (TARGETS if ``quick``) under each of WORKSPACE_CAPS, one fresh process
+    per cap."""
+    from ops import layernorm_linear_config as config
+
+    times: dict[str, dict[tuple, dict]] = {}
+    for cap, value in WORKSPACE_CAPS:
+        env = {k: v for k, v in os.environ.items() if k != "OPS_LT_WORKSPACE"} | {WORKSPACE_CHILD: "1"}
+        if value is not None:
+            env["OPS_LT_WORKSPACE"] = value
+        args = [sys.executable, __file__, "--workspace", "--dtypes", "bfloat16"] + (["--quick"] if quick else [])
+        out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
+        rows = [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ROW ")]
+        times[cap] = {(r["M"], r["K"], r["N"]): r for r in rows}
+        print(f"--workspace {cap}: {len(rows)} shapes", flush=True)
+    merged = []
+    for m, k, n in shapes:
+        t = {cap: times[cap][(m, k, n)] for cap, _ in WORKSPACE_CAPS}
+        merged.append({"M": m, "K": k, "N": n,
+                       "rule_picks": "none" if k <= config.LT_NO_WORKSPACE_MAX_K_PER_N * n else "32MiB",
+                       **{f"kernel_us_{c}": t[c]["kernel_us"] for c in t},
+                       "kernel_none_vs_32MiB": round(t["none"]["kernel_us"] / t["32MiB"]["kernel_us"], 3),
+                       **{f"pipe_us_{c}": t[c]["pipe_us"] for c in t}})
+    return merged
+
+
 def run_grads(y: torch.Tensor, leaves: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The backward of one prepared graph (all five gradients)."""
     return torch.autograd.grad(y, leaves, dy, retain_graph=True)
@@ -273,7 +320,8 @@ def plot() -> None:
 def main() -> int:
     args = timing.bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
                              ("--splits", "sweep the fused kernel's k splits instead (small n)"),
-                             ("--sm90", "time the Hopper kernel (algo sm90, bfloat16) instead"))
+                             ("--sm90", "time the Hopper kernel (algo sm90, bfloat16) instead"),
+                             ("--workspace", "time the unfused forward's GEMM under each workspace cap instead"))
     if (status := timing.run_without_gpu(args, plot, "bench_layernorm_linear")) is not None:
         return status
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -293,6 +341,22 @@ def main() -> int:
     full = list(dict.fromkeys(list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
     if args.sm90:
         write(bench_sm90(list(SM90_SHAPES) if args.quick else full), "bench_layernorm_linear_sm90")
+        return 0
+    if args.workspace:
+        shapes = list(TARGETS) if args.quick else full
+        if os.environ.get(WORKSPACE_CHILD):
+            workspace_child(shapes)
+            return 0
+        timing.write_report(
+            OUT / "bench_layernorm_linear_workspace", bench_workspace(shapes, args.quick), WORKSPACE_FIELDS,
+            f"GPU: {timing.gpu_name()}; commit {timing.commit()}", "LayerNorm + Linear: cuBLASLt's workspace "
+            "(scripts/bench_layernorm_linear.py --workspace)",
+            "ours:unfused (our LayerNorm, then the GEMM by cuBLASLt with the bias in its epilogue), bfloat16, in one "
+            "fresh process per workspace cap (OPS_LT_WORKSPACE): rule is the library's (no workspace where "
+            "K <= LT_NO_WORKSPACE_MAX_K_PER_N * N, ops/layernorm_linear_config.py; rule_picks says which), 32MiB "
+            "lets every algorithm take up to 32 MiB (the heuristics' first choice), none gives none. kernel_us: "
+            "the call's kernels and memsets by CUPTI; pipe_us: pipelined time per call (as in "
+            "bench_layernorm_linear.md).")
         return 0
     grid = list(TARGETS) if args.quick else full
     rows: list[dict] = []

@@ -20,6 +20,8 @@
 #   layernorm-linear-splits  the fused kernel's k-split sweep -> bench_layernorm_linear_splits.{md,csv}
 #   layernorm-linear-sm90  the Hopper kernel beside torch, the default and cuBLAS -> bench_layernorm_linear_sm90.{md,csv}
 #   layernorm-linear-sm90-quick  the same at SM90_SHAPES only (about 2 minutes)
+#   layernorm-linear-workspace  the unfused forward's GEMM under each cuBLASLt workspace cap, bfloat16 grid
+#               -> bench_layernorm_linear_workspace.{md,csv} (about 3 minutes)
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
 #   transformer-compile  its compile rows only, likewise (host-bound too)
@@ -101,6 +103,9 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       quick=""; [ "$step" = layernorm-linear-sm90-quick ] && quick=--quick
       run bench_layernorm_linear_sm90_log python scripts/bench_layernorm_linear.py --sm90 $quick
       [ "$out" = results ] || cp results/bench_layernorm_linear_sm90.* "$out"/ ;;
+    layernorm-linear-workspace)
+      run bench_layernorm_linear_workspace_log python scripts/bench_layernorm_linear.py --workspace
+      [ "$out" = results ] || cp results/bench_layernorm_linear_workspace.* "$out"/ ;;
     transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
       run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab
       [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_layernorm.* "$out"/ ;;

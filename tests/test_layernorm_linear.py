@@ -307,6 +307,10 @@ def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LL.pick_algo("auto", cuda, bf16, 4096, 2304, 768) == "unfused"    # 288 tiles: 96 blocks
     assert LL.pick_algo("auto", cuda, bf16, 4096, 768, 768) == "unfused"     # 96 tiles
     assert LL.pick_algo("auto", cuda, bf16, LL.SM90_FILL_ROWS - 128, 3072, 768) == "unfused"
+    monkeypatch.setattr(LL, "_capturing", lambda: True)   # inside a CUDA graph: not below SM90_MIN_ROWS
+    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "unfused"
+    assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
+    monkeypatch.setattr(LL, "_capturing", lambda: False)
     assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N, k) == "sm90"
     assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "sm90"            # the fill rule: 128 blocks
     assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, 4096) == "unfused"      # ... but k > SM90_FILL_MAX_K

@@ -27,6 +27,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -93,6 +94,7 @@ struct Driver {
   int (*ctx_set_current)(CUcontext) = nullptr;
   int (*error_string)(int, const char**) = nullptr;
   TensorMapEncodeTiled encode_tiled = nullptr;
+  int (*stream_is_capturing)(CUstream, int*) = nullptr;
 
   Driver() {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -104,6 +106,7 @@ struct Driver {
     ctx_set_current = reinterpret_cast<int (*)(CUcontext)>(dlsym(lib, "cuCtxSetCurrent"));
     error_string = reinterpret_cast<int (*)(int, const char**)>(dlsym(lib, "cuGetErrorString"));
     encode_tiled = reinterpret_cast<TensorMapEncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
+    stream_is_capturing = reinterpret_cast<int (*)(CUstream, int*)>(dlsym(lib, "cuStreamIsCapturing"));
   }
 };
 
@@ -133,6 +136,13 @@ void check(int err) {
 CUstream current_stream(const at::Device& device) {
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   return impl->getStreamNativeHandle(impl->getStream(device));
+}
+
+// Whether torch's current stream of `device` is being captured into a CUDA graph (CU_STREAM_CAPTURE_STATUS_ACTIVE).
+bool capturing(const at::Device& device) {
+  int status = 0;
+  const auto* is_capturing = driver().stream_is_capturing;
+  return is_capturing != nullptr && is_capturing(current_stream(device), &status) == 0 && status == 1;
 }
 
 // One launch on torch's current stream of `device`; clusters > 1 launches grid[0] clusters of that many blocks.
@@ -375,6 +385,23 @@ LtHandle lt_handle(int64_t device) {
   return h;
 }
 
+// The forward GEMM asks for no workspace where k <= n * lt_no_workspace_k_per_n (layernorm_linear_config.py:
+// LT_NO_WORKSPACE_MAX_K_PER_N, handed over at loading; 0 until then: every GEMM as the heuristics like).
+std::atomic<int64_t> lt_no_workspace_k_per_n{0};
+
+void set_gemm_tuning(int64_t no_workspace_k_per_n) { lt_no_workspace_k_per_n = no_workspace_k_per_n; }
+
+// The most workspace the algorithm of a GEMM of `kind` may ask for: none for a forward in the rule above, else
+// LT_MAX_WORKSPACE; OPS_LT_WORKSPACE=<bytes> sets every GEMM's (an A/B switch, read once per process).
+uint64_t lt_max_workspace(int64_t kind, int64_t n, int64_t k) {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("OPS_LT_WORKSPACE");
+    return v == nullptr ? int64_t(-1) : static_cast<int64_t>(std::stoull(v));
+  }();
+  if (forced >= 0) return static_cast<uint64_t>(forced);
+  return kind <= GEMM_FWD_BIAS && k <= n * lt_no_workspace_k_per_n.load() ? 0 : LT_MAX_WORKSPACE;
+}
+
 // The plan of a [rows x cols] D from A [k x rows] (or its transpose) and B, m/n/k in cuBLAS's terms, or none.
 std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int64_t n, int64_t k, int64_t device,
                                          int64_t reduction) {
@@ -410,7 +437,8 @@ std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int
     return nullptr;
   LtObject pref = nullptr;
   if (lt.pref_create(&pref) != 0) return nullptr;
-  const uint64_t workspace = LT_MAX_WORKSPACE;
+  // fwd: m = N, k = K (y^T = W xn^T in cuBLAS's column-major terms)
+  const uint64_t workspace = lt_max_workspace(kind, m, k);
   // torch's setting as its own cuBLASLt calls map it: split-K reductions in any type (INPLACE and OUTPUT_TYPE
   // reduce in the output's 16-bit type), only in float32 (COMPUTE_TYPE), or none (no split-K)
   const uint32_t mask = reduction == 0 ? 7u : reduction == 1 ? 2u : 0u;
@@ -754,7 +782,8 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
 };
 
 // The LayerNorm+Linear tables' key, one layout for lookups and registrations: the shape, dtype, device and algo,
-// then `variant` (whether a gradient is to come in linear_unfused, the alignment mask in fused_plans).
+// then `variant` (in linear_unfused: whether a gradient is to come, plus 2 under stream capture; in fused_plans: the
+// alignment mask).
 Key lnl_key(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo, int64_t variant) {
   return {rows, k, n, static_cast<int64_t>(dtype), device, algo, variant, 1};
 }
@@ -896,7 +925,8 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
                         const std::optional<Tensor>& bias, double eps, int64_t algo) {
   if (!takes(x_in, lnw, lnb, eps, true) || !linear_takes(x_in, w, bias)) return Tensor();
   const bool grad = grad_to_come({&x_in, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
-  auto unfused = find(linear_unfused, lnl_key(x_in, w, algo, grad));
+  const int64_t variant = int64_t(grad) | int64_t(capturing(x_in.device())) << 1;   // set_linear_algo's
+  auto unfused = find(linear_unfused, lnl_key(x_in, w, algo, variant));
   // The fused and Hopper forwards with a gradient to come: Python's autograd.
   if ((!unfused || !*unfused) && grad) return Tensor();
   const Tensor x = dense(x_in, lnw, lnb, eps);
@@ -999,9 +1029,9 @@ void set_bwd_plan(int64_t rows, int64_t h, at::ScalarType dtype, bool vec, int64
 }
 
 void set_linear_algo(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo,
-                     bool grad, bool unfused) {
+                     bool grad, bool captured, bool unfused) {
   std::lock_guard<std::mutex> guard(plans_lock);
-  linear_unfused[lnl_key(rows, k, n, dtype, device, algo, grad)] = unfused;
+  linear_unfused[lnl_key(rows, k, n, dtype, device, algo, int64_t(grad) | int64_t(captured) << 1)] = unfused;
 }
 
 void set_fused_plan(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo,
@@ -1078,8 +1108,8 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_bwd_plan(int rows, int h, ScalarType dtype, bool vec_ok, int act, int device, int kernel, int[] grid, "
         "int block, int parts, int part_rows, int reduce_kernel, int[] reduce_grid, int reduce_block) -> ()",
         &set_bwd_plan);
-  m.def("set_linear_algo(int rows, int k, int n, ScalarType dtype, int device, int algo, bool grad, bool unfused) "
-        "-> ()", &set_linear_algo);
+  m.def("set_linear_algo(int rows, int k, int n, ScalarType dtype, int device, int algo, bool grad, bool captured, "
+        "bool unfused) -> ()", &set_linear_algo);
   m.def("set_fused_plan(int rows, int k, int n, ScalarType dtype, int device, int algo, int mask, int kind, "
         "int[] kernels, int[] grids, int[] blocks, int[] smem, int[] sizes, "
         "Tensor? counters, Tensor zero_bias) -> ()", &set_fused_plan);
@@ -1088,6 +1118,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);
   m.def("gemm_plan_count() -> int", &gemm_plan_count);
+  m.def("set_gemm_tuning(int no_workspace_k_per_n) -> ()", &set_gemm_tuning);
   m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
 }
