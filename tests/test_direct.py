@@ -132,7 +132,7 @@ def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     assert native.layernorm_bwd_with_plan(torch.ones(4, 8), x, w, b, torch.zeros(4), torch.ones(4), 0) == []
     native.ops.clear_plans()
     native.ops.set_fwd_plan(4, 8, torch.bfloat16, True, 0, 0, 1, [1, 1, 1], 32, 1)
-    native.ops.set_linear_algo(4, 8, 3, torch.bfloat16, 0, 0, False, True)
+    native.ops.set_linear_algo(4, 8, 3, torch.bfloat16, 0, 0, False, False, True)
     native.ops.set_fused_plan(4, 8, 3, torch.bfloat16, 0, 0, 31, lnl_config.KIND_FUSED16, [1, 2], [1, 1, 1, 2, 1, 1],
                               [256, 128], [0, 1024], [1, 64, 4096, 128, 1], None, torch.zeros(3))
     with pytest.raises(RuntimeError, match="inconsistent"):

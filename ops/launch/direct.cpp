@@ -141,7 +141,7 @@ CUstream current_stream(const at::Device& device) {
 // Whether torch's current stream of `device` is being captured into a CUDA graph (CU_STREAM_CAPTURE_STATUS_ACTIVE).
 bool capturing(const at::Device& device) {
   int status = 0;
-  const auto* is_capturing = driver().stream_is_capturing;
+  const auto is_capturing = driver().stream_is_capturing;
   return is_capturing != nullptr && is_capturing(current_stream(device), &status) == 0 && status == 1;
 }
 
