@@ -670,10 +670,10 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     layernorm.check_eps(eps)
     k = x.shape[-1]
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k)
+    _remember_algo(x, weight, algo, False, picked)
     if picked != "unfused":
         return layernorm_linear_fwd(*tensors, eps, algo)[0]
     xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
-    _remember_algo(x, weight, algo, False, picked)
     return _linear(xn, weight, bias)
 
 

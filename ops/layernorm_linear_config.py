@@ -204,17 +204,18 @@ SM90_FILL_MIN = 0.9
 SM90_FILL_MAX_K = 1024
 # ... but not inside a CUDA graph (stream capture). There a kernel costs its device time and a gap of about 0.4 us,
 # and the Hopper route's edge over LayerNorm + cuBLAS (one launch gap less, and none spent in a memset of cuBLAS's
-# workspace: LT_NO_WORKSPACE_MAX_K_PER_N) is gone: at 4096 x 768 -> 3072 LayerNorm + cuBLAS took 36.46 us of
-# kernel time against the route's 37.46 (results/bench_layernorm_linear_workspace.md), and the transformer's
-# captured 8x512 inference, where ln_2 + fc1 is this shape, ran faster with fc1 unfused
-# (results/bench_transformer.md; docs/kernels/layernorm_linear.md has the A/B).
+# workspace: LT_NO_WORKSPACE_MAX_K_PER_N) is gone: at 4096 x 768 -> 3072 LayerNorm + cuBLAS took 36.67 us of
+# kernel time (results/bench_layernorm_linear_workspace.md at 4e12ba7) against the route's 37.44
+# (bench_layernorm_linear.md, ours at 11f2912), and the transformer's captured 8x512 inference, where ln_2 + fc1
+# is this shape, ran faster with fc1 unfused (results/bench_transformer.md; docs/kernels/layernorm_linear.md).
 
 # The unfused forward's GEMM (cuBLASLt) asks for no workspace where k <= LT_NO_WORKSPACE_MAX_K_PER_N * n, else
 # for up to 32 MiB (ops/launch/direct.cpp: lt_max_workspace). With a workspace, the heuristics' first choice at
 # 4096 x 768 -> 3072 is a kernel that zeroes part of it first (a memset node, and about 5 us of gaps, in a CUDA
 # graph); without, a statically scheduled one of the same tile and no memset. Over the bf16 grid
-# (results/bench_layernorm_linear_workspace.md) no workspace was as fast or faster by kernel time where k <= 1.33 n,
-# and slower where the heuristics split a long k over few output tiles (k >= 5.3 n: 16 x 4096 -> 64 by 14%).
+# (results/bench_layernorm_linear_workspace.md at 4e12ba7) none was as fast as 32 MiB or faster by kernel time
+# where k <= 1.33 n (within 1%, or 0.86x at 16 x 4096 -> 3072), and slower where the heuristics split a long k over
+# few output tiles (k >= 5.3 n: 16 x 4096 -> 64 by 14%).
 LT_NO_WORKSPACE_MAX_K_PER_N = 2
 
 

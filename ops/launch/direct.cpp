@@ -927,10 +927,11 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
   const bool grad = grad_to_come({&x_in, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
   const int64_t variant = int64_t(grad) | int64_t(capturing(x_in.device())) << 1;   // set_linear_algo's
   auto unfused = find(linear_unfused, lnl_key(x_in, w, algo, variant));
-  // The fused and Hopper forwards with a gradient to come: Python's autograd.
-  if ((!unfused || !*unfused) && grad) return Tensor();
+  // No choice made for this variant yet (the Python route makes it), or the fused and Hopper forwards with a
+  // gradient to come (Python's autograd).
+  if (!unfused || (!*unfused && grad)) return Tensor();
   const Tensor x = dense(x_in, lnw, lnb, eps);
-  if (!unfused || !*unfused) {
+  if (!*unfused) {
     auto fused = find(fused_plans, fused_key(x, lnw, lnb, w, algo));
     if (!fused) return Tensor();
     c10::DeviceGuard guard(x.device());
