@@ -700,8 +700,10 @@ def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, wei
 def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
             bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
     """``layernorm_linear`` of valid inputs as torch.compile traces it. Unfused: the LayerNorm as
-    ``layernorm.compiled_layernorm`` holds it, then ``F.linear`` (torch's autograd and GEMMs). Fused and Hopper:
-    with a gradient to come, the autograd function around our ops; without, our forward alone."""
+    ``layernorm.compiled_layernorm`` holds it, then with a gradient to come ``F.linear`` (torch's autograd and
+    GEMMs: inductor fuses the bias gradient's sums into the kernel before), without one the C++ op
+    ``mojo_direct.linear`` (the eager route's cuBLASLt plan: no heuristics query per call, as torch's addmm makes).
+    Fused and Hopper: with a gradient to come, the autograd function around our ops; without, our forward alone."""
     tensors = (x, ln_weight, ln_bias, weight, bias)
     grad = not layernorm.no_grad_to_come(*tensors)
     runs = autograd_algo(algo, tensors) if grad else algo
@@ -709,7 +711,10 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     layernorm.check_eps(eps)
     k = x.shape[-1]
     if pick_algo(runs, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
-        return torch.nn.functional.linear(layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps), weight, bias)
+        xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
+        if not grad and x.is_cuda and _native_infer_traceable():
+            return torch.ops.mojo_direct.linear(xn, weight, bias)
+        return torch.nn.functional.linear(xn, weight, bias)
     if grad:
         return LayerNormLinearFunction.apply(*tensors, eps, runs)
     if x.is_cuda and _native_infer_traceable():
@@ -724,19 +729,25 @@ _infer_fake_registered = False
 
 @torch.compiler.assume_constant_result
 def _native_infer_traceable() -> bool:
-    """Whether the C++ op ``mojo_direct::layernorm_linear_infer`` is loaded, with its fake for tracing."""
+    """Whether the C++ ops ``mojo_direct::layernorm_linear_infer`` and ``mojo_direct::linear`` are loaded, with
+    their fakes for tracing."""
     global _infer_fake_registered
     if not layernorm._native_ops_traceable():
         return False
     if not _infer_fake_registered:
         _infer_fake_registered = True
         torch.library.register_fake("mojo_direct::layernorm_linear_infer")(_fake_infer)
+        torch.library.register_fake("mojo_direct::linear")(_fake_linear)
     return True
 
 
 def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, eps: float, algo: int) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _fake_linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return xn.new_empty(*xn.shape[:-1], weight.shape[0])
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:

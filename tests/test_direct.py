@@ -614,3 +614,31 @@ def test_gpu_compiled_inference_calls_the_cpp_op(dtype: torch.dtype, algo: str, 
         want = layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo)
     assert any("mojo_direct.layernorm_linear_infer" in code for code in codes)
     assert torch.equal(first, want) and torch.equal(again, want)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_unfused_inference_calls_the_cpp_linear() -> None:
+    """Unfused inference under torch.compile: the graph's GEMM is the C++ op ``mojo_direct.linear`` (the eager
+    route's cuBLASLt plan), not torch's addmm, and y is eager's within bf16 rounding (the LayerNorm is
+    inductor's); on the second call too."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ops.layernorm_linear import layernorm_linear
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 37, 768, device="cuda", dtype=torch.bfloat16) * 3 + 1
+    lnw = 1 + 0.2 * torch.randn(768, device="cuda", dtype=torch.bfloat16)
+    lnb = 0.2 * torch.randn(768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1000, 768, device="cuda", dtype=torch.bfloat16) / 28
+    bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    direct.load_native()
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: layernorm_linear(x, lnw, lnb, w, bias, 1e-5, "unfused"), fullgraph=True)
+    with torch.no_grad():
+        first, codes = run_and_get_code(fn, x)
+        again = fn(x)
+        want = layernorm_linear(x, lnw, lnb, w, bias, 1e-5, "unfused")
+    assert any("mojo_direct.linear.default" in code for code in codes)
+    assert not any("addmm" in code for code in codes)
+    torch.testing.assert_close(first, want, rtol=2e-2, atol=2e-2)
+    assert torch.equal(again, first)
