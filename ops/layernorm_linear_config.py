@@ -219,6 +219,12 @@ SM90_FILL_MAX_K = 1024
 LT_NO_WORKSPACE_MAX_K_PER_N = 2
 
 
+def lt_without_workspace(k: int, n: int) -> bool:
+    """Whether the unfused forward's GEMM of x [.., k] @ weight [n, k]^T asks cuBLASLt for no workspace (the rule
+    above; ops/launch/direct.cpp's lt_max_workspace applies it, with the constant handed over at loading)."""
+    return k <= LT_NO_WORKSPACE_MAX_K_PER_N * n
+
+
 def fused_region(dtype: torch.dtype, rows: int, n: int, k: int) -> bool:
     """Whether auto picks "fused" for x [rows, k] @ weight [n, k]^T of ``dtype`` on a GPU (outside "sm90")."""
     if dtype == torch.float32:

@@ -206,7 +206,7 @@ def bench_workspace(shapes: list[tuple[int, int, int]], quick: bool) -> list[dic
     for m, k, n in shapes:
         t = {cap: times[cap][(m, k, n)] for cap, _ in WORKSPACE_CAPS}
         merged.append({"M": m, "K": k, "N": n,
-                       "rule_picks": "none" if k <= config.LT_NO_WORKSPACE_MAX_K_PER_N * n else "32MiB",
+                       "rule_picks": "none" if config.lt_without_workspace(k, n) else "32MiB",
                        **{f"kernel_us_{c}": t[c]["kernel_us"] for c in t},
                        "kernel_none_vs_32MiB": round(t["none"]["kernel_us"] / t["32MiB"]["kernel_us"], 3),
                        **{f"pipe_us_{c}": t[c]["pipe_us"] for c in t}})

@@ -385,8 +385,9 @@ LtHandle lt_handle(int64_t device) {
   return h;
 }
 
-// The forward GEMM asks for no workspace where k <= n * lt_no_workspace_k_per_n (layernorm_linear_config.py:
-// LT_NO_WORKSPACE_MAX_K_PER_N, handed over at loading; 0 until then: every GEMM as the heuristics like).
+// The forward GEMM asks for no workspace where k <= n * lt_no_workspace_k_per_n (layernorm_linear_config.py's
+// lt_without_workspace; its LT_NO_WORKSPACE_MAX_K_PER_N is handed over at loading, 0 until then: every GEMM as
+// the heuristics like).
 std::atomic<int64_t> lt_no_workspace_k_per_n{0};
 
 void set_gemm_tuning(int64_t no_workspace_k_per_n) { lt_no_workspace_k_per_n = no_workspace_k_per_n; }
