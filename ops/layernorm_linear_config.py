@@ -205,8 +205,8 @@ SM90_FILL_MAX_K = 1024
 # ... but not inside a CUDA graph (stream capture). There a kernel costs its device time and a gap of about 0.4 us,
 # and the Hopper route's edge over LayerNorm + cuBLAS (one launch gap less, and none spent in a memset of cuBLAS's
 # workspace: LT_NO_WORKSPACE_MAX_K_PER_N) is gone: at 4096 x 768 -> 3072 LayerNorm + cuBLAS took 36.67 us of
-# kernel time (results/bench_layernorm_linear_workspace.md at 4e12ba7) against the route's 37.44
-# (bench_layernorm_linear.md, ours at 11f2912), and the transformer's captured 8x512 inference, where ln_2 + fc1
+# kernel time (results/bench_layernorm_linear_workspace.md at 4e12ba7) against the route's 38.43
+# (bench_layernorm_linear.md, ours at 3fb4516), and the transformer's captured 8x512 inference, where ln_2 + fc1
 # is this shape, ran faster with fc1 unfused (results/bench_transformer.md; docs/kernels/layernorm_linear.md).
 
 # The unfused forward's GEMM (cuBLASLt) asks for no workspace where k <= LT_NO_WORKSPACE_MAX_K_PER_N * n, else
