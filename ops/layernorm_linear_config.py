@@ -219,6 +219,13 @@ SM90_FILL_MAX_K = 1024
 LT_NO_WORKSPACE_MAX_K_PER_N = 2
 
 
+# Under CUDA graph capture, the C++ route's backward runs the weight's gradients (dW and db: a cuBLASLt GEMM and its
+# bias reduction) on a side stream forked from the captured one and joined back before it returns, so that the
+# graph runs them beside dxn's GEMM and the LayerNorm backward (ops/launch/direct.cpp: LayerNormLinearFn). Eager
+# calls keep one stream (a fork and a join cost host time). Evidence: (measured next).
+CAPTURED_WEIGHT_GRADS_BESIDE = True
+
+
 def lt_without_workspace(k: int, n: int) -> bool:
     """Whether the unfused forward's GEMM of x [.., k] @ weight [n, k]^T asks cuBLASLt for no workspace (the rule
     above; ops/launch/direct.cpp's lt_max_workspace applies it, with the constant handed over at loading)."""

@@ -12,6 +12,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     poe bench-transformer                          (needs a CUDA GPU)
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
+    python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours captured on one stream)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
 """
@@ -19,6 +20,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import re
@@ -36,7 +38,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ops import layernorm_config  # noqa: E402
+from ops import layernorm_config, layernorm_linear_config  # noqa: E402
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
 from ops.timing import appended, captured, commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
@@ -48,6 +50,7 @@ REPEATS = 11   # interleaved runs per contender (median): the GPU machine's host
 FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
 OUT = ROOT / "results" / "bench_transformer"
 AB_OUT = ROOT / "results" / "bench_transformer_compiled_layernorm"
+OVERLAP_AB_OUT = ROOT / "results" / "bench_transformer_capture_overlap"
 BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
 # --breakdown: kernels by kind, from their names (the first pattern that matches; torch's and cuBLAS's names on the
 # H100 with torch 2.11): our Mojo kernels, LayerNorm's, GEMMs, attention, the AdamW step, the rest.
@@ -56,6 +59,7 @@ KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|Layer
          ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
 KERNEL_FIELDS = ("phase", "tokens", "impl", "kind", "kernel", "launches", "us")
 AB_IMPL = "ours_ln_op"   # --layernorm-ab: ours with COMPILED_LAYERNORM = "ours"
+ONE_STREAM_IMPL = "ours_one_stream"   # --capture-overlap-ab: ours captured with CAPTURED_WEIGHT_GRADS_BESIDE off
 DEFAULT_CHOICE = layernorm_config.COMPILED_LAYERNORM   # ours' (the contenders set the knob before each call)
 
 
@@ -162,7 +166,23 @@ def with_compiled_layernorm(choice: str, fn: Callable[[], object]) -> Callable[[
     return call
 
 
-def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
+@contextlib.contextmanager
+def weight_grads_beside(on: bool):
+    """Our C++ backward's CAPTURED_WEIGHT_GRADS_BESIDE set to ``on`` while a contender is captured (read at
+    capture: the graph keeps what it recorded)."""
+    from ops.launch import direct
+
+    ops = direct.load_native().ops
+    if ops is None:
+        raise SystemExit("--capture-overlap-ab: the C++ launcher is not available")
+    ops.set_capture_overlap(on)
+    try:
+        yield
+    finally:
+        ops.set_capture_overlap(layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE)
+
+
+def run(modes: list[str], layernorm_ab: bool = False, overlap_ab: bool = False) -> list[dict]:
     rows = []
     for b, t in SIZES:
         torch._dynamo.reset()   # each size compiled for itself, not as a dynamic-shape recompile of the last
@@ -175,10 +195,12 @@ def run(modes: list[str], layernorm_ab: bool = False) -> list[dict]:
             for phase in ("infer", "train"):
                 calls = 50 if phase == "infer" else 10
                 fns, us = {}, {}
-                impls = ("torch", "ours", *((AB_IMPL,) if layernorm_ab and mode == "compile" else ()))
+                impls = ("torch", "ours", *((AB_IMPL,) if layernorm_ab and mode == "compile" else ()),
+                         *((ONE_STREAM_IMPL,) if overlap_ab and mode == "cuda_graph" else ()))
                 for impl in impls:
                     model = contender(ref_model, impl)
-                    fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
+                    with weight_grads_beside(False) if impl == ONE_STREAM_IMPL else contextlib.nullcontext():
+                        fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
                     if AB_IMPL in impls and impl != "torch":   # ours' contenders toggle the knob (guarded)
                         fn = with_compiled_layernorm("ours" if impl == AB_IMPL else DEFAULT_CHOICE, fn)
                     fns[impl] = fn
@@ -287,14 +309,29 @@ def process_medians(runs: list[list[dict]]) -> list[dict]:
     return out
 
 
-def write_layernorm_ab(rows: list[dict]) -> None:
-    """The compile rows of torch, ours and AB_IMPL side by side: the evidence for COMPILED_LAYERNORM's default."""
-    rows = [r for r in rows if r["mode"] == "compile"]
-    stamp = f"GPU: {gpu_name()}; commit {commit()}"
-    write_report(AB_OUT, rows, FIELDS, stamp, "GPT-2-small under torch.compile: whose LayerNorm the graph holds",
-                 f"bf16, as bench_transformer.md. ours: the default (layernorm_config.COMPILED_LAYERNORM = "
-                 f"{DEFAULT_CHOICE!r}); {AB_IMPL}: our C++ LayerNorm ops in the graph "
-                 f"(COMPILED_LAYERNORM = 'ours'). Pipelined ms per call, median of {REPEATS} interleaved runs.")
+def write_ab(rows: list[dict], mode: str, out: Path, title: str, contenders: str, processes: int = 1) -> None:
+    """The ``mode`` rows of torch, ours and an A/B contender side by side: the evidence for a default."""
+    spread = f"; medians over {processes} processes" if processes > 1 else ""
+    write_report(out, [r for r in rows if r["mode"] == mode], FIELDS, f"GPU: {gpu_name()}; commit {commit()}{spread}",
+                 title, f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {REPEATS} "
+                 "runs; vs_torch = the contender's ms over torch's.")
+
+
+def write_layernorm_ab(rows: list[dict], processes: int = 1) -> None:
+    """Evidence for COMPILED_LAYERNORM's default: ours with it against AB_IMPL, under torch.compile."""
+    write_ab(rows, "compile", AB_OUT, "GPT-2-small under torch.compile: whose LayerNorm the graph holds",
+             f"ours: the default (layernorm_config.COMPILED_LAYERNORM = {DEFAULT_CHOICE!r}); {AB_IMPL}: our C++ "
+             "LayerNorm ops in the graph (COMPILED_LAYERNORM = 'ours'), interleaved with the others.", processes)
+
+
+def write_overlap_ab(rows: list[dict], processes: int = 1) -> None:
+    """Evidence for CAPTURED_WEIGHT_GRADS_BESIDE: ours with it against ONE_STREAM_IMPL, in a CUDA graph."""
+    write_ab(rows, "cuda_graph", OVERLAP_AB_OUT,
+             "GPT-2-small in a CUDA graph: the weights' gradients beside the input's, or on one stream",
+             f"ours: the default (layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE = "
+             f"{layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE}: the unfused backward forks dW and db onto a "
+             f"side stream under capture); {ONE_STREAM_IMPL}: the same model captured with it off. One graph at a "
+             "time, each contender captured and timed in turn.", processes)
 
 
 def write(rows: list[dict], modes: list[str], processes: int = 1) -> None:
@@ -339,6 +376,8 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--layernorm-ab", action="store_true",
                    help=f"compile mode: also ours with our LayerNorm ops in the graph ({AB_OUT.name}.md)")
+    p.add_argument("--capture-overlap-ab", action="store_true",
+                   help=f"cuda_graph mode: also ours captured on one stream ({OVERLAP_AB_OUT.name}.md)")
     p.add_argument("--processes", type=int, default=1,
                    help="run in this many fresh processes; report the medians over them")
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
@@ -358,16 +397,19 @@ def main() -> None:
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
     if args.processes > 1:
-        rows = across_processes(["--modes", args.modes, *(["--layernorm-ab"] if args.layernorm_ab else [])],
-                                args.processes)
+        flags = [*(["--layernorm-ab"] if args.layernorm_ab else []),
+                 *(["--capture-overlap-ab"] if args.capture_overlap_ab else [])]
+        rows = across_processes(["--modes", args.modes, *flags], args.processes)
     else:
-        rows = run(modes, args.layernorm_ab)
+        rows = run(modes, args.layernorm_ab, args.capture_overlap_ab)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps(rows))
         return
     write(rows, modes, args.processes)
     if args.layernorm_ab and "compile" in modes:
-        write_layernorm_ab(rows)
+        write_layernorm_ab(rows, args.processes)
+    if args.capture_overlap_ab and "cuda_graph" in modes:
+        write_overlap_ab(rows, args.processes)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
 #   transformer-compile  its compile rows only, likewise (host-bound too)
-#   transformer-cuda_graph  its CUDA-graph rows only, likewise
+#   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
 #   ab-kernels  LayerNorm forward kernels against 0306017's on this GPU -> kernel_ab_vs_0306017.{md,csv}; needs
@@ -111,8 +111,10 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_layernorm.* "$out"/ ;;
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
-      run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5
-      [ "$out" = results ] || cp results/bench_transformer.* "$out"/ ;;
+      ab=() ab_out=()   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE)
+      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab) ab_out=(results/bench_transformer_capture_overlap.*)
+      run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}"
+      [ "$out" = results ] || cp results/bench_transformer.* "${ab_out[@]}" "$out"/ ;;
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
       [ "$out" = results ] || cp results/bench_transformer_breakdown.* results/bench_transformer_breakdown_kernels.* "$out"/ ;;

@@ -562,6 +562,76 @@ def test_gpu_cuda_graph_forward_and_backward() -> None:
         assert torch.equal(a, b), f"output {i}"
 
 
+def _captured_train_step(module: torch.nn.Module, x: torch.Tensor, dot: Path) -> tuple[torch.Tensor, ...]:
+    """x's and module's gradients of sum(module(x)) from a captured forward and backward replayed on x's values now
+    (warm-up on a side stream first), with the graph written to ``dot`` (cudaGraphDebugDotPrint)."""
+    new = x.detach().clone()
+
+    def step() -> None:
+        module.zero_grad(set_to_none=False)
+        x.grad = None
+        module(x).float().sum().backward()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    graph.enable_debug_mode()
+    with torch.cuda.graph(graph):
+        step()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        x.copy_(new)
+        graph.replay()
+    graph.debug_dump(str(dot))
+    return tuple(t.grad.clone() for t in (x, *module.parameters()))
+
+
+def _forks(dot: Path) -> int:
+    """How many nodes of a graph's DOT dump have more than one successor."""
+    import collections
+    import re
+
+    edges = re.findall(r'^\s*"?(\w+)"?\s*->\s*"?(\w+)"?', dot.read_text(), re.M)
+    assert edges, "no edges in the dump"
+    return sum(1 for n in collections.Counter(a for a, _ in edges).values() if n > 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, k, n", [(128, 768, 2304), (4096, 768, 3072)])
+def test_gpu_cuda_graph_backward_runs_weight_grads_beside(rows: int, k: int, n: int, tmp_path: Path) -> None:
+    """Under capture, the unfused backward (C++ entry) forks dW and db onto a side stream: the captured graph has a
+    fork with CAPTURED_WEIGHT_GRADS_BESIDE and none without, and both graphs give eager's gradients bitwise."""
+    from ops.layernorm_linear import FusedLayerNormLinear
+
+    torch.manual_seed(0)
+    m = FusedLayerNormLinear(k, n).to("cuda", torch.bfloat16)
+    torch.nn.init.normal_(m[0].weight, 1.0, 0.2)
+    torch.nn.init.normal_(m[0].bias, 0.0, 0.2)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(2):   # the first call makes the plans; the second runs the C++ entry, as the graph does
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        m(x).float().sum().backward()
+    want = tuple(t.grad.clone() for t in (x, *m.parameters()))
+    assert lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE
+    got = {}
+    try:
+        for beside in (True, False):
+            torch.ops.mojo_direct.set_capture_overlap(beside)
+            got[beside] = _captured_train_step(m, x, tmp_path / f"{beside}.dot")
+    finally:
+        torch.ops.mojo_direct.set_capture_overlap(lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE)
+    assert _forks(tmp_path / "True.dot") >= 1
+    assert _forks(tmp_path / "False.dot") == 0
+    for beside, grads in got.items():
+        for i, (a, b) in enumerate(zip(grads, want, strict=True)):
+            assert torch.equal(a, b), f"beside={beside}: gradient {i}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_compile_fullgraph(mode: str, compiled_layernorm: str) -> None:

@@ -20,6 +20,8 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -487,12 +489,18 @@ bool lt_takes(std::initializer_list<const Tensor*> tensors) {
   return true;
 }
 
-void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias, const at::Device& device) {
+Tensor gemm_workspace(const GemmPlan& plan, const at::Device& device) {
+  if (!plan.workspace) return Tensor();
+  return at::empty({static_cast<int64_t>(plan.workspace)}, at::TensorOptions().dtype(at::kByte).device(device));
+}
+
+// One cuBLASLt call on torch's current stream; its workspace from `workspace` (the plan's size, allocated by the
+// caller on the stream that owns it) or, undefined, allocated here.
+void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias, const at::Device& device,
+              Tensor workspace = Tensor()) {
   const CublasLt& lt = *cublas_lt();
   CUstream stream = current_stream(device);
-  Tensor workspace;
-  if (plan.workspace) workspace = at::empty({static_cast<int64_t>(plan.workspace)},
-                                            at::TensorOptions().dtype(at::kByte).device(device));
+  if (plan.workspace && !workspace.defined()) workspace = gemm_workspace(plan, device);
   const float one = 1.0f, zero = 0.0f;
   std::lock_guard<std::mutex> guard(plan.lock);
   if (bias != nullptr) lt.desc_set(plan.desc, LT_DESC_BIAS_POINTER, &bias, sizeof(bias));
@@ -519,37 +527,86 @@ Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Ten
   return y;
 }
 
-// The Linear's backward from contiguous dy [..., N] and xn [..., K]: dxn = dy W (shaped like xn); dW = dy^T xn and
-// db = dy's column sums where asked (else undefined; db in dW's epilogue where both are); each by torch's mm or sum
-// where cuBLASLt does not take it.
-Triple linear_grads(const Tensor& dy, const Tensor& xn, const Tensor& w, bool weight_grad, bool bias_grad) {
-  const int64_t n = w.size(0), k = w.size(1);
-  const int64_t rows = xn.numel() / k;
-  const auto dtype = xn.scalar_type();
-  const int64_t device = xn.get_device();
-  c10::DeviceGuard guard(xn.device());
-  const bool lt = w.dim() == 2 && lt_takes({&dy, &xn, &w}) && dy.numel() == rows * n &&
-                  lt_aligned({dy.data_ptr(), xn.data_ptr(), w.data_ptr()});
-  Tensor dxn, dw, db;
-  if (GemmPlan* dgrad = lt ? gemm_plan(GEMM_DGRAD, dtype, k, rows, n, device) : nullptr) {
-    dxn = empty(xn.sizes(), xn.options());
-    run_gemm(*dgrad, w.data_ptr(), dy.data_ptr(), dxn.data_ptr(), nullptr, xn.device());
-  } else {
-    dxn = dy.view({-1, n}).mm(w).view(xn.sizes());
+// The Linear's backward from contiguous dy [..., N] and xn [..., K], in two parts that may run on different
+// streams: input() gives dxn = dy W (shaped like xn); weights() fills dw = dy^T xn and, where asked, db = dy's
+// column sums (else undefined; db in dW's epilogue where both are). Each by cuBLASLt, else by torch's mm or sum.
+// Where cuBLASLt takes the weights' GEMM (`wgrad` set), the constructor allocates its outputs and workspace on the
+// current stream, so that weights() may run on a side stream that joins back before they are read.
+struct LinearBackward {
+  const Tensor& dy;
+  const Tensor& xn;
+  const Tensor& w;
+  bool weight_grad, bias_grad, lt;
+  GemmPlan* wgrad = nullptr;
+  Tensor dw, db, workspace;
+
+  LinearBackward(const Tensor& dy_, const Tensor& xn_, const Tensor& w_, bool weight_grad_, bool bias_grad_)
+      : dy(dy_), xn(xn_), w(w_), weight_grad(weight_grad_), bias_grad(bias_grad_) {
+    const int64_t n = w.size(0), k = w.size(1);
+    lt = w.dim() == 2 && lt_takes({&dy, &xn, &w}) && dy.numel() == xn.numel() / k * n &&
+         lt_aligned({dy.data_ptr(), xn.data_ptr(), w.data_ptr()});
+    if (!weight_grad || !lt) return;
+    wgrad = gemm_plan(bias_grad ? GEMM_WGRAD_BGRAD : GEMM_WGRAD, xn.scalar_type(), k, n, xn.numel() / k,
+                      xn.get_device());
+    if (wgrad == nullptr) return;
+    dw = empty(w.sizes(), w.options());
+    if (bias_grad) db = empty({n}, w.options());
+    workspace = gemm_workspace(*wgrad, xn.device());
   }
-  if (weight_grad) {
-    const int64_t kind = bias_grad ? GEMM_WGRAD_BGRAD : GEMM_WGRAD;
-    if (GemmPlan* wgrad = lt ? gemm_plan(kind, dtype, k, n, rows, device) : nullptr) {
-      dw = empty(w.sizes(), w.options());
-      if (bias_grad) db = empty({n}, w.options());
-      run_gemm(*wgrad, xn.data_ptr(), dy.data_ptr(), dw.data_ptr(), bias_grad ? db.data_ptr() : nullptr,
-               xn.device());
-    } else {
-      dw = dy.view({-1, n}).t().mm(xn.view({-1, k}));
+
+  Tensor input() const {
+    const int64_t n = w.size(0), k = w.size(1);
+    if (GemmPlan* dgrad = lt ? gemm_plan(GEMM_DGRAD, xn.scalar_type(), k, xn.numel() / k, n, xn.get_device())
+                             : nullptr) {
+      Tensor dxn = empty(xn.sizes(), xn.options());
+      run_gemm(*dgrad, w.data_ptr(), dy.data_ptr(), dxn.data_ptr(), nullptr, xn.device());
+      return dxn;
     }
+    return dy.view({-1, n}).mm(w).view(xn.sizes());
   }
-  if (bias_grad && !db.defined()) db = dy.view({-1, n}).sum(0);
-  return {dxn, dw, db};
+
+  void weights() {
+    const int64_t n = w.size(0), k = w.size(1);
+    if (wgrad != nullptr)
+      run_gemm(*wgrad, xn.data_ptr(), dy.data_ptr(), dw.data_ptr(), bias_grad ? db.data_ptr() : nullptr,
+               xn.device(), workspace);
+    else if (weight_grad)
+      dw = dy.view({-1, n}).t().mm(xn.view({-1, k}));
+    if (bias_grad && !db.defined()) db = dy.view({-1, n}).sum(0);
+  }
+};
+
+Triple linear_grads(const Tensor& dy, const Tensor& xn, const Tensor& w, bool weight_grad, bool bias_grad) {
+  c10::DeviceGuard guard(xn.device());
+  LinearBackward grads(dy, xn, w, weight_grad, bias_grad);
+  Tensor dxn = grads.input();
+  grads.weights();
+  return {dxn, grads.dw, grads.db};
+}
+
+// Under CUDA graph capture, the unfused backward runs the weights' gradients on a side stream forked from the
+// captured one, so that the graph runs them beside dxn's GEMM and the LayerNorm backward (layernorm_linear_config.py's
+// CAPTURED_WEIGHT_GRADS_BESIDE, handed over at loading).
+std::atomic<bool> captured_weight_grads_beside{false};
+
+void set_capture_overlap(bool on) { captured_weight_grads_beside = on; }
+
+// A stream of torch's pool, not `main`, that waits for everything enqueued on `main` so far.
+c10::Stream fork_from(const c10::Stream& main) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(main.device_type());
+  c10::Stream side = impl->getStreamFromGlobalPool(main.device());
+  if (side == main) side = impl->getStreamFromGlobalPool(main.device());
+  c10::Event forked(main.device_type());
+  forked.record(main);
+  forked.block(side);
+  return side;
+}
+
+// `main` waits for everything enqueued on `side` so far.
+void join(const c10::Stream& side, const c10::Stream& main) {
+  c10::Event done(side.device_type());
+  done.record(side);
+  done.block(main);
 }
 
 constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
@@ -776,9 +833,21 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const bool bias_grad = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(4);
-    auto [dxn, dw, db] = linear_grads(grads[0].contiguous(), s[1], s[4], ctx->needs_input_grad(3), bias_grad);
+    const Tensor dy = grads[0].contiguous();
+    c10::DeviceGuard guard(dy.device());
+    LinearBackward linear(dy, s[1], s[4], ctx->needs_input_grad(3), bias_grad);
+    std::optional<c10::Stream> side;
+    const c10::Stream current = c10::impl::getDeviceGuardImpl(dy.device().type())->getStream(dy.device());
+    if (linear.wgrad != nullptr && captured_weight_grads_beside && capturing(dy.device())) {
+      side = fork_from(current);
+      c10::StreamGuard on_side(*side);
+      linear.weights();
+    }
+    Tensor dxn = linear.input();
+    if (!side) linear.weights();
     auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0);
-    return {dx, dlnw, dlnb, dw, db, Tensor(), Tensor()};
+    if (side) join(*side, current);
+    return {dx, dlnw, dlnb, linear.dw, linear.db, Tensor(), Tensor()};
   }
 };
 
@@ -1121,6 +1190,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_poison(bool on) -> ()", &set_poison);
   m.def("gemm_plan_count() -> int", &gemm_plan_count);
   m.def("set_gemm_tuning(int no_workspace_k_per_n) -> ()", &set_gemm_tuning);
+  m.def("set_capture_overlap(bool on) -> ()", &set_capture_overlap);
   m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
 }

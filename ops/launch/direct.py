@@ -426,6 +426,7 @@ def load_native() -> NativeOps:
         from ops import layernorm_linear_config
 
         ops.set_gemm_tuning(layernorm_linear_config.LT_NO_WORKSPACE_MAX_K_PER_N)
+        ops.set_capture_overlap(layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE)
         # the overloads' own callables: no OpOverload.__call__ frame per call
         NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
         NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
