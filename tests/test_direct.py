@@ -577,8 +577,7 @@ def _captured_train_step(module: torch.nn.Module, x: torch.Tensor, dot: Path) ->
         for _ in range(2):
             step()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    graph.enable_debug_mode()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)   # kept after instantiation, for debug_dump
     with torch.cuda.graph(graph):
         step()
     with torch.no_grad():
