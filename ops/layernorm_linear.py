@@ -339,17 +339,20 @@ def _valid_linear(x: torch.Tensor, weight: object, bias: object | None) -> bool:
         return False
 
 
-def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int = 0) -> str:
-    """The forward algorithm ``auto`` resolves to (see the module docstring); under CUDA graph capture too
-    (``config.sm90_region``)."""
+def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int = 0,
+              captured: bool | None = None) -> str:
+    """The forward algorithm ``auto`` resolves to (see the module docstring), under CUDA graph capture
+    (``config.sm90_region``) where ``captured`` says so (None: whether the current stream is being captured)."""
     if algo not in ALGOS:
         raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
     if algo != "auto":
         return algo
     if device.type != "cuda":
         return "unfused"
+    if captured is None:
+        captured = _capturing()
     if dtype == torch.bfloat16 and is_sm90(device) and sm90_region(rows, n, k, _sms_traceable(device.index or 0),
-                                                                    _capturing()):
+                                                                    captured):
         return "sm90"
     return "fused" if config.fused_region(dtype, rows, n, k) else "unfused"
 
@@ -662,15 +665,14 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     if not layernorm.no_grad_to_come(*tensors):
         runs = autograd_algo(algo, tensors)
         y = LayerNormLinearFunction.apply(*tensors, eps, runs)
-        _remember_algo(x, weight, algo, True, pick_algo(runs, x.device, x.dtype, x.numel() // x.shape[-1],
-                                                        weight.shape[0], x.shape[-1]))
+        _remember_algo(x, weight, algo, True, runs)
         return y
     # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
     validate(*tensors)
     layernorm.check_eps(eps)
     k = x.shape[-1]
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k)
-    _remember_algo(x, weight, algo, False, picked)
+    _remember_algo(x, weight, algo, False, algo)
     if picked != "unfused":
         return layernorm_linear_fwd(*tensors, eps, algo)[0]
     xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
@@ -750,15 +752,18 @@ def _fake_linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return xn.new_empty(*xn.shape[:-1], weight.shape[0])
 
 
-def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, picked: str) -> None:
-    """Tell the C++ entry whether ``algo`` on this shape (with or without a gradient to come, under graph capture
-    or not) is "unfused", the one it runs (ops/launch/direct.py: remember)."""
+def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, runs: str) -> None:
+    """Tell the C++ entry whether ``algo`` on this shape (with or without a gradient to come), running ``runs``,
+    resolves to "unfused", the one it runs (ops/launch/direct.py: remember), under graph capture and outside it
+    alike: so a captured call after eager ones takes the C++ entry, as an eager call after captured ones does."""
     k, n = x.shape[-1], weight.shape[0]
     rows, dtype, index, code = x.numel() // k, x.dtype, x.get_device(), ALGO_IDS.get(algo, -1)
-    captured = _capturing()
-    direct.remember(("linear", rows, k, n, dtype, index, code, grad, captured),
-                    lambda native: native.set_linear_algo(rows, k, n, dtype, index, code, grad, captured,
-                                                          picked == "unfused"))
+    device = x.device
+    for captured in (False, True):
+        direct.remember(("linear", rows, k, n, dtype, index, code, grad, captured),
+                        lambda native, c=captured: native.set_linear_algo(
+                            rows, k, n, dtype, index, code, grad, c,
+                            pick_algo(runs, device, dtype, rows, n, k, c) == "unfused"))
 
 
 class FusedLayerNormLinear(nn.Sequential):

@@ -111,10 +111,11 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_layernorm.* "$out"/ ;;
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
-      ab=() ab_out=()   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE)
-      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab) ab_out=(results/bench_transformer_capture_overlap.*)
+      ab=()   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE)
+      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}"
-      [ "$out" = results ] || cp results/bench_transformer.* "${ab_out[@]}" "$out"/ ;;
+      [ "$out" = results ] || cp results/bench_transformer.* "$out"/
+      [ "$out" = results ] || [ -z "${ab[*]}" ] || cp results/bench_transformer_capture_overlap.* "$out"/ ;;
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
       [ "$out" = results ] || cp results/bench_transformer_breakdown.* results/bench_transformer_breakdown_kernels.* "$out"/ ;;
