@@ -576,6 +576,7 @@ struct LinearBackward {
   }
 };
 
+// Both parts, in order, on the current stream: (dxn, dw, db).
 Triple linear_grads(const Tensor& dy, const Tensor& xn, const Tensor& w, bool weight_grad, bool bias_grad) {
   c10::DeviceGuard guard(xn.device());
   LinearBackward grads(dy, xn, w, weight_grad, bias_grad);
@@ -591,22 +592,22 @@ std::atomic<bool> captured_weight_grads_beside{false};
 
 void set_capture_overlap(bool on) { captured_weight_grads_beside = on; }
 
-// A stream of torch's pool, not `main`, that waits for everything enqueued on `main` so far.
-c10::Stream fork_from(const c10::Stream& main) {
-  const auto* impl = c10::impl::getDeviceGuardImpl(main.device_type());
-  c10::Stream side = impl->getStreamFromGlobalPool(main.device());
-  if (side == main) side = impl->getStreamFromGlobalPool(main.device());
-  c10::Event forked(main.device_type());
-  forked.record(main);
+// A stream of torch's pool, not `origin`, that waits for everything enqueued on `origin` so far.
+c10::Stream fork_from(const c10::Stream& origin) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(origin.device_type());
+  c10::Stream side = impl->getStreamFromGlobalPool(origin.device());
+  if (side == origin) side = impl->getStreamFromGlobalPool(origin.device());   // the pool hands them out in turn
+  c10::Event forked(origin.device_type());
+  forked.record(origin);
   forked.block(side);
   return side;
 }
 
-// `main` waits for everything enqueued on `side` so far.
-void join(const c10::Stream& side, const c10::Stream& main) {
+// `origin` waits for everything enqueued on `side` so far.
+void join(const c10::Stream& side, const c10::Stream& origin) {
   c10::Event done(side.device_type());
   done.record(side);
-  done.block(main);
+  done.block(origin);
 }
 
 constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
@@ -836,17 +837,17 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
     const Tensor dy = grads[0].contiguous();
     c10::DeviceGuard guard(dy.device());
     LinearBackward linear(dy, s[1], s[4], ctx->needs_input_grad(3), bias_grad);
-    std::optional<c10::Stream> side;
-    const c10::Stream current = c10::impl::getDeviceGuardImpl(dy.device().type())->getStream(dy.device());
+    std::optional<c10::Stream> captured, side;   // under capture: the captured stream and the side one
     if (linear.wgrad != nullptr && captured_weight_grads_beside && capturing(dy.device())) {
-      side = fork_from(current);
+      captured = c10::impl::getDeviceGuardImpl(dy.device().type())->getStream(dy.device());
+      side = fork_from(*captured);
       c10::StreamGuard on_side(*side);
       linear.weights();
     }
     Tensor dxn = linear.input();
     if (!side) linear.weights();
     auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0);
-    if (side) join(*side, current);
+    if (side) join(*side, *captured);
     return {dx, dlnw, dlnb, linear.dw, linear.db, Tensor(), Tensor()};
   }
 };
