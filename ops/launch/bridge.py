@@ -190,6 +190,16 @@ def built_once(name: str) -> Iterator[None]:
                 out.write(f"{os.getpid()}\t{held - start:.1f}\t{now - held:.1f}\t{name}\n")
 
 
+def built_file(path: Path, name: str, make: Callable[[], None]) -> Path:
+    """``path``, made by ``make`` under the cache's lock ``name`` (``built_once``) unless it is there already or
+    another process made it while this one waited for the lock."""
+    if not path.is_file():
+        with built_once(name):
+            if not path.is_file():
+                make()
+    return path
+
+
 def compile_package(package: Path) -> Path:
     """Return a ``.mojoc`` built from ``package`` as it is on disk now.
 
@@ -202,12 +212,7 @@ def compile_package(package: Path) -> Path:
         raise ValueError(f"package: {package} is not a Mojo package (no __init__.mojo)")
     digest = package_digest(package)
     final = _cache_dir() / digest / f"{package.name}.mojoc"
-    if final.is_file():
-        return final
-    with built_once(f"package {final}"):
-        if not final.is_file():   # another process may have built it while this one waited
-            _precompile(package, final, digest)
-    return final
+    return built_file(final, f"package {final}", lambda: _precompile(package, final, digest))
 
 
 def _precompile(package: Path, final: Path, digest: str) -> None:

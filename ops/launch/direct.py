@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ops.launch.bridge import LIBRARY, MojoCompileError, _cache_dir, built_once, package_digest
+from ops.launch.bridge import LIBRARY, MojoCompileError, _cache_dir, built_file, built_once, package_digest
 
 # CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
 TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
@@ -367,12 +367,7 @@ def build_native(quiet: bool = False) -> Path:
         NativeBuildError: no C++ compiler, or the compile failed (its output in the message).
     """
     path = native_library_path()
-    if path.is_file():
-        return path
-    with built_once(f"native {path}"):
-        if not path.is_file():   # another process may have built it while this one waited
-            _compile_native(path, quiet)
-    return path
+    return built_file(path, f"native {path}", lambda: _compile_native(path, quiet))
 
 
 def _compile_native(path: Path, quiet: bool) -> None:
