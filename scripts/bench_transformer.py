@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,7 +167,7 @@ def with_compiled_layernorm(choice: str, fn: Callable[[], object]) -> Callable[[
 
 
 @contextlib.contextmanager
-def weight_grads_beside(on: bool):
+def weight_grads_beside(on: bool) -> Iterator[None]:
     """Our C++ backward's CAPTURED_WEIGHT_GRADS_BESIDE set to ``on`` while a contender is captured (read at
     capture: the graph keeps what it recorded)."""
     from ops.launch import direct
