@@ -173,12 +173,13 @@ def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PI
     return {name: r.pipelined_us for name, r in pipelined_runs(fns, calls, repeats, device).items()}
 
 
-def captured(fn: Callable[[], object], warmup: int = 3,
-             before_capture: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph, object]:
+def captured(fn: Callable[[], object], warmup: int = 3, before_capture: Callable[[], None] | None = None,
+             keep_graph: bool = False) -> tuple[torch.cuda.CUDAGraph, object]:
     """``fn`` run ``warmup`` times on a side stream (first-use work, such as our ops handing plans to the C++
     entries, stays out of the graph), then captured by ``torch.cuda.graph`` on a capture stream of the current
     device: the graph and what the captured call returned (its outputs, rewritten by every replay).
-    ``before_capture`` runs between the two. (torch.cuda.graph's default capture stream is made once per process,
+    ``before_capture`` runs between the two; ``keep_graph`` keeps the graph after instantiation (for
+    ``debug_dump``). (torch.cuda.graph's default capture stream is made once per process,
     on the device current at the first capture: later captures on another device would run on it.)"""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -188,7 +189,7 @@ def captured(fn: Callable[[], object], warmup: int = 3,
     torch.cuda.current_stream().wait_stream(side)
     if before_capture is not None:
         before_capture()
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
     with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
         out = fn()
     return graph, out

@@ -563,23 +563,15 @@ def test_gpu_cuda_graph_forward_and_backward() -> None:
 
 
 def _captured_train_step(module: torch.nn.Module, x: torch.Tensor, dot: Path) -> tuple[torch.Tensor, ...]:
-    """x's and module's gradients of sum(module(x)) from a captured forward and backward replayed on x's values now
-    (warm-up on a side stream first), with the graph written to ``dot`` (cudaGraphDebugDotPrint)."""
+    """x's and module's gradients of sum(module(x)) from a captured forward and backward (``captured``: warm-up on a
+    side stream first) replayed on x's values now, with the graph written to ``dot`` (cudaGraphDebugDotPrint)."""
     new = x.detach().clone()
 
     def step() -> None:
         module.zero_grad(set_to_none=False)
         x.grad = None
         module(x).float().sum().backward()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph(keep_graph=True)   # kept after instantiation, for debug_dump
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = captured(step, warmup=2, keep_graph=True)
     with torch.no_grad():
         x.copy_(torch.randn_like(x))
         graph.replay()
