@@ -702,10 +702,11 @@ def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, wei
 def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
             bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
     """``layernorm_linear`` of valid inputs as torch.compile traces it. Unfused: the LayerNorm as
-    ``layernorm.compiled_layernorm`` holds it, then with a gradient to come ``F.linear`` (torch's autograd and
-    GEMMs: inductor fuses the bias gradient's sums into the kernel before), without one the C++ op
-    ``mojo_direct.linear`` (the eager route's cuBLASLt plan: no heuristics query per call, as torch's addmm makes).
-    Fused and Hopper: with a gradient to come, the autograd function around our ops; without, our forward alone."""
+    ``layernorm.compiled_layernorm`` holds it, then the C++ op ``mojo_direct.linear`` without a gradient to come
+    (the eager route's cuBLASLt plan: no heuristics query per call, as torch's addmm makes), with one
+    ``mojo_direct.traced_linear`` (the same, its backward the C++ ``linear_grads``) or ``F.linear`` as
+    ``config.COMPILED_TRAINING_LINEAR`` says (float32, which those ops run by torch's GEMMs: ``F.linear``). Fused
+    and Hopper: with a gradient to come, the autograd function around our ops; without, our forward alone."""
     tensors = (x, ln_weight, ln_bias, weight, bias)
     grad = not layernorm.no_grad_to_come(*tensors)
     runs = autograd_algo(algo, tensors) if grad else algo
@@ -714,32 +715,39 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     k = x.shape[-1]
     if pick_algo(runs, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
         xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
-        if not grad and x.is_cuda and _native_infer_traceable():
-            return torch.ops.mojo_direct.linear(xn, weight, bias)
+        if x.is_cuda and _native_linear_traceable():
+            if not grad:
+                return torch.ops.mojo_direct.linear(xn, weight, bias)
+            if config.COMPILED_TRAINING_LINEAR == "ours" and x.dtype != torch.float32:
+                return torch.ops.mojo_direct.traced_linear(xn, weight, bias)
         return torch.nn.functional.linear(xn, weight, bias)
     if grad:
         return LayerNormLinearFunction.apply(*tensors, eps, runs)
-    if x.is_cuda and _native_infer_traceable():
+    if x.is_cuda and _native_linear_traceable():
         # the C++ op: no Python per call in the compiled graph
         return torch.ops.mojo_direct.layernorm_linear_infer(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
     bias = _zero_bias(weight) if bias is None else bias
     return torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)[0]
 
 
-_infer_fake_registered = False
+_linear_ops_registered = False
 
 
 @torch.compiler.assume_constant_result
-def _native_infer_traceable() -> bool:
-    """Whether the C++ ops ``mojo_direct::layernorm_linear_infer`` and ``mojo_direct::linear`` are loaded, with
-    their fakes for tracing."""
-    global _infer_fake_registered
+def _native_linear_traceable() -> bool:
+    """Whether the C++ ops ``mojo_direct::layernorm_linear_infer``, ``linear``, ``traced_linear`` and
+    ``linear_grads`` are loaded, with their fakes for tracing and ``traced_linear``'s autograd formula."""
+    global _linear_ops_registered
     if not layernorm._native_ops_traceable():
         return False
-    if not _infer_fake_registered:
-        _infer_fake_registered = True
+    if not _linear_ops_registered:
+        _linear_ops_registered = True
         torch.library.register_fake("mojo_direct::layernorm_linear_infer")(_fake_infer)
         torch.library.register_fake("mojo_direct::linear")(_fake_linear)
+        torch.library.register_fake("mojo_direct::traced_linear")(_fake_linear)
+        torch.library.register_fake("mojo_direct::linear_grads")(_fake_linear_grads)
+        torch.library.register_autograd("mojo_direct::traced_linear", _traced_linear_backward,
+                                        setup_context=_traced_linear_context)
     return True
 
 
@@ -750,6 +758,25 @@ def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
 
 def _fake_linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return xn.new_empty(*xn.shape[:-1], weight.shape[0])
+
+
+def _fake_linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool) -> list:
+    grads = [xn.new_empty(xn.shape), weight.new_empty(weight.shape)]
+    return [*grads, weight.new_empty(weight.shape[0])] if bias_grad else grads
+
+
+def _traced_linear_context(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
+    xn, weight, bias = inputs
+    ctx.save_for_backward(xn, weight)
+    ctx.bias_grad = bias is not None
+
+
+def _traced_linear_backward(ctx: object, dy: torch.Tensor) -> tuple:
+    """``mojo_direct.traced_linear``'s gradients (dxn, dweight, dbias) by the C++ ``linear_grads``, as the eager
+    route's backward runs them."""
+    xn, weight = ctx.saved_tensors
+    dxn, dweight, *dbias = torch.ops.mojo_direct.linear_grads(dy, xn, weight, ctx.bias_grad)
+    return dxn, dweight, dbias[0] if dbias else None
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, runs: str) -> None:

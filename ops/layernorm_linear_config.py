@@ -12,6 +12,7 @@ section: its tables and choice functions (``fused_region``, ``sm90_region``, ``s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -226,6 +227,14 @@ LT_NO_WORKSPACE_MAX_K_PER_N = 2
 # at 42fdfcf (H100, medians over 5 processes): the captured training step 0.981 of torch's at 1x128 and 0.943 at
 # 8x512, against 0.985 and 0.944 captured on one stream; inference, which has no backward, unchanged.
 CAPTURED_WEIGHT_GRADS_BESIDE = True
+
+# Under torch.compile, the unfused LayerNorm+Linear of a training forward holds its Linear as "ours": the C++ op
+# mojo_direct.traced_linear (the eager route's cuBLASLt plan), whose backward is the C++ op linear_grads (dxn's and
+# dW's GEMMs, db in dW's epilogue: one call from inductor's code); or as "inductor": F.linear, which inductor
+# runs as addmm, and two mm and a column sum in the backward. 16-bit only: float32 keeps F.linear (the C++ ops
+# would run torch's GEMMs). OPS_COMPILED_TRAINING_LINEAR overrides it.
+# Evidence: (pending: results/bench_transformer_compiled_linear.md).
+COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "ours")
 
 
 def lt_without_workspace(k: int, n: int) -> bool:

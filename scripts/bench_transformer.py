@@ -12,6 +12,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     poe bench-transformer                          (needs a CUDA GPU)
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
+    python scripts/bench_transformer.py --modes compile --linear-ab   (+ torch's Linear in compiled training)
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours captured on one stream)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +51,6 @@ MODES = ("eager", "cuda_graph", "compile")
 REPEATS = 11   # interleaved runs per contender (median): the GPU machine's host speed drifts
 FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
 OUT = ROOT / "results" / "bench_transformer"
-AB_OUT = ROOT / "results" / "bench_transformer_compiled_layernorm"
 OVERLAP_AB_OUT = ROOT / "results" / "bench_transformer_capture_overlap"
 BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
 # --breakdown: kernels by kind, from their names (the first pattern that matches; torch's and cuBLAS's names on the
@@ -58,9 +59,34 @@ KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|Layer
          ("attention", r"sdpa|flash|fmha|attention"), ("GEMM (cuBLAS)", r"gemm|xmma|cutlass|nvjet|Bgrad|splitKreduce"),
          ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
 KERNEL_FIELDS = ("phase", "tokens", "impl", "kind", "kernel", "launches", "us")
-AB_IMPL = "ours_ln_op"   # --layernorm-ab: ours with COMPILED_LAYERNORM = "ours"
 ONE_STREAM_IMPL = "ours_one_stream"   # --capture-overlap-ab: ours captured with CAPTURED_WEIGHT_GRADS_BESIDE off
-DEFAULT_CHOICE = layernorm_config.COMPILED_LAYERNORM   # ours' (the contenders set the knob before each call)
+
+
+@dataclass(frozen=True)
+class CompileAB:
+    """A contender of compile mode: ours with a knob that dynamo reads while tracing (and guards on, so each
+    contender keeps its own graph) set to ``value``; its report sets it beside ours at the default."""
+
+    config: object
+    knob: str
+    value: str
+    default: str
+    report: Path
+    title: str
+    says: str
+
+
+COMPILE_ABS = {
+    "ours_ln_op": CompileAB(layernorm_config, "COMPILED_LAYERNORM", "ours", layernorm_config.COMPILED_LAYERNORM,
+                            ROOT / "results" / "bench_transformer_compiled_layernorm",
+                            "GPT-2-small under torch.compile: whose LayerNorm the graph holds",
+                            "our C++ LayerNorm ops in the graph"),
+    "ours_torch_linear": CompileAB(layernorm_linear_config, "COMPILED_TRAINING_LINEAR", "inductor",
+                                   layernorm_linear_config.COMPILED_TRAINING_LINEAR,
+                                   ROOT / "results" / "bench_transformer_compiled_linear",
+                                   "GPT-2-small under torch.compile: whose Linear a training graph holds",
+                                   "F.linear in the unfused LayerNorm+Linear's training graph (inductor's GEMMs)"),
+}
 
 
 class Block(nn.Module):
@@ -157,11 +183,11 @@ def train_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], obj
     return captured(step)[0].replay
 
 
-def with_compiled_layernorm(choice: str, fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` run with ``layernorm_config.COMPILED_LAYERNORM`` set to ``choice`` (read when dynamo traces, and
-    guarded on, so each compiled contender keeps its own graph)."""
+def with_compile_knobs(impl: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with every ``COMPILE_ABS`` knob at ``impl``'s value: its own contender's, else the default."""
     def call() -> object:
-        layernorm_config.COMPILED_LAYERNORM = choice
+        for name, ab in COMPILE_ABS.items():
+            setattr(ab.config, ab.knob, ab.value if name == impl else ab.default)
         return fn()
     return call
 
@@ -182,7 +208,7 @@ def weight_grads_beside(on: bool) -> Iterator[None]:
         ops.set_capture_overlap(layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE)
 
 
-def run(modes: list[str], layernorm_ab: bool = False, overlap_ab: bool = False) -> list[dict]:
+def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = False) -> list[dict]:
     rows = []
     for b, t in SIZES:
         torch._dynamo.reset()   # each size compiled for itself, not as a dynamic-shape recompile of the last
@@ -195,14 +221,14 @@ def run(modes: list[str], layernorm_ab: bool = False, overlap_ab: bool = False) 
             for phase in ("infer", "train"):
                 calls = 50 if phase == "infer" else 10
                 fns, us = {}, {}
-                impls = ("torch", "ours", *((AB_IMPL,) if layernorm_ab and mode == "compile" else ()),
+                impls = ("torch", "ours", *(compile_abs if mode == "compile" else ()),
                          *((ONE_STREAM_IMPL,) if overlap_ab and mode == "cuda_graph" else ()))
                 for impl in impls:
                     model = contender(ref_model, impl)
                     with weight_grads_beside(False) if impl == ONE_STREAM_IMPL else contextlib.nullcontext():
                         fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
-                    if AB_IMPL in impls and impl != "torch":   # ours' contenders toggle the knob (guarded)
-                        fn = with_compiled_layernorm("ours" if impl == AB_IMPL else DEFAULT_CHOICE, fn)
+                    if mode == "compile" and compile_abs and impl != "torch":   # ours' contenders set the knobs
+                        fn = with_compile_knobs(impl, fn)
                     fns[impl] = fn
                     for _ in range(3):
                         fns[impl]()
@@ -309,24 +335,28 @@ def process_medians(runs: list[list[dict]]) -> list[dict]:
     return out
 
 
-def write_ab(rows: list[dict], mode: str, out: Path, title: str, contenders: str, processes: int = 1) -> None:
-    """The ``mode`` rows of torch, ours and an A/B contender side by side: the evidence for a default."""
+def write_ab(rows: list[dict], mode: str, impl: str, out: Path, title: str, contenders: str,
+             processes: int = 1) -> None:
+    """The ``mode`` rows of torch, ours and the A/B contender ``impl`` side by side: the evidence for a default."""
     spread = f"; medians over {processes} processes" if processes > 1 else ""
-    write_report(out, [r for r in rows if r["mode"] == mode], FIELDS, f"GPU: {gpu_name()}; commit {commit()}{spread}",
-                 title, f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {REPEATS} "
+    write_report(out, [r for r in rows if r["mode"] == mode and r["impl"] in ("torch", "ours", impl)], FIELDS,
+                 f"GPU: {gpu_name()}; commit {commit()}{spread}", title,
+                 f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {REPEATS} "
                  "runs; vs_torch = the contender's ms over torch's.")
 
 
-def write_layernorm_ab(rows: list[dict], processes: int = 1) -> None:
-    """Evidence for COMPILED_LAYERNORM's default: ours with it against AB_IMPL, under torch.compile."""
-    write_ab(rows, "compile", AB_OUT, "GPT-2-small under torch.compile: whose LayerNorm the graph holds",
-             f"ours: the default (layernorm_config.COMPILED_LAYERNORM = {DEFAULT_CHOICE!r}); {AB_IMPL}: our C++ "
-             "LayerNorm ops in the graph (COMPILED_LAYERNORM = 'ours'), interleaved with the others.", processes)
+def write_compile_ab(rows: list[dict], impl: str, processes: int = 1) -> None:
+    """Evidence for a compile-mode knob's default: ours with it against the contender ``impl``."""
+    ab = COMPILE_ABS[impl]
+    module = ab.config.__name__.rsplit(".", 1)[-1]
+    write_ab(rows, "compile", impl, ab.report, ab.title,
+             f"ours: the default ({module}.{ab.knob} = {ab.default!r}); {impl}: {ab.says} ({ab.knob} = "
+             f"{ab.value!r}), interleaved with the others.", processes)
 
 
 def write_overlap_ab(rows: list[dict], processes: int = 1) -> None:
     """Evidence for CAPTURED_WEIGHT_GRADS_BESIDE: ours with it against ONE_STREAM_IMPL, in a CUDA graph."""
-    write_ab(rows, "cuda_graph", OVERLAP_AB_OUT,
+    write_ab(rows, "cuda_graph", ONE_STREAM_IMPL, OVERLAP_AB_OUT,
              "GPT-2-small in a CUDA graph: the weights' gradients beside the input's, or on one stream",
              f"ours: the default (layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE = "
              f"{layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE}: the unfused backward forks dW and db onto a "
@@ -375,7 +405,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--layernorm-ab", action="store_true",
-                   help=f"compile mode: also ours with our LayerNorm ops in the graph ({AB_OUT.name}.md)")
+                   help=f"compile mode: also ours with our LayerNorm ops in the graph "
+                        f"({COMPILE_ABS['ours_ln_op'].report.name}.md)")
+    p.add_argument("--linear-ab", action="store_true",
+                   help=f"compile mode: also ours with torch's Linear in training graphs "
+                        f"({COMPILE_ABS['ours_torch_linear'].report.name}.md)")
     p.add_argument("--capture-overlap-ab", action="store_true",
                    help=f"cuda_graph mode: also ours captured on one stream ({OVERLAP_AB_OUT.name}.md)")
     p.add_argument("--processes", type=int, default=1,
@@ -396,18 +430,21 @@ def main() -> None:
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
+    compile_abs = (*(("ours_ln_op",) if args.layernorm_ab else ()),
+                   *(("ours_torch_linear",) if args.linear_ab else ()))
     if args.processes > 1:
-        flags = [*(["--layernorm-ab"] if args.layernorm_ab else []),
+        flags = [*(["--layernorm-ab"] if args.layernorm_ab else []), *(["--linear-ab"] if args.linear_ab else []),
                  *(["--capture-overlap-ab"] if args.capture_overlap_ab else [])]
         rows = across_processes(["--modes", args.modes, *flags], args.processes)
     else:
-        rows = run(modes, args.layernorm_ab, args.capture_overlap_ab)
+        rows = run(modes, compile_abs, args.capture_overlap_ab)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps(rows))
         return
     write(rows, modes, args.processes)
-    if args.layernorm_ab and "compile" in modes:
-        write_layernorm_ab(rows, args.processes)
+    if "compile" in modes:
+        for impl in compile_abs:
+            write_compile_ab(rows, impl, args.processes)
     if args.capture_overlap_ab and "cuda_graph" in modes:
         write_overlap_ab(rows, args.processes)
 

@@ -24,7 +24,8 @@
 #               -> bench_layernorm_linear_workspace.{md,csv} (about 3 minutes)
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
-#   transformer-compile  its compile rows only, likewise (host-bound too)
+#   transformer-compile  its compile rows only, likewise (host-bound too), and ours with torch's Linear in training
+#               graphs -> bench_transformer_compiled_linear.*
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
@@ -111,11 +112,13 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_layernorm.* "$out"/ ;;
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
-      ab=()   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE)
-      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)
+      ab=() ab_report=""   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE),
+      # the compile rows ours with torch's Linear in training graphs (COMPILED_TRAINING_LINEAR)
+      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab) ab_report=bench_transformer_capture_overlap
+      [ "$mode" = compile ] && ab=(--linear-ab) ab_report=bench_transformer_compiled_linear
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}"
       [ "$out" = results ] || cp results/bench_transformer.* "$out"/
-      [ "$out" = results ] || [ -z "${ab[*]}" ] || cp results/bench_transformer_capture_overlap.* "$out"/ ;;
+      [ "$out" = results ] || [ -z "$ab_report" ] || cp results/$ab_report.* "$out"/ ;;
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
       [ "$out" = results ] || cp results/bench_transformer_breakdown.* results/bench_transformer_breakdown_kernels.* "$out"/ ;;

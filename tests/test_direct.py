@@ -196,6 +196,25 @@ def test_native_library_follows_its_source(tmp_path: Path, monkeypatch: pytest.M
     assert len({before, edited, direct.native_library_path()}) == 3
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_traced_linear_fake_and_autograd_formula(with_bias: bool) -> None:
+    """``mojo_direct.traced_linear`` (torch.compile's Linear in a training graph, COMPILED_TRAINING_LINEAR): its
+    fake and its autograd formula (the C++ ``linear_grads``) pass ``torch.library.opcheck``, and gradcheck in
+    float64 on the CPU, where both ops run torch's GEMMs (the GPU test below runs their cuBLASLt plans)."""
+    from ops import layernorm_linear as LL
+
+    assert direct.load_native().ops is not None, "the C++ launcher did not build (see the warning)"
+    assert LL._native_linear_traceable()
+    torch.manual_seed(0)
+    xn = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, requires_grad=True) if with_bias else None
+    torch.library.opcheck(torch.ops.mojo_direct.traced_linear.default, (xn, w, bias))
+    assert torch.autograd.gradcheck(lambda *t: torch.ops.mojo_direct.traced_linear(*t, bias), (xn, w))
+    if with_bias:
+        assert torch.autograd.gradcheck(lambda b: torch.ops.mojo_direct.traced_linear(xn, w, b), (bias,))
+
+
 # ---------------------------------------------------------------- on the GPU: the C++ route
 
 GPU_SHAPES = [(1, 7), (37, 1000), (4, 768), (2, 64, 1023), (3, 4096), (5, 12288)]
@@ -675,6 +694,64 @@ def test_gpu_compiled_inference_calls_the_cpp_op(dtype: torch.dtype, algo: str, 
         want = layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo)
     assert any("mojo_direct.layernorm_linear_infer" in code for code in codes)
     assert torch.equal(first, want) and torch.equal(again, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gpu_compiled_unfused_training_calls_the_cpp_linear(with_bias: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unfused training under torch.compile (COMPILED_TRAINING_LINEAR "ours"): the forward's GEMM is the C++
+    ``mojo_direct.traced_linear`` and the backward's the C++ ``linear_grads`` (no mm or addmm of torch's), and y
+    and all five gradients are the float64 reference's within bf16's tolerance, on the second call too; with
+    "inductor" the graph holds torch's GEMMs."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ops.layernorm_linear import layernorm_linear
+    from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_stats_ref
+    from ops.tolerance import compare
+
+    torch.manual_seed(0)
+    k, n = 768, 1000
+    x = torch.randn(3, 37, k, device="cuda", dtype=torch.bfloat16) * 3 + 1
+    lnw = 1 + 0.2 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
+    lnb = 0.2 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 28
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if with_bias else None
+    dy = torch.randn(3, 37, n, device="cuda", dtype=torch.bfloat16)
+    leaves = [t.clone().requires_grad_() for t in (x, lnw, lnb, w, bias) if t is not None]
+    direct.load_native()
+    ref_bias = bias if with_bias else torch.zeros(n, device="cuda", dtype=torch.bfloat16)
+    want_y = layernorm_linear_ref(*(t.double() for t in (x, lnw, lnb, w, ref_bias)))
+    want = layernorm_linear_grads_ref(x, lnw, lnb, w, ref_bias, dy)[:len(leaves)]
+    reductions = (n * k, 111 * n, 111 * n, 111, 111)
+    cond = float(layernorm_stats_ref(x)[1].max())
+
+    for choice in ("ours", "inductor"):
+        monkeypatch.setattr(lnl_config, "COMPILED_TRAINING_LINEAR", choice)
+        torch._dynamo.reset()
+        fwd = torch.compile(lambda *t: layernorm_linear(*t[:4], t[4] if with_bias else None, 1e-5, "unfused"),
+                            fullgraph=True)
+
+        def step(fwd: object) -> torch.Tensor:
+            for t in leaves:
+                t.grad = None
+            y = fwd(*leaves)
+            y.backward(dy)
+            return y
+
+        for call in range(2):
+            if call == 0:
+                y, codes = run_and_get_code(step, fwd)
+            else:
+                y = step(fwd)
+            assert (bad := compare(y, want_y, torch.bfloat16, reduction=k)) is None, f"{choice} y: {bad}"
+            for i, (leaf, r, red) in enumerate(zip(leaves, want, reductions[:len(leaves)], strict=True)):
+                assert (bad := compare(leaf.grad, r, torch.bfloat16, reduction=red,
+                                       cond=cond if i == 0 else 1.0)) is None, f"{choice} call {call} grad {i}: {bad}"
+        code = "\n".join(codes)
+        ours = "mojo_direct.traced_linear" in code and "mojo_direct.linear_grads" in code
+        assert ours == (choice == "ours"), choice
+        assert ("extern_kernels.mm" in code or "extern_kernels.addmm" in code) == (choice == "inductor"), choice
 
 
 @pytest.mark.gpu

@@ -1150,8 +1150,8 @@ int64_t gemm_plan_count() {
   return count;
 }
 
-// The Python route's Linear backward (ops/layernorm_linear.py), so that both routes run the same GEMMs:
-// [dxn, dweight] and, with bias_grad, dbias.
+// The Python route's Linear backward (ops/layernorm_linear.py), so that both routes run the same GEMMs, and
+// traced_linear's autograd formula: [dxn, dweight] and, with bias_grad, dbias.
 std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad) {
   auto [dxn, dw, db] = linear_grads(dy.contiguous(), xn.contiguous(), w, true, bias_grad);
   if (bias_grad) return {dxn, dw, db};
@@ -1193,6 +1193,9 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_gemm_tuning(int no_workspace_k_per_n) -> ()", &set_gemm_tuning);
   m.def("set_capture_overlap(bool on) -> ()", &set_capture_overlap);
   m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
+  // linear's kernel under its own name, for torch.compile's training graphs: ops/layernorm_linear.py registers
+  // linear_grads as its autograd formula, which eager calls of linear (no gradient to come) do not pay for.
+  m.def("traced_linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
 }
 
@@ -1211,6 +1214,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("layernorm_bwd_with_plan", &layernorm_bwd_with_plan);
   m.impl("layernorm_linear_with_stats", &layernorm_linear_with_stats);
   m.impl("linear", &linear_forward);
+  m.impl("traced_linear", &linear_forward);
   m.impl("linear_grads", &linear_grads_op);
 }
 
