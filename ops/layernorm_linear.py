@@ -735,8 +735,8 @@ _linear_ops_registered = False
 
 @torch.compiler.assume_constant_result
 def _native_linear_traceable() -> bool:
-    """Whether the C++ ops ``mojo_direct::layernorm_linear_infer``, ``linear``, ``traced_linear`` and
-    ``linear_grads`` are loaded, with their fakes for tracing and ``traced_linear``'s autograd formula."""
+    """Whether the C++ ops ``mojo_direct::layernorm_linear_infer``, ``linear``, ``traced_linear`` (with its
+    autograd kernel: ``linear_grads``) and ``linear_grads`` are loaded, with their fakes for tracing."""
     global _linear_ops_registered
     if not layernorm._native_ops_traceable():
         return False
@@ -746,8 +746,6 @@ def _native_linear_traceable() -> bool:
         torch.library.register_fake("mojo_direct::linear")(_fake_linear)
         torch.library.register_fake("mojo_direct::traced_linear")(_fake_linear)
         torch.library.register_fake("mojo_direct::linear_grads")(_fake_linear_grads)
-        torch.library.register_autograd("mojo_direct::traced_linear", _traced_linear_backward,
-                                        setup_context=_traced_linear_context)
     return True
 
 
@@ -763,20 +761,6 @@ def _fake_linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def _fake_linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool) -> list:
     grads = [xn.new_empty(xn.shape), weight.new_empty(weight.shape)]
     return [*grads, weight.new_empty(weight.shape[0])] if bias_grad else grads
-
-
-def _traced_linear_context(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
-    xn, weight, bias = inputs
-    ctx.save_for_backward(xn, weight)
-    ctx.bias_grad = bias is not None
-
-
-def _traced_linear_backward(ctx: object, dy: torch.Tensor) -> tuple:
-    """``mojo_direct.traced_linear``'s gradients (dxn, dweight, dbias) by the C++ ``linear_grads``, as the eager
-    route's backward runs them."""
-    xn, weight = ctx.saved_tensors
-    dxn, dweight, *dbias = torch.ops.mojo_direct.linear_grads(dy, xn, weight, ctx.bias_grad)
-    return dxn, dweight, dbias[0] if dbias else None
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, runs: str) -> None:

@@ -149,13 +149,16 @@ class Pipelined:
 def pipelined_runs(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,
                    device: torch.device | str = "cuda") -> dict[str, Pipelined]:
     """Runs of ``calls`` back-to-back calls with one synchronisation, of several contenders, their runs
-    interleaved (A, B, A, B, ...) so that a drift in the host's speed (a noisy machine) falls on all of them alike;
-    per contender the medians of ``repeats`` runs."""
+    interleaved and the order rotated each round (A B C, B C A, C A B, ...), so that a drift in the host's speed
+    (a noisy machine) and any cost of going first or after another fall on all of them alike; per contender the
+    medians of ``repeats`` runs."""
     device = torch.device(device)
     pipe: dict[str, list[float]] = {name: [] for name in fns}
     host: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(calls):

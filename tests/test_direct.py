@@ -197,10 +197,10 @@ def test_native_library_follows_its_source(tmp_path: Path, monkeypatch: pytest.M
 
 
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_traced_linear_fake_and_autograd_formula(with_bias: bool) -> None:
+def test_traced_linear_fake_and_autograd_kernel(with_bias: bool) -> None:
     """``mojo_direct.traced_linear`` (torch.compile's Linear in a training graph, COMPILED_TRAINING_LINEAR): its
-    fake and its autograd formula (the C++ ``linear_grads``) pass ``torch.library.opcheck``, and gradcheck in
-    float64 on the CPU, where both ops run torch's GEMMs (the GPU test below runs their cuBLASLt plans)."""
+    fake and its C++ autograd kernel (whose backward is ``linear_grads``) pass ``torch.library.opcheck``, and
+    gradcheck in float64 on the CPU, where both ops run torch's GEMMs (a GPU test runs their cuBLASLt plans)."""
     from ops import layernorm_linear as LL
 
     assert direct.load_native().ops is not None, "the C++ launcher did not build (see the warning)"

@@ -1158,6 +1158,35 @@ std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Te
   return {dxn, dw};
 }
 
+// traced_linear's autograd kernel: linear's forward below autograd, its backward the linear_grads op, each called
+// through the dispatcher, so that AOTAutograd records both in torch.compile's graphs and the compiled code calls
+// them with no Python in between.
+struct TracedLinearFn : public torch::autograd::Function<TracedLinearFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mojo_direct::traced_linear", "")
+                               .typed<Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&)>();
+    ctx->save_for_backward({xn, w});
+    ctx->saved_data["bias"] = bias.has_value() && bias->defined();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(xn, w, bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mojo_direct::linear_grads", "")
+                               .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, bool)>();
+    auto s = ctx->get_saved_variables();
+    const bool bias_grad = ctx->saved_data["bias"].toBool();
+    std::vector<Tensor> g = op.call(grads[0], s[0], s[1], bias_grad);
+    return {g[0], g[1], bias_grad ? g[2] : Tensor()};
+  }
+};
+
+Tensor traced_linear(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+  return TracedLinearFn::apply(xn, w, bias);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(mojo_direct, m) {
@@ -1193,8 +1222,8 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_gemm_tuning(int no_workspace_k_per_n) -> ()", &set_gemm_tuning);
   m.def("set_capture_overlap(bool on) -> ()", &set_capture_overlap);
   m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
-  // linear's kernel under its own name, for torch.compile's training graphs: ops/layernorm_linear.py registers
-  // linear_grads as its autograd formula, which eager calls of linear (no gradient to come) do not pay for.
+  // linear's kernel under its own name, for torch.compile's training graphs: its autograd kernel (TracedLinearFn,
+  // whose backward is linear_grads) is one that eager calls of linear (no gradient to come) do not pass through.
   m.def("traced_linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
 }
@@ -1206,7 +1235,10 @@ static void impl_entries(torch::Library& m) {
   m.impl("layernorm_linear", &layernorm_linear);
 }
 
-TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) { impl_entries(m); }
+TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
+  impl_entries(m);
+  m.impl("traced_linear", &traced_linear);
+}
 
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   impl_entries(m);
