@@ -228,13 +228,19 @@ LT_NO_WORKSPACE_MAX_K_PER_N = 2
 # 8x512, against 0.985 and 0.944 captured on one stream; inference, which has no backward, unchanged.
 CAPTURED_WEIGHT_GRADS_BESIDE = True
 
-# Under torch.compile, the unfused LayerNorm+Linear of a training forward holds its Linear as "ours": the C++ op
-# mojo_direct.traced_linear (the eager route's cuBLASLt plan), whose backward is the C++ op linear_grads (dxn's and
-# dW's GEMMs, db in dW's epilogue: one call from inductor's code); or as "inductor": F.linear, which inductor
-# runs as addmm, and two mm and a column sum in the backward. 16-bit only: float32 keeps F.linear (the C++ ops
-# would run torch's GEMMs). OPS_COMPILED_TRAINING_LINEAR overrides it.
-# Evidence: (pending: results/bench_transformer_compiled_linear.md).
-COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "ours")
+# Under torch.compile, the unfused LayerNorm+Linear of a training forward holds its Linear as "inductor": F.linear,
+# which inductor runs as addmm, and two mm and a column sum (fused with its neighbours) in the backward; or as
+# "ours": the C++ op mojo_direct.traced_linear (the eager route's cuBLASLt plan), whose C++ autograd kernel's
+# backward is the C++ op linear_grads (dxn's and dW's GEMMs, db in dW's epilogue: one call from inductor's code).
+# 16-bit only: float32 keeps F.linear (the C++ ops would run torch's GEMMs). OPS_COMPILED_TRAINING_LINEAR
+# overrides it. Evidence: GPT-2-small's training step under torch.compile on the H100, "ours" against "inductor"
+# side by side in one process (bench_transformer.py --linear-ab; at ba6218a, its autograd formula then in Python, and
+# at 988fb7a, in C++): 1x128 1.034 and 1.005 of torch's against 0.982 and 0.961, 8x512 0.995 and 0.980 against
+# 0.961 and 0.960. "inductor" is torch's own program, so its ratio to torch is that run's noise (+-4%); "ours" lost
+# to it in all four (likely: the C++ call saves inductor's code no host time, and db in dW's epilogue costs device
+# time that inductor's fused column sum does not). results/bench_transformer_compiled_linear.md repeats the A/B
+# over 5 processes.
+COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "inductor")
 
 
 def lt_without_workspace(k: int, n: int) -> bool:

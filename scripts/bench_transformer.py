@@ -12,7 +12,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     poe bench-transformer                          (needs a CUDA GPU)
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
-    python scripts/bench_transformer.py --modes compile --linear-ab   (+ torch's Linear in compiled training)
+    python scripts/bench_transformer.py --modes compile --linear-ab   (+ our C++ Linear in compiled training)
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours captured on one stream)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
@@ -81,11 +81,12 @@ COMPILE_ABS = {
                             ROOT / "results" / "bench_transformer_compiled_layernorm",
                             "GPT-2-small under torch.compile: whose LayerNorm the graph holds",
                             "our C++ LayerNorm ops in the graph"),
-    "ours_torch_linear": CompileAB(layernorm_linear_config, "COMPILED_TRAINING_LINEAR", "inductor",
-                                   layernorm_linear_config.COMPILED_TRAINING_LINEAR,
-                                   ROOT / "results" / "bench_transformer_compiled_linear",
-                                   "GPT-2-small under torch.compile: whose Linear a training graph holds",
-                                   "F.linear in the unfused LayerNorm+Linear's training graph (inductor's GEMMs)"),
+    "ours_cpp_linear": CompileAB(layernorm_linear_config, "COMPILED_TRAINING_LINEAR", "ours",
+                                 layernorm_linear_config.COMPILED_TRAINING_LINEAR,
+                                 ROOT / "results" / "bench_transformer_compiled_linear",
+                                 "GPT-2-small under torch.compile: whose Linear a training graph holds",
+                                 "our C++ traced_linear in the unfused LayerNorm+Linear's training graph, "
+                                 "linear_grads in its backward"),
 }
 
 
@@ -408,8 +409,8 @@ def main() -> None:
                    help=f"compile mode: also ours with our LayerNorm ops in the graph "
                         f"({COMPILE_ABS['ours_ln_op'].report.name}.md)")
     p.add_argument("--linear-ab", action="store_true",
-                   help=f"compile mode: also ours with torch's Linear in training graphs "
-                        f"({COMPILE_ABS['ours_torch_linear'].report.name}.md)")
+                   help=f"compile mode: also ours with our C++ Linear in training graphs "
+                        f"({COMPILE_ABS['ours_cpp_linear'].report.name}.md)")
     p.add_argument("--capture-overlap-ab", action="store_true",
                    help=f"cuda_graph mode: also ours captured on one stream ({OVERLAP_AB_OUT.name}.md)")
     p.add_argument("--processes", type=int, default=1,
@@ -431,7 +432,7 @@ def main() -> None:
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
     compile_abs = (*(("ours_ln_op",) if args.layernorm_ab else ()),
-                   *(("ours_torch_linear",) if args.linear_ab else ()))
+                   *(("ours_cpp_linear",) if args.linear_ab else ()))
     if args.processes > 1:
         flags = [*(["--layernorm-ab"] if args.layernorm_ab else []), *(["--linear-ab"] if args.linear_ab else []),
                  *(["--capture-overlap-ab"] if args.capture_overlap_ab else [])]

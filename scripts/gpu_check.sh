@@ -24,7 +24,7 @@
 #               -> bench_layernorm_linear_workspace.{md,csv} (about 3 minutes)
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
-#   transformer-compile  its compile rows only, likewise (host-bound too), and ours with torch's Linear in training
+#   transformer-compile  its compile rows only, likewise (host-bound too), and ours with our C++ Linear in training
 #               graphs -> bench_transformer_compiled_linear.*
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
@@ -113,7 +113,7 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
       ab=() ab_report=""   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE),
-      # the compile rows ours with torch's Linear in training graphs (COMPILED_TRAINING_LINEAR)
+      # the compile rows ours with our C++ Linear in training graphs (COMPILED_TRAINING_LINEAR)
       [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab) ab_report=bench_transformer_capture_overlap
       [ "$mode" = compile ] && ab=(--linear-ab) ab_report=bench_transformer_compiled_linear
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}"
