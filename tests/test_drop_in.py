@@ -5,6 +5,7 @@ samples for layer_norm, torch.compile with dynamic shapes, and a second GPU. Val
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -436,6 +437,47 @@ def test_compile_dynamic_shapes_no_recompile(device: str, compiled_layernorm: st
             want = model(x)
             torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
             y.sum().backward()
+
+
+class _PreLNBlock(nn.Module):
+    """A pre-LN transformer MLP block as bench_transformer.py's: x + fc2(gelu(ln + fc1(x))), then a final LayerNorm."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln_fc1 = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d))
+        self.fc2 = nn.Linear(4 * d, d)
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.fc2(F.gelu(self.ln_fc1(x), approximate="tanh"))
+        return self.ln_f(x)
+
+
+def test_compiled_training_graphs_are_torchs() -> None:
+    """Under torch.compile with the default knobs (COMPILED_LAYERNORM and COMPILED_TRAINING_LINEAR "inductor"),
+    a model with our drop-ins traces, for training, to the forward and backward graphs of the same model with
+    torch's modules, op for op (the graphs' inputs may come in another order): what the compile rows of
+    bench_transformer compare in training is one program against itself."""
+
+    from conftest import recording_backend
+
+    from ops import layernorm_config
+    from ops import layernorm_linear_config as lnl_config
+
+    assert layernorm_config.COMPILED_LAYERNORM == "inductor" and lnl_config.COMPILED_TRAINING_LINEAR == "inductor"
+    torch.manual_seed(0)
+    model = _PreLNBlock(32)
+    ours = _PreLNBlock(32)
+    ours.load_state_dict(model.state_dict())
+    ours.ln_fc1, ours.ln_f = LL.FusedLayerNormLinear.from_torch(ours.ln_fc1), L.LayerNorm.from_torch(ours.ln_f)
+    codes = {}
+    for name, m in (("torch", model), ("ours", ours)):
+        torch._dynamo.reset()
+        backend, codes[name] = recording_backend()
+        x = torch.randn(2, 5, 32, requires_grad=True)
+        torch.compile(m, fullgraph=True, backend=backend)(x).sum().backward()
+    ops = {name: [re.findall(r"torch\.ops\.[\w.]+", code) for code in graphs] for name, graphs in codes.items()}
+    assert len(ops["torch"]) == 2 and all(ops["torch"]) and ops["ours"] == ops["torch"]
 
 
 # ---------------------------------------------------------------- more than one GPU
