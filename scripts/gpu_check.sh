@@ -22,10 +22,10 @@
 #   layernorm-linear-sm90-quick  the same at SM90_SHAPES only (about 2 minutes)
 #   layernorm-linear-workspace  the unfused forward's GEMM under each cuBLASLt workspace cap, bfloat16 grid
 #               -> bench_layernorm_linear_workspace.{md,csv} (about 3 minutes)
-#   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile -> bench_transformer*.{md,csv,png}
+#   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile, and the compile knobs' A/Bs
+#               -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
-#   transformer-compile  its compile rows only, likewise (host-bound too), and ours with our C++ Linear in training
-#               graphs -> bench_transformer_compiled_linear.*
+#   transformer-compile  its compile rows only, likewise (host-bound too)
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
@@ -107,18 +107,16 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
     layernorm-linear-workspace)
       run bench_layernorm_linear_workspace_log python scripts/bench_layernorm_linear.py --workspace
       [ "$out" = results ] || cp results/bench_layernorm_linear_workspace.* "$out"/ ;;
-    transformer)  # GPT-2-small, every mode, plus our LayerNorm ops under compile (about 4 minutes on the H100)
-      run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab
-      [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_layernorm.* "$out"/ ;;
+    transformer)  # GPT-2-small, every mode, in one process, plus our LayerNorm ops and our Linear under compile
+      run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab --linear-ab
+      [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_*.* "$out"/ ;;
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
-      ab=() ab_report=""   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE),
-      # the compile rows ours with our C++ Linear in training graphs (COMPILED_TRAINING_LINEAR)
-      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab) ab_report=bench_transformer_capture_overlap
-      [ "$mode" = compile ] && ab=(--linear-ab) ab_report=bench_transformer_compiled_linear
+      ab=()   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE)
+      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}"
       [ "$out" = results ] || cp results/bench_transformer.* "$out"/
-      [ "$out" = results ] || [ -z "$ab_report" ] || cp results/$ab_report.* "$out"/ ;;
+      [ "$out" = results ] || [ -z "${ab[*]}" ] || cp results/bench_transformer_capture_overlap.* "$out"/ ;;
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
       [ "$out" = results ] || cp results/bench_transformer_breakdown.* results/bench_transformer_breakdown_kernels.* "$out"/ ;;

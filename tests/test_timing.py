@@ -214,6 +214,34 @@ def test_transformer_medians_over_processes() -> None:
     assert (got["ours"]["ms"], got["ours"]["vs_torch"], got["ours"]["tokens_per_s"]) == (3.1, 0.969, 41290)
 
 
+def test_pipelined_runs_rotate_the_order() -> None:
+    """Each round starts with the next contender (A B C, B C A, C A B), so none always goes first or after the
+    same other; every contender gets every round's run."""
+    from ops.timing import pipelined_runs
+
+    order: list[str] = []
+    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    got = pipelined_runs(fns, calls=1, repeats=4, device="cpu")
+    assert "".join(order) == "abcbcacababc" and set(got) == set("abc")
+
+
+def test_transformer_compile_contenders_set_every_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_transformer's compile A/B contenders: each call sets its own knob to its value and every other knob to
+    the default, so "ours" runs the defaults whichever contender ran before."""
+    import bench_transformer as bt
+
+    from ops import layernorm_config, layernorm_linear_config
+
+    for ab in bt.COMPILE_ABS.values():
+        monkeypatch.setattr(ab.config, ab.knob, ab.default)
+    seen = {}
+    for impl in (*bt.COMPILE_ABS, "ours"):
+        bt.with_compile_knobs(impl, lambda impl=impl: seen.__setitem__(impl, (
+            layernorm_config.COMPILED_LAYERNORM, layernorm_linear_config.COMPILED_TRAINING_LINEAR)))()
+    defaults = (layernorm_config.COMPILED_LAYERNORM, layernorm_linear_config.COMPILED_TRAINING_LINEAR)
+    assert seen == {"ours_ln_op": ("ours", defaults[1]), "ours_cpp_linear": (defaults[0], "ours"), "ours": defaults}
+
+
 def test_ptx_fingerprint_sees_code_not_names() -> None:
     """scripts/compare_ptx.py: PTX that differs only in our mangled names and comments is the same kernel; one
     changed instruction is not."""
