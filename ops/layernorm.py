@@ -514,22 +514,11 @@ def compiled_layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return LayerNormFunction.apply(x, weight, bias, eps, "fast", activation)
 
 
-_fakes_registered = False
-
-
 @torch.compiler.assume_constant_result
 def _native_ops_traceable() -> bool:
-    """Whether the C++ ops are loaded, with fake implementations for tracing (asked when dynamo traces; the
-    first time, it builds and loads them)."""
-    global _fakes_registered
-    if direct.load_native().ops is None:
-        return False
-    if not _fakes_registered:
-        _fakes_registered = True
-        torch.library.register_fake("mojo_direct::layernorm_fwd")(_fake_fwd)
-        torch.library.register_fake("mojo_direct::layernorm_infer")(_fake_infer)
-        torch.library.register_fake("mojo_direct::layernorm_bwd")(_fake_bwd)
-    return True
+    """Whether the C++ LayerNorm ops are loaded, with fake implementations for tracing (asked when dynamo traces;
+    the first time, it builds and loads them)."""
+    return direct.traceable({"layernorm_fwd": _fake_fwd, "layernorm_infer": _fake_infer, "layernorm_bwd": _fake_bwd})
 
 
 def _fake_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, act: int) -> tuple:

@@ -730,23 +730,14 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     return torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)[0]
 
 
-_linear_ops_registered = False
-
-
 @torch.compiler.assume_constant_result
 def _native_linear_traceable() -> bool:
     """Whether the C++ ops ``mojo_direct::layernorm_linear_infer``, ``linear``, ``traced_linear`` (with its
-    autograd kernel: ``linear_grads``) and ``linear_grads`` are loaded, with their fakes for tracing."""
-    global _linear_ops_registered
-    if not layernorm._native_ops_traceable():
-        return False
-    if not _linear_ops_registered:
-        _linear_ops_registered = True
-        torch.library.register_fake("mojo_direct::layernorm_linear_infer")(_fake_infer)
-        torch.library.register_fake("mojo_direct::linear")(_fake_linear)
-        torch.library.register_fake("mojo_direct::traced_linear")(_fake_linear)
-        torch.library.register_fake("mojo_direct::linear_grads")(_fake_linear_grads)
-    return True
+    autograd kernel: ``linear_grads``) and ``linear_grads`` are loaded, with their fakes for tracing (and the
+    LayerNorm's, which these graphs may hold too)."""
+    return layernorm._native_ops_traceable() and direct.traceable(
+        {"layernorm_linear_infer": _fake_infer, "linear": _fake_linear, "traced_linear": _fake_linear,
+         "linear_grads": _fake_linear_grads})
 
 
 def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,

@@ -451,6 +451,21 @@ def remember(key: tuple, register: Callable[[object], None]) -> None:
     register(NATIVE.ops)
 
 
+_faked: set[str] = set()
+
+
+def traceable(fakes: dict[str, Callable[..., object]]) -> bool:
+    """Whether the C++ ops are loaded (the first call builds and loads them), with ``fakes`` (op name in
+    ``mojo_direct`` -> fake implementation, for torch.compile's tracing) registered, each once."""
+    if load_native().ops is None:
+        return False
+    for name, fake in fakes.items():
+        if name not in _faked:
+            _faked.add(name)
+            torch.library.register_fake(f"mojo_direct::{name}")(fake)
+    return True
+
+
 def forget_plans() -> None:
     """Clear the C++ plan tables and Python's record of what it handed over, together (they stay in step); the
     next call of each shape takes the Python route and hands its plan over again."""
