@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -67,7 +68,7 @@ class CompileAB:
     """A contender of compile mode: ours with a knob that dynamo reads while tracing (and guards on, so each
     contender keeps its own graph) set to ``value``; its report sets it beside ours at the default."""
 
-    config: object
+    config: ModuleType
     knob: str
     value: str
     default: str
