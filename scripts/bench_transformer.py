@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -65,25 +65,29 @@ ONE_STREAM_IMPL = "ours_one_stream"   # --capture-overlap-ab: ours captured with
 
 @dataclass(frozen=True)
 class CompileAB:
-    """A contender of compile mode: ours with a knob that dynamo reads while tracing (and guards on, so each
-    contender keeps its own graph) set to ``value``; its report sets it beside ours at the default."""
+    """A contender of compile mode, asked for by ``flag``: ours with a knob that dynamo reads while tracing (and
+    guards on, so each contender keeps its own graph) set to ``value``; its report sets it beside ours at the
+    knob's default (its value when this module loads)."""
 
+    flag: str
     config: ModuleType
     knob: str
     value: str
-    default: str
     report: Path
     title: str
     says: str
+    default: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default", getattr(self.config, self.knob))
 
 
 COMPILE_ABS = {
-    "ours_ln_op": CompileAB(layernorm_config, "COMPILED_LAYERNORM", "ours", layernorm_config.COMPILED_LAYERNORM,
+    "ours_ln_op": CompileAB("--layernorm-ab", layernorm_config, "COMPILED_LAYERNORM", "ours",
                             ROOT / "results" / "bench_transformer_compiled_layernorm",
                             "GPT-2-small under torch.compile: whose LayerNorm the graph holds",
                             "our C++ LayerNorm ops in the graph"),
-    "ours_cpp_linear": CompileAB(layernorm_linear_config, "COMPILED_TRAINING_LINEAR", "ours",
-                                 layernorm_linear_config.COMPILED_TRAINING_LINEAR,
+    "ours_cpp_linear": CompileAB("--linear-ab", layernorm_linear_config, "COMPILED_TRAINING_LINEAR", "ours",
                                  ROOT / "results" / "bench_transformer_compiled_linear",
                                  "GPT-2-small under torch.compile: whose Linear a training graph holds",
                                  "our C++ traced_linear in the unfused LayerNorm+Linear's training graph, "
@@ -406,12 +410,9 @@ def plot(rows: list[dict], stamp: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-    p.add_argument("--layernorm-ab", action="store_true",
-                   help=f"compile mode: also ours with our LayerNorm ops in the graph "
-                        f"({COMPILE_ABS['ours_ln_op'].report.name}.md)")
-    p.add_argument("--linear-ab", action="store_true",
-                   help=f"compile mode: also ours with our C++ Linear in training graphs "
-                        f"({COMPILE_ABS['ours_cpp_linear'].report.name}.md)")
+    for impl, ab in COMPILE_ABS.items():
+        p.add_argument(ab.flag, action="append_const", const=impl, dest="compile_abs", default=[],
+                       help=f"compile mode: also ours with {ab.says} ({ab.report.name}.md)")
     p.add_argument("--capture-overlap-ab", action="store_true",
                    help=f"cuda_graph mode: also ours captured on one stream ({OVERLAP_AB_OUT.name}.md)")
     p.add_argument("--processes", type=int, default=1,
@@ -432,10 +433,9 @@ def main() -> None:
     modes = args.modes.split(",")
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
-    compile_abs = (*(("ours_ln_op",) if args.layernorm_ab else ()),
-                   *(("ours_cpp_linear",) if args.linear_ab else ()))
+    compile_abs = tuple(args.compile_abs)
     if args.processes > 1:
-        flags = [*(["--layernorm-ab"] if args.layernorm_ab else []), *(["--linear-ab"] if args.linear_ab else []),
+        flags = [*(COMPILE_ABS[impl].flag for impl in compile_abs),
                  *(["--capture-overlap-ab"] if args.capture_overlap_ab else [])]
         rows = across_processes(["--modes", args.modes, *flags], args.processes)
     else:

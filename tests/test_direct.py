@@ -696,6 +696,19 @@ def test_gpu_compiled_inference_calls_the_cpp_op(dtype: torch.dtype, algo: str, 
     assert torch.equal(first, want) and torch.equal(again, want)
 
 
+def _unfused_case(with_bias: bool) -> tuple[torch.Tensor | None, ...]:
+    """The compiled unfused tests' inputs, bf16 on the GPU, seeded: x [3, 37, 768] (mean 1, spread 3), the
+    LayerNorm's weight and bias near 1 and 0, the Linear's weight [1000, 768] and bias [1000] (or None)."""
+    torch.manual_seed(0)
+    k, n = 768, 1000
+    x = torch.randn(3, 37, k, device="cuda", dtype=torch.bfloat16) * 3 + 1
+    lnw = 1 + 0.2 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
+    lnb = 0.2 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 28
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if with_bias else None
+    return x, lnw, lnb, w, bias
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_gpu_compiled_unfused_training_calls_the_cpp_linear(with_bias: bool,
@@ -710,13 +723,8 @@ def test_gpu_compiled_unfused_training_calls_the_cpp_linear(with_bias: bool,
     from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_stats_ref
     from ops.tolerance import compare
 
-    torch.manual_seed(0)
-    k, n = 768, 1000
-    x = torch.randn(3, 37, k, device="cuda", dtype=torch.bfloat16) * 3 + 1
-    lnw = 1 + 0.2 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
-    lnb = 0.2 * torch.randn(k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 28
-    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if with_bias else None
+    x, lnw, lnb, w, bias = _unfused_case(with_bias)
+    k, n = w.shape[1], w.shape[0]
     dy = torch.randn(3, 37, n, device="cuda", dtype=torch.bfloat16)
     leaves = [t.clone().requires_grad_() for t in (x, lnw, lnb, w, bias) if t is not None]
     direct.load_native()
@@ -763,12 +771,7 @@ def test_gpu_compiled_unfused_inference_calls_the_cpp_linear() -> None:
 
     from ops.layernorm_linear import layernorm_linear
 
-    torch.manual_seed(0)
-    x = torch.randn(3, 37, 768, device="cuda", dtype=torch.bfloat16) * 3 + 1
-    lnw = 1 + 0.2 * torch.randn(768, device="cuda", dtype=torch.bfloat16)
-    lnb = 0.2 * torch.randn(768, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(1000, 768, device="cuda", dtype=torch.bfloat16) / 28
-    bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    x, lnw, lnb, w, bias = _unfused_case(with_bias=True)
     direct.load_native()
     torch._dynamo.reset()
     fn = torch.compile(lambda x: layernorm_linear(x, lnw, lnb, w, bias, 1e-5, "unfused"), fullgraph=True)

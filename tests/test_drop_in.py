@@ -458,7 +458,6 @@ def test_compiled_training_graphs_are_torchs() -> None:
     a model with our drop-ins traces, for training, to the forward and backward graphs of the same model with
     torch's modules, op for op (the graphs' inputs may come in another order): what the compile rows of
     bench_transformer compare in training is one program against itself."""
-
     from conftest import recording_backend
 
     from ops import layernorm_config
