@@ -235,11 +235,12 @@ CAPTURED_WEIGHT_GRADS_BESIDE = True
 # 16-bit only: float32 keeps F.linear (the C++ ops would run torch's GEMMs). OPS_COMPILED_TRAINING_LINEAR
 # overrides it. Evidence: GPT-2-small's training step under torch.compile on the H100, ratios to torch's, "ours"
 # against "inductor" (torch's own program: tests/test_drop_in.py's test_compiled_training_graphs_are_torchs; so its
-# ratio is the run's noise). Side by side in one process (bench_transformer.py --linear-ab; at ba6218a, "ours"'
-# autograd formula then in Python, and at 988fb7a, in C++): 1x128 1.034 and 1.005 against 0.982 and 0.961, 8x512
-# 0.995 and 0.980 against 0.961 and 0.960. Medians over 5 processes (results/bench_transformer_compiled_linear.md
-# at dcbfc7f): 1x128 1.019 against 0.977, 8x512 1.056 against 1.073, per-process ratios spread over 0.83-1.15.
-# No gain beyond the noise: torch's program stays.
+# ratio is the run's noise). Side by side in one process (bench_transformer.py --linear-ab, when "ours" was the
+# default and "inductor" the contender ours_torch_linear: results/bench_transformer_compiled_linear_at_ba6218a.md,
+# "ours"' autograd formula then in Python, and _at_988fb7a.md, in C++): 1x128 1.034 and 1.005 against 0.982 and
+# 0.961, 8x512 0.995 and 0.980 against 0.961 and 0.960. Medians over 5 processes
+# (results/bench_transformer_compiled_linear.md at dcbfc7f): 1x128 1.019 against 0.977, 8x512 1.056 against 1.073,
+# per-process ratios spread over 0.83-1.15. No gain beyond the noise: torch's program stays.
 COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "inductor")
 
 
