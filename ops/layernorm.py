@@ -293,6 +293,61 @@ def _valid(x: object, weight: object, bias: object) -> bool:
         return False
 
 
+# ---------------------------------------------------------------- what torch's ops answer
+
+TORCH_DTYPES = (*DTYPES, torch.float64)   # the drop-in entries take float64 too, by torch's ops
+TORCH_DEVICES = ("cpu", "cuda", "meta")
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+
+
+def torch_answers(*tensors: object) -> bool:
+    """Whether a drop-in call (``layernorm``, ``layer_norm``, ``LayerNorm`` and the LayerNorm+Linear ones) is
+    answered by torch's own ops, as torch's modules would answer it, instead of by our kernels: where a tensor is
+    float64 (no kernel of ours takes it) and, outside torch.compile (which traces our ops through their fakes),
+    where one is on the meta device, is a subclass other than ``nn.Parameter`` (a FakeTensor, a DTensor, ...) or a
+    functorch transform's (vmap, grad, jacrev), or while a TorchDispatchMode is active (FakeTensorMode,
+    FlopCounterMode, ...): our kernels cannot read those tensors, and such a mode would not see them."""
+    if any(isinstance(t, torch.Tensor) and t.dtype is torch.float64 for t in tensors):
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._len_torch_dispatch_stack() > 0 or any(unplain(t) for t in tensors)
+
+
+def unplain(t: object) -> bool:
+    """Whether ``t`` is a tensor our kernels cannot read as it is: on the meta device, a subclass other than
+    ``nn.Parameter``, or wrapped by a functorch transform."""
+    return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta
+                                            or torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
+def check_torch_call(x: object, weight: object, bias: object, eps: float, activation: str,
+                     names: tuple[str, str, str] = ("x", "weight", "bias")) -> None:
+    """``validate``'s named checks for a call torch's ops answer (float64 and the meta device taken; weight or
+    bias None: absent), and eps and the activation."""
+    nx, nw, nb = names
+    check_tensor(nx, x, min_ndim=1, dtypes=TORCH_DTYPES, layout=False, devices=TORCH_DEVICES)
+    for name, p in ((nw, weight), (nb, bias)):
+        if p is not None:
+            check_param(name, p, x, nx, x.shape[-1], f"{nx}'s last dim", TORCH_DTYPES, TORCH_DEVICES)
+    check_eps(eps)
+    _check_activation(activation)
+
+
+def torch_layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                    activation: str, shape: tuple[int, ...] | None = None,
+                    names: tuple[str, str, str] = ("x", "weight", "bias")) -> torch.Tensor:
+    """act(LayerNorm(x)) over ``shape`` (x's last dim if None) by torch's ops, for a call ``torch_answers``
+    sends here (the named checks first, over x flattened to ``shape``'s size)."""
+    if shape is None:
+        check_tensor(names[0], x, min_ndim=1, dtypes=TORCH_DTYPES, layout=False, devices=TORCH_DEVICES)
+        shape = tuple(x.shape[-1:])
+    flat = x.reshape(*x.shape[:x.dim() - len(shape)], -1) if len(shape) > 1 else x
+    check_torch_call(flat, None if weight is None else weight.reshape(-1),
+                     None if bias is None else bias.reshape(-1), eps, activation, names)
+    return _ACT_FNS[activation](torch.nn.functional.layer_norm(x, shape, weight, bias, eps))
+
+
 def check_eps(eps: float) -> None:
     """eps must be a positive number (it is added to the variance)."""
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
@@ -346,6 +401,8 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
         if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return tuple(out)
     _check_call(x, weight, bias, eps, variant, activation)
+    if torch_answers(x, weight, bias):   # a fake or subclass tensor, or a dispatch mode: the op, which they see
+        return tuple(torch.ops.mojo.layernorm_fwd(x, weight, bias, float(eps), variant, activation))
     if not _valid(x, weight, bias):
         if x.numel() == 0:
             return _empty_fwd(x, weight, bias, eps)
@@ -392,6 +449,10 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
         out = native(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
         if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return tuple(out)
+    if torch_answers(dy, x, weight, bias, mean, rstd):   # as in layernorm_fwd, after the named checks
+        _check_bwd(dy, x, weight, bias, mean, rstd)
+        _check_activation(activation)
+        return tuple(torch.ops.mojo.layernorm_bwd(dy, x, weight, bias, mean, rstd, activation))
     if not (_valid(x, weight, bias) and _valid_bwd(dy, x, mean, rstd)):
         _check_bwd(dy, x, weight, bias, mean, rstd)
         _check_activation(activation)
@@ -610,6 +671,8 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
+    if torch_answers(x, weight, bias):
+        return torch_layernorm(x, weight, bias, eps, activation)
     if not _valid(x, weight, bias) or autocast_to_fp32(x):
         return _layernorm_adapted(x, weight, bias, eps, activation, variant)
     if torch.compiler.is_compiling() and variant == "fast":
@@ -650,13 +713,18 @@ _ACT_FNS = {"none": lambda y: y, "gelu": torch.nn.functional.gelu,
             "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}
 
 
-def normalized_size(x: object, normalized_shape: int | Sequence[int]) -> tuple[tuple[int, ...], int]:
+def normalized_size(x: object, normalized_shape: int | Sequence[int],
+                    by_torch: bool = False) -> tuple[tuple[int, ...], int]:
     """``normalized_shape`` as a tuple and the number of elements it covers, checked against x's trailing dims
-    (as ``torch.nn.functional.layer_norm`` takes it)."""
+    (as ``torch.nn.functional.layer_norm`` takes it); ``by_torch``: x of a call torch's ops answer
+    (``torch_answers``)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
-    check_tensor("x", x, min_ndim=1, dtypes=DTYPES, layout=False)
+    if by_torch:
+        check_tensor("x", x, min_ndim=1, dtypes=TORCH_DTYPES, layout=False, devices=TORCH_DEVICES)
+    else:
+        check_tensor("x", x, min_ndim=1, dtypes=DTYPES, layout=False)
     if tuple(x.shape[x.dim() - len(shape):]) != shape:
         raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x's shape {tuple(x.shape)})")
     return shape, math.prod(shape)
@@ -691,12 +759,15 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: t
     Example:
         >>> y = layer_norm(torch.randn(2, 3, 4), (3, 4))
     """
-    shape, h = normalized_size(x, normalized_shape)
+    by_torch = torch_answers(x, weight, bias)
+    shape, h = normalized_size(x, normalized_shape, by_torch)
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and not isinstance(p, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(p).__name__}")
         if p is not None and tuple(p.shape) != shape:
             raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {tuple(p.shape)}")
+    if by_torch:
+        return torch_layernorm(x, weight, bias, eps, activation, shape)
     x2 = x.reshape(*x.shape[:x.dim() - len(shape)], h) if len(shape) > 1 else x
     weight = constant(1.0, h, x.dtype, x.device) if weight is None else weight.reshape(h)
     bias = constant(0.0, h, weight.dtype, x.device) if bias is None else bias.reshape(h)
@@ -774,6 +845,8 @@ class LayerNorm(nn.Module):
     @classmethod
     def from_torch(cls, ln: nn.LayerNorm, activation: str = "none") -> LayerNorm:
         """A copy of ``ln`` (same shape, eps, parameters, device and dtype)."""
+        if not isinstance(ln, nn.LayerNorm):
+            raise TypeError(f"ln: expected an nn.LayerNorm, got {type(ln).__name__}")
         ref = ln.weight if ln.weight is not None else next(iter(ln.buffers()), None)
         m = cls(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None,
                 device=None if ref is None else ref.device, dtype=None if ref is None else ref.dtype,

@@ -291,13 +291,16 @@ def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias
     _check_linear(x, weight, bias, same_dtype=True)
 
 
-def _check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dtype: bool) -> None:
+def _check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dtype: bool,
+                  by_torch: bool = False) -> None:
     """The Linear's named checks: weight [N, K] and bias [N] (or None) on x's device, of x's dtype unless
-    ``same_dtype`` is False (autocast casts them)."""
+    ``same_dtype`` is False (autocast casts them); ``by_torch``: for a call torch's ops answer (float64 and the
+    meta device taken)."""
     named = {"weight": weight}
-    check_tensor("weight", weight, ndim=2, dtypes=DTYPES, layout=False)
+    kw = {"dtypes": layernorm.TORCH_DTYPES, "devices": layernorm.TORCH_DEVICES} if by_torch else {"dtypes": DTYPES}
+    check_tensor("weight", weight, ndim=2, layout=False, **kw)
     if bias is not None:
-        check_tensor("bias", bias, ndim=1, dtypes=DTYPES, layout=False)
+        check_tensor("bias", bias, ndim=1, layout=False, **kw)
         named["bias"] = bias
     for name, t in named.items():
         if t.device != x.device or (same_dtype and t.dtype != x.dtype):
@@ -343,8 +346,7 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
               captured: bool | None = None) -> str:
     """The forward algorithm ``auto`` resolves to (see the module docstring), under CUDA graph capture
     (``config.sm90_region``) where ``captured`` says so (None: whether the current stream is being captured)."""
-    if algo not in ALGOS:
-        raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
+    check_algo(algo)
     if algo != "auto":
         return algo
     if device.type != "cuda":
@@ -355,6 +357,12 @@ def pick_algo(algo: str, device: torch.device, dtype: torch.dtype, rows: int, n:
                                                                     captured):
         return "sm90"
     return "fused" if config.fused_region(dtype, rows, n, k) else "unfused"
+
+
+def check_algo(algo: str) -> None:
+    """``algo`` must be one of ``ALGOS``."""
+    if algo not in ALGOS:
+        raise ValueError(f"algo: {algo!r} is not one of {list(ALGOS)}")
 
 
 def _zero_bias(weight: object) -> torch.Tensor:
@@ -396,6 +404,12 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
         >>> x, g, b, w = torch.randn(4, 8), torch.ones(8), torch.zeros(8), torch.randn(3, 8)
         >>> y, mean, rstd = layernorm_linear_fwd(x, g, b, w)
     """
+    if layernorm.torch_answers(x, ln_weight, ln_bias, weight, bias):   # as in layernorm.layernorm_fwd
+        validate(x, ln_weight, ln_bias, weight, bias)
+        layernorm.check_eps(eps)
+        check_algo(algo)
+        bias = weight.new_zeros(weight.shape[0]) if bias is None else bias   # not _zero_bias's: no fake kept
+        return tuple(torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, float(eps), algo))
     bias = _zero_bias(weight) if bias is None else bias
     validate(x, ln_weight, ln_bias, weight, bias)
     layernorm.check_eps(eps)
@@ -464,6 +478,10 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
         check_same({"x": x, "xn": xn})
         if xn.shape != x.shape:
             raise ValueError(f"xn: shape {tuple(xn.shape)} does not match x {tuple(x.shape)}")
+    if layernorm.torch_answers(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn):   # as in layernorm_linear_fwd
+        if xn is None:
+            xn = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, float(eps), "fast", "none")[0]
+        return tuple(torch.ops.mojo.layernorm_linear_bwd(dy, x, xn, ln_weight, ln_bias, weight, mean, rstd))
     if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, None) and dy.is_contiguous()
             and mean.is_contiguous() and rstd.is_contiguous() and (xn is None or xn.is_contiguous())):
         return _adapted_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, eps, xn)
@@ -655,6 +673,8 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
     tensors = (x, ln_weight, ln_bias, weight, bias)
+    if layernorm.torch_answers(*tensors):
+        return torch_layernorm_linear(*tensors, eps, algo)
     if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias)) or torch.is_autocast_enabled(
             x.device.type):
         return _layernorm_linear_adapted(x, ln_weight, ln_bias, weight, bias, eps, algo)
@@ -677,6 +697,17 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         return layernorm_linear_fwd(*tensors, eps, algo)[0]
     xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
     return _linear(xn, weight, bias)
+
+
+def torch_layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
+                           weight: torch.Tensor, bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
+    """Linear(LayerNorm(x)) by torch's ops, for a call ``layernorm.torch_answers`` sends here: the named checks
+    first, float64 and the meta device taken."""
+    xn = layernorm.torch_layernorm(x, ln_weight, ln_bias, eps, "none", names=("x", "ln_weight", "ln_bias"))
+    _check_linear(x, weight, bias, same_dtype=x.is_meta or not torch.is_autocast_enabled(x.device.type),
+                  by_torch=True)
+    check_algo(algo)
+    return torch.nn.functional.linear(xn, weight, bias)
 
 
 def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object,
@@ -813,7 +844,8 @@ class FusedLayerNormLinear(nn.Sequential):
     def from_torch(cls, seq: nn.Sequential, algo: str = "auto") -> FusedLayerNormLinear:
         """A copy of ``nn.Sequential(nn.LayerNorm(...), nn.Linear(K, N))`` (every LayerNorm and Linear option,
         parameters, device, dtype)."""
-        if len(seq) != 2 or not isinstance(seq[0], nn.LayerNorm) or not isinstance(seq[1], nn.Linear):
+        if (not isinstance(seq, nn.Sequential) or len(seq) != 2 or not isinstance(seq[0], nn.LayerNorm)
+                or not isinstance(seq[1], nn.Linear)):
             raise TypeError("seq: expected nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))")
         ln, lin = seq[0], seq[1]
         m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None, device=lin.weight.device,
@@ -832,6 +864,8 @@ class FusedLayerNormLinear(nn.Sequential):
             return torch.nn.functional.linear(
                 layernorm.layer_norm(x, ln.normalized_shape, ln_weight, ln_bias, ln.eps), weight, bias)
         if ln_weight is None or ln_bias is None:
+            if layernorm.torch_answers(x, ln_weight, ln_bias, weight, bias):   # before a constant is made of a fake
+                return torch_layernorm_linear(x, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)
             k, dtype, device = lin.in_features, weight.dtype, weight.device
             ln_weight = layernorm.constant(1.0, k, dtype, device) if ln_weight is None else ln_weight
             ln_bias = layernorm.constant(0.0, k, dtype, device) if ln_bias is None else ln_bias

@@ -15,10 +15,11 @@ def check_tensor(
     min_ndim: int | None = None,
     dtypes: Sequence[torch.dtype] | None = None,
     layout: bool = True,
+    devices: Sequence[str] = ("cpu", "cuda"),
 ) -> torch.Tensor:
     """Check that ``t`` is a tensor of a supported dtype, rank and device and, with ``layout`` (the default),
     non-empty and contiguous (the library's entries pass ``layout=False``: they copy a strided tensor once and
-    answer an empty one as torch does).
+    answer an empty one as torch does); ``devices``: the device types taken.
 
     Raises:
         TypeError: ``t`` is not a tensor, or its dtype is not in ``dtypes``.
@@ -33,8 +34,8 @@ def check_tensor(
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.dim() < min_ndim:
         raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got shape {tuple(t.shape)}")
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name}: device {t.device} is not supported (use cpu or cuda)")
+    if t.device.type not in devices:
+        raise ValueError(f"{name}: device {t.device} is not supported (use {' or '.join(devices)})")
     if not layout:
         return t
     if t.numel() == 0:
@@ -55,10 +56,10 @@ def check_same(args: dict[str, torch.Tensor]) -> None:
 
 
 def check_param(name: str, t: object, x: torch.Tensor, x_name: str, size: int, what: str,
-                dtypes: Sequence[torch.dtype]) -> None:
+                dtypes: Sequence[torch.dtype], devices: Sequence[str] = ("cpu", "cuda")) -> None:
     """A 1-D parameter of ``x`` (any layout): a tensor of ``size`` elements (that of ``what``) on x's device, of x's
     dtype or, for 16-bit x, float32 (mixed precision, as torch's LayerNorm takes it)."""
-    check_tensor(name, t, ndim=1, dtypes=dtypes, layout=False)
+    check_tensor(name, t, ndim=1, dtypes=dtypes, layout=False, devices=devices)
     if t.device != x.device:
         raise ValueError(f"{name}: on {t.device}, but {x_name} is on {x.device}")
     if t.dtype != x.dtype and not (t.dtype == torch.float32 and x.element_size() == 2):

@@ -24,9 +24,7 @@ def _ln_args() -> dict[str, object]:
 LN_CASES = [
     ("x-list", "x", [[1.0] * K], TypeError, "x"),
     ("x-int", "x", torch.ones(4, K, dtype=torch.int32), TypeError, "x"),
-    ("x-float64", "x", torch.randn(4, K, dtype=torch.float64), TypeError, "x"),
     ("x-0d", "x", torch.tensor(1.0), ValueError, "x"),
-    ("x-meta", "x", torch.empty(4, K, device="meta"), ValueError, "x"),
     ("weight-half", "weight", torch.ones(K, dtype=torch.float16), TypeError, "weight"),
     ("weight-size", "weight", torch.ones(K - 1), ValueError, "weight"),
     ("weight-2d", "weight", torch.ones(1, K), ValueError, "weight"),
@@ -37,6 +35,17 @@ LN_CASES = [
     ("eps-zero", "eps", 0.0, ValueError, "eps"),
     ("eps-negative", "eps", -1e-5, ValueError, "eps"),
     ("eps-string", "eps", "1e-5", TypeError, "eps"),
+]
+
+# float64 and meta x: the kernel entries refuse them; the drop-in entries take them as torch does (by torch's ops,
+# ops.layernorm.torch_answers), so there the float32 cpu parameters are what is wrong, as for torch
+X_KERNEL_CASES = [
+    ("x-float64", "x", torch.randn(4, K, dtype=torch.float64), TypeError, "x"),
+    ("x-meta", "x", torch.empty(4, K, device="meta"), ValueError, "x"),
+]
+X_DROP_IN_CASES = [   # the name: the op's LayerNorm weight (_every_entry)
+    ("x-float64-float32-params", "x", torch.randn(4, K, dtype=torch.float64), TypeError, None),
+    ("x-meta-cpu-params", "x", torch.empty(4, K, device="meta"), ValueError, None),
 ]
 
 LN_ENTRIES: dict[str, Callable[..., object]] = {
@@ -124,7 +133,6 @@ def _lnl_args() -> dict[str, object]:
 
 LNL_CASES = [
     ("x-list", "x", [[1.0] * K], TypeError, "x"),
-    ("x-float64", "x", torch.randn(4, K, dtype=torch.float64), TypeError, "x"),
     ("ln_weight-size", "ln_weight", torch.ones(K - 1), ValueError, "ln_weight"),
     ("ln_bias-half", "ln_bias", torch.zeros(K, dtype=torch.float16), TypeError, "ln_bias"),
     ("weight-k", "weight", torch.randn(N, K - 1), ValueError, "weight"),
@@ -152,14 +160,20 @@ LNL_ENTRIES: dict[str, Callable[..., object]] = {
 
 
 def _every_entry(entries: dict[str, Callable[..., object]], make_args: Callable[[], dict[str, object]],
-                 cases: list[tuple]) -> list:
-    """Each case of an op's table on each of its entries, as pytest params."""
-    return [pytest.param(entries[e], make_args, arg, value, err, name, id=f"{e}-{case}")
-            for e in entries for case, arg, value, err, name in cases]
+                 cases: list[tuple], kernel_entry: str, ln_weight: str) -> list:
+    """Each case of an op's table on each of its entries, and X_KERNEL_CASES on ``kernel_entry`` or
+    X_DROP_IN_CASES (naming the LayerNorm's weight, ``ln_weight``) on the others, as pytest params."""
+    params = []
+    for e in entries:
+        x_cases = X_KERNEL_CASES if e == kernel_entry else [(*c[:4], ln_weight) for c in X_DROP_IN_CASES]
+        params += [pytest.param(entries[e], make_args, arg, value, err, name, id=f"{e}-{case}")
+                   for case, arg, value, err, name in cases + x_cases]
+    return params
 
 
 @pytest.mark.parametrize("entry,make_args,arg,value,err,name",
-                         _every_entry(LN_ENTRIES, _ln_args, LN_CASES) + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES))
+                         _every_entry(LN_ENTRIES, _ln_args, LN_CASES, "layernorm_fwd", "weight")
+                         + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES, "layernorm_linear_fwd", "ln_weight"))
 def test_bad_input(entry: Callable[..., object], make_args: Callable[[], dict[str, object]], arg: str, value: object,
                    err: type[Exception], name: str) -> None:
     args = make_args() | {arg: value}
@@ -206,5 +220,7 @@ def test_layernorm_linear_bad_xn() -> None:
 def test_module_from_torch_refuses_other_modules() -> None:
     _raises(lambda: LL.FusedLayerNormLinear.from_torch(torch.nn.Sequential(torch.nn.Linear(K, K),
                                                                            torch.nn.LayerNorm(K))), TypeError, "seq")
+    _raises(lambda: LL.FusedLayerNormLinear.from_torch(torch.nn.LayerNorm(K)), TypeError, "seq")
+    _raises(lambda: L.LayerNorm.from_torch(torch.nn.Linear(K, K)), TypeError, "ln")
     _raises(lambda: LL.FusedLayerNormLinear(K, N, normalized_shape=(K, 3)), ValueError, "normalized_shape")
 

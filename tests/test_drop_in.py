@@ -414,6 +414,100 @@ def test_opinfo_layer_norm_samples(device: str, dtype: torch.dtype) -> None:
                                inputs, dtype)
 
 
+# ---------------------------------------------------------------- what torch's ops answer (ops.layernorm.torch_answers)
+
+def _pair(device: str, dtype: torch.dtype = torch.float32, affine: bool = True) -> tuple[nn.Module, nn.Module]:
+    """A torch model of LayerNorm + Linear + our-kind LayerNorm, and ours with its weights."""
+    torch.manual_seed(0)
+    theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(12, elementwise_affine=affine), nn.Linear(12, 5)), nn.GELU(),
+                           nn.LayerNorm(5, bias=affine)).to(device, dtype)
+    ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(theirs[0]), nn.GELU(), L.LayerNorm.from_torch(theirs[2]))
+    return theirs, ours
+
+
+def test_float64_is_torchs_answer(device: str) -> None:
+    """float64 (no kernel of ours takes it) runs on torch's ops: the modules' outputs and gradients are the torch
+    modules', and gradcheck passes through both ops."""
+    theirs, ours = _pair(device, torch.float64)
+    x = torch.randn(3, 4, 12, device=device, dtype=torch.float64, requires_grad=True)
+    y, want = ours(x), theirs(x)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    g = torch.autograd.grad(y.square().sum(), [x, *ours.parameters()])
+    g_want = torch.autograd.grad(want.square().sum(), [x, *theirs.parameters()])
+    for a, b in zip(g, g_want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    p = [torch.randn(s, device=device, dtype=torch.float64, requires_grad=True) for s in ((12,), (12,), (5, 12), (5,))]
+    assert torch.autograd.gradcheck(lambda x, *p: LL.layernorm_linear(x, *p), (x[0], *p))
+    assert torch.autograd.gradcheck(lambda x, w, b: L.layernorm(x, w, b, activation="gelu"), (x[0], *p[:2]))
+
+
+def test_meta_tensors_get_torchs_shapes() -> None:
+    """On the meta device the modules answer as torch's do: meta outputs of the right shapes and dtypes."""
+    theirs, ours = _pair("meta", torch.bfloat16)
+    x = torch.empty(2, 7, 12, device="meta", dtype=torch.bfloat16)
+    for y, want in ((ours(x), theirs(x)), (L.layer_norm(x, (7, 12)), F.layer_norm(x, (7, 12)))):
+        assert y.is_meta and y.shape == want.shape and y.dtype == want.dtype
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_fake_tensors_get_torchs_shapes_and_nothing_fake_is_kept(device: str, affine: bool) -> None:
+    """Under FakeTensorMode (outside torch.compile) every entry answers with fake tensors of torch's shapes instead of
+    reading their (absent) data; the constants absent parameters stand for are not made there, so a real call after
+    it still gets real values."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    theirs, ours = _pair(device, affine=affine)
+    x = torch.randn(3, 4, 12, device=device)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fx = mode.from_tensor(x).requires_grad_()
+        y = ours(fx)
+        assert isinstance(y, FakeTensor) and y.shape == (3, 4, 5)
+        y.sum().backward()
+        assert fx.grad.shape == fx.shape
+        w, b = torch.ones(12, device=device), torch.zeros(12, device=device)
+        y1, mean, rstd = L.layernorm_fwd(fx, w, b)
+        outs = [y1, mean, rstd, *L.layernorm_bwd(torch.ones_like(y1), fx, w, b, mean, rstd)]
+        lin = torch.randn(5, 12, device=device)
+        y2, mean, rstd = LL.layernorm_linear_fwd(fx, w, b, lin)
+        outs += [y2, *LL.layernorm_linear_bwd(torch.ones_like(y2), fx, w, b, lin, mean, rstd)]
+        assert all(isinstance(t, FakeTensor) for t in outs)
+        assert [tuple(t.shape) for t in outs] == [(3, 4, 12), (3, 4), (3, 4), (3, 4, 12), (12,), (12,), (3, 4, 5),
+                                                   (3, 4, 12), (12,), (12,), (5, 12), (5,)]
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+
+
+def test_functorch_transforms_run_torchs_ops(device: str) -> None:
+    """vmap, jacrev and per-sample gradients (functional_call under vmap and grad) give torch's answers."""
+    theirs, ours = _pair(device)
+    x = torch.randn(6, 12, device=device)
+    torch.testing.assert_close(torch.vmap(ours)(x), theirs(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.func.jacrev(ours)(x[0]), torch.func.jacrev(theirs)(x[0]), rtol=1e-5, atol=1e-5)
+
+    def per_sample(model: nn.Module) -> dict[str, torch.Tensor]:
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        loss = lambda p, xi: torch.func.functional_call(model, p, (xi[None],)).square().sum()  # noqa: E731
+        return torch.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    for (k, a), b in zip(per_sample(ours).items(), per_sample(theirs).values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_dispatch_modes_see_torchs_ops(device: str) -> None:
+    """Under a TorchDispatchMode (here FlopCounterMode) the modules run torch's ops, so the mode sees what it sees
+    for the torch model: the same FLOPs, and the same values."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    theirs, ours = _pair(device)
+    x = torch.randn(8, 12, device=device, requires_grad=True)
+    counts, ys = [], []
+    for model in (ours, theirs):
+        with FlopCounterMode(display=False) as flops:
+            ys.append(model(x))
+            ys[-1].sum().backward()
+        counts.append(flops.get_total_flops())
+    assert counts[0] == counts[1] > 0
+    torch.testing.assert_close(ys[0], ys[1], rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------- torch.compile with dynamic shapes
 
 def _small_model(device: str) -> nn.Module:

@@ -23,6 +23,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -265,11 +266,25 @@ bool supported(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
 }
 
+// Tensors our kernels may read as they are: none a tensor subclass (a FakeTensor, a DTensor: the Python key), a
+// functorch transform's wrapper (vmap, grad) or functionalized, and no TorchDispatchMode active (it would not see
+// the kernels). Python answers the rest with torch's ops (ops/layernorm.py: torch_answers).
+constexpr c10::DispatchKeySet UNPLAIN_KEYS =
+    c10::python_ks | c10::functorch_transforms_ks | c10::DispatchKeySet(c10::DispatchKey::Functionalize);
+
+bool plain(std::initializer_list<const Tensor*> tensors) {
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
+  for (const Tensor* t : tensors)
+    if (t->defined() && t->key_set().has_any(UNPLAIN_KEYS)) return false;
+  return true;
+}
+
 // What the C++ route takes: non-empty contiguous CUDA tensors of one supported dtype on one device, weight and
 // bias [H] with H x's last dim (Python's layernorm._valid), and a positive eps; not under CUDA autocast (Python
 // follows torch's autocast policy there). With any_layout, x may be strided (see dense).
 bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool any_layout = false) {
-  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0) || at::autocast::is_autocast_enabled(at::kCUDA))
+  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0) || at::autocast::is_autocast_enabled(at::kCUDA) ||
+      !plain({&x, &w, &b}))
     return false;
   const auto dtype = x.scalar_type();
   const int64_t h = x.size(-1);
@@ -282,7 +297,7 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
 bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
   const auto dtype = x.scalar_type();
   if (w.scalar_type() != dtype || w.device() != x.device() || w.dim() != 2 || w.size(1) != x.size(-1) ||
-      w.size(0) == 0 || !w.is_contiguous())
+      w.size(0) == 0 || !w.is_contiguous() || !plain({&x, &w, bias.has_value() ? &*bias : &w}))
     return false;
   if (!bias.has_value() || !bias->defined()) return true;
   return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
@@ -482,7 +497,9 @@ bool lt_aligned(std::initializer_list<const void*> pointers) {
 bool lt_takes(std::initializer_list<const Tensor*> tensors) {
   const Tensor& first = **tensors.begin();
   const auto dtype = first.scalar_type();
-  if (cublas_lt() == nullptr || !first.is_cuda() || (dtype != at::kHalf && dtype != at::kBFloat16)) return false;
+  if (cublas_lt() == nullptr || !first.is_cuda() || (dtype != at::kHalf && dtype != at::kBFloat16) ||
+      !plain(tensors))
+    return false;
   for (const Tensor* t : tensors)
     if (t->scalar_type() != dtype || t->device() != first.device() || !t->is_contiguous() || t->numel() == 0)
       return false;
@@ -711,7 +728,8 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
   const char* config = std::getenv("OPS_LN_BWD_CONFIG");
   if ((parts && *parts) || (config && *config)) return std::nullopt;
   if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !x.is_contiguous() || !dy.is_contiguous() ||
-      dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device())
+      dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device() ||
+      !plain({&dy, &x, &w, &b}))
     return std::nullopt;
   const int64_t h = x.size(-1), rows = x.numel() / h;
   const int64_t per_tensor = rows * (stats.size() == 1 ? 2 : 1);   // a [2, rows] buffer, or mean and rstd
