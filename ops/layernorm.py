@@ -606,7 +606,7 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor, eps: float, variant: str, activation: str) -> torch.Tensor:
-        ctx.activation = activation
+        ctx.activation, ctx.eps = activation, eps
         if not direct.launches(x):
             # torch.compile traces an op (fwd_call); the CPU runs the graph route
             y, mean, rstd = fwd_call(x, weight, bias, eps, variant, activation)
@@ -622,6 +622,9 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
         x, weight, bias, *stats = ctx.saved_tensors
+        if create_graph():
+            y = _ACT_FNS[ctx.activation](torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, ctx.eps))
+            return (*differentiable_grads(ctx, y, (x, weight, bias), dy), None, None, None)
         dy = dy.contiguous()
         if len(stats) == 2:
             dx, dweight, dbias = bwd_call(dy, x, weight, bias, *stats, ctx.activation)
@@ -630,6 +633,25 @@ class LayerNormFunction(torch.autograd.Function):
             dx, dweight, dbias = _bwd_direct(dy, x, weight, bias, *stat_addresses(stats[0]),
                                              ACTIVATIONS[ctx.activation])
         return dx, dweight, dbias, None, None, None
+
+
+def create_graph() -> bool:
+    """Whether a backward runs under ``create_graph=True`` (a double backward, a gradient penalty): grad mode is
+    on in it. Not under torch.compile, whose AOTAutograd traces the backward itself."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+def differentiable_grads(ctx: torch.autograd.function.FunctionCtx, y: torch.Tensor,
+                         inputs: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """A backward under ``create_graph``: the gradients of y (recomputed from the saved inputs by torch's
+    differentiable ops) for the inputs that want one (``ctx.needs_input_grad``, from the first), so that they
+    carry their own graph as torch's LayerNorm's do; our kernels' could not (ops/launch/direct.cpp does the same)."""
+    wants = ctx.needs_input_grad[:len(inputs)]
+    if not any(wants):
+        return (None,) * len(inputs)
+    grads = iter(torch.autograd.grad(y, [t for t, w in zip(inputs, wants, strict=True) if w], dy, create_graph=True,
+                                     allow_unused=True))
+    return tuple(next(grads) if w else None for w in wants)
 
 
 def _check_call(x: object, weight: object, bias: object, eps: float, variant: str, activation: str) -> None:

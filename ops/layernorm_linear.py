@@ -604,6 +604,12 @@ class LayerNormLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
         x, xn, ln_weight, ln_bias, weight, *stats = ctx.saved_tensors
+        if layernorm.create_graph():   # as in layernorm.LayerNormFunction; dbias = dy's column sums
+            y = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, x.shape[-1:], ln_weight, ln_bias,
+                                                                          ctx.eps), weight)
+            grads = layernorm.differentiable_grads(ctx, y, (x, ln_weight, ln_bias, weight), dy)
+            dbias = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias and ctx.needs_input_grad[4] else None
+            return (*grads, dbias, None, None)
         dy = dy.contiguous()
         if len(stats) == 1:   # the eager GPU forward's one statistics buffer
             return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0], ctx.has_bias), None, None)

@@ -508,6 +508,35 @@ def test_dispatch_modes_see_torchs_ops(device: str) -> None:
     torch.testing.assert_close(ys[0], ys[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("wrt", ["x", "parameters"])
+def test_double_backward_matches_torch(device: str, wrt: str) -> None:
+    """A backward under create_graph=True (a gradient penalty, a Hessian-vector product) gives gradients that carry
+    their own graph, as torch's modules' do: the second-order gradients equal the torch model's. (Our kernels'
+    gradients are constants to autograd; a penalty built from them would silently add no gradient.)"""
+    torch.manual_seed(0)
+    theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 5)), nn.Tanh(), nn.LayerNorm(5),
+                           nn.Sequential(nn.LayerNorm(5), nn.Linear(5, 3, bias=False))).to(device)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(theirs[0]), nn.Tanh(),
+                         L.LayerNorm.from_torch(theirs[2], activation="gelu"),
+                         LL.FusedLayerNormLinear.from_torch(theirs[3]))
+    theirs[2] = nn.Sequential(theirs[2], nn.GELU())
+    x0 = torch.randn(6, 12, device=device)
+    results = []
+    for model in (ours, theirs):
+        x = x0.clone().requires_grad_(wrt == "x")
+        inputs = [x] if wrt == "x" else list(model.parameters())
+        first = torch.autograd.grad(model(x).pow(3).sum(), inputs, create_graph=True)
+        assert all(g.grad_fn is not None for g in first)
+        penalty = sum(g.square().sum() for g in first)
+        penalty.backward()
+        results.append([*first, *(t.grad for t in inputs)])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
 # ---------------------------------------------------------------- torch.compile with dynamic shapes
 
 def _small_model(device: str) -> nn.Module:

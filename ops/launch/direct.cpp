@@ -24,6 +24,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -810,6 +811,27 @@ bool grad_to_come(std::initializer_list<const Tensor*> tensors) {
   return false;
 }
 
+// act(LayerNorm(x)) by ATen's differentiable ops (act: ACTIVATIONS of ops/layernorm.py).
+Tensor aten_layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
+  Tensor z = at::layer_norm(x, {x.size(-1)}, w, b, eps);
+  return act == 0 ? z : at::gelu(z, act == 1 ? "tanh" : "none");
+}
+
+// A backward under create_graph (grad mode on in it: a double backward, a gradient penalty): the gradients of y,
+// recomputed from the saved inputs by ATen's differentiable ops, for the inputs that want one (needs_input_grad,
+// from the first), so that they carry their own graph as torch's LayerNorm's do (our kernels' could not).
+variable_list differentiable_grads(AutogradContext* ctx, const Tensor& y, const variable_list& inputs,
+                                   const Tensor& dy) {
+  variable_list wrt, out(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (ctx->needs_input_grad(i)) wrt.push_back(inputs[i]);
+  if (wrt.empty()) return out;
+  auto g = torch::autograd::grad({y}, wrt, {dy}, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
+  for (size_t i = 0, j = 0; i < inputs.size(); ++i)
+    if (ctx->needs_input_grad(i)) out[i] = g[j++];
+  return out;
+}
+
 struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, const Tensor& b, double eps,
                         int64_t act, const FwdPlan* plan) {
@@ -817,12 +839,20 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     Tensor y = ln_fwd(*plan, x, w, b, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, w, b, stats});
     ctx->saved_data["act"] = act;
+    ctx->saved_data["eps"] = eps;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3], ctx->saved_data["act"].toInt());
+    const int64_t act = ctx->saved_data["act"].toInt();
+    if (at::GradMode::is_enabled()) {
+      variable_list g = differentiable_grads(
+          ctx, aten_layernorm(saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble(), act),
+          {saved[0], saved[1], saved[2]}, grads[0]);
+      return {g[0], g[1], g[2], Tensor(), Tensor(), Tensor()};
+    }
+    auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3], act);
     return {dx, dw, db, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -846,12 +876,19 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
     Tensor xn = ln_fwd(*plan, x, lnw, lnb, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, xn, lnw, lnb, w, stats});
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
+    ctx->saved_data["eps"] = eps;
     return linear_forward(xn, w, bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const bool bias_grad = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(4);
+    if (at::GradMode::is_enabled()) {   // as in LayerNormFn; db = dy's column sums
+      const Tensor y = at::linear(aten_layernorm(s[0], s[2], s[3], ctx->saved_data["eps"].toDouble(), 0), s[4]);
+      variable_list g = differentiable_grads(ctx, y, {s[0], s[2], s[3], s[4]}, grads[0]);
+      Tensor db = bias_grad ? grads[0].reshape({-1, grads[0].size(-1)}).sum(0) : Tensor();
+      return {g[0], g[1], g[2], g[3], db, Tensor(), Tensor()};
+    }
     const Tensor dy = grads[0].contiguous();
     c10::DeviceGuard guard(dy.device());
     LinearBackward linear(dy, s[1], s[4], ctx->needs_input_grad(3), bias_grad);
