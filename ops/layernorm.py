@@ -23,6 +23,7 @@ from functools import cache
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 from ops import layernorm_config as config
 from ops.launch import bridge, direct
@@ -306,12 +307,14 @@ def torch_answers(*tensors: object) -> bool:
     float64 (no kernel of ours takes it) and, outside torch.compile (which traces our ops through their fakes),
     where one is on the meta device, is a subclass other than ``nn.Parameter`` (a FakeTensor, a DTensor, ...) or a
     functorch transform's (vmap, grad, jacrev), or while a TorchDispatchMode is active (FakeTensorMode,
-    FlopCounterMode, ...): our kernels cannot read those tensors, and such a mode would not see them."""
+    FlopCounterMode, ...) or a forward-mode AD level (``forward_ad.dual_level``): our kernels cannot read those
+    tensors, such a mode would not see them, and our autograd functions have no forward-mode rule."""
     if any(isinstance(t, torch.Tensor) and t.dtype is torch.float64 for t in tensors):
         return True
     if torch.compiler.is_compiling():
         return False
-    return torch._C._len_torch_dispatch_stack() > 0 or any(unplain(t) for t in tensors)
+    return (torch._C._len_torch_dispatch_stack() > 0 or forward_ad._current_level >= 0
+            or any(unplain(t) for t in tensors))
 
 
 def unplain(t: object) -> bool:

@@ -476,11 +476,19 @@ def test_fake_tensors_get_torchs_shapes_and_nothing_fake_is_kept(device: str, af
     torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
 
 
-def test_functorch_transforms_run_torchs_ops(device: str) -> None:
-    """vmap, jacrev and per-sample gradients (functional_call under vmap and grad) give torch's answers."""
+def test_functorch_transforms_and_forward_ad_run_torchs_ops(device: str) -> None:
+    """vmap, jacrev, per-sample gradients (functional_call under vmap and grad) and forward-mode AD (a dual level)
+    give torch's answers."""
+    import torch.autograd.forward_ad as fwAD
+
     theirs, ours = _pair(device)
     x = torch.randn(6, 12, device=device)
     torch.testing.assert_close(torch.vmap(ours)(x), theirs(x), rtol=1e-5, atol=1e-5)
+    tangents = []
+    for model in (ours, theirs):
+        with fwAD.dual_level():
+            tangents.append(fwAD.unpack_dual(model(fwAD.make_dual(x, torch.ones_like(x)))).tangent)
+    torch.testing.assert_close(*tangents, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.func.jacrev(ours)(x[0]), torch.func.jacrev(theirs)(x[0]), rtol=1e-5, atol=1e-5)
 
     def per_sample(model: nn.Module) -> dict[str, torch.Tensor]:
