@@ -304,8 +304,7 @@ _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 def torch_answers(*tensors: object) -> bool:
     """Whether a drop-in call (``layernorm``, ``layer_norm``, ``LayerNorm`` and the LayerNorm+Linear ones) is
     answered by torch's own ops, as torch's modules would answer it, instead of by our kernels: where a tensor is
-    float64 (no kernel of ours takes it); under ``torch.export`` (an exported program holds torch's ops, which
-    run wherever it goes, not ours); and, outside torch.compile (which traces our ops through their fakes),
+    float64 (no kernel of ours takes it) and, outside torch.compile (which traces our ops through their fakes),
     where one is on the meta device, is a subclass other than ``nn.Parameter`` (a FakeTensor, a DTensor, ...) or a
     functorch transform's (vmap, grad, jacrev), or while a TorchDispatchMode is active (FakeTensorMode,
     FlopCounterMode, ...) or a forward-mode AD level (``forward_ad.dual_level``): our kernels cannot read those
@@ -313,7 +312,7 @@ def torch_answers(*tensors: object) -> bool:
     if any(isinstance(t, torch.Tensor) and t.dtype is torch.float64 for t in tensors):
         return True
     if torch.compiler.is_compiling():
-        return torch.compiler.is_exporting()
+        return False
     return (torch._C._len_torch_dispatch_stack() > 0 or forward_ad._current_level >= 0
             or any(unplain(t) for t in tensors))
 

@@ -516,18 +516,6 @@ def test_dispatch_modes_see_torchs_ops(device: str) -> None:
     torch.testing.assert_close(ys[0], ys[1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("strict", [True, False])
-def test_export_holds_torchs_ops(device: str, strict: bool) -> None:
-    """torch.export of a model with our modules gives a program of torch's ops (it runs without this library), whose
-    output is the model's."""
-    theirs, ours = _pair(device)
-    x = torch.randn(2, 3, 12, device=device)
-    program = torch.export.export(ours.eval(), (x,), strict=strict)
-    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-    assert targets and all(t.startswith("aten.") for t in targets), targets
-    torch.testing.assert_close(program.module()(x), theirs(x), rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("wrt", ["x", "parameters"])
 def test_double_backward_matches_torch(device: str, wrt: str) -> None:
     """A backward under create_graph=True (a gradient penalty, a Hessian-vector product) gives gradients that carry
