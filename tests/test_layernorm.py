@@ -53,7 +53,10 @@ def check_backward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.
     h, rows = x.shape[-1], x.numel() // x.shape[-1]
     # dx = rstd * (...): rounding inside the bracket is scaled by rstd (316 for a constant row).
     cond = float(layernorm_stats_ref(x)[1].max())
-    bad = compare_named(got, ref, (x, w, b), {"dx": (h, cond), "dweight": (rows, 1.0), "dbias": (rows, 1.0)},
+    # dweight sums `rows` products dy * xhat, and each xhat carries the statistics' error, a sum over h terms
+    # (the forward's mean and rstd are held to that): the CPU kernel's sequential float32 mean, 6e-6 off at
+    # h = 4097, put dweight 2e-5 off where its own arithmetic was 6e-7 off (seed 71 of make).
+    bad = compare_named(got, ref, (x, w, b), {"dx": (h, cond), "dweight": (rows * h, 1.0), "dbias": (rows, 1.0)},
                         x.dtype)
     assert bad is None, f"{x.dtype} {tuple(x.shape)}, {bad}"
 
