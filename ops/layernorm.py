@@ -314,10 +314,10 @@ def torch_answers(*tensors: object) -> bool:
     if torch.compiler.is_compiling():
         return False
     return (torch._C._len_torch_dispatch_stack() > 0 or forward_ad._current_level >= 0
-            or any(unplain(t) for t in tensors))
+            or any(kernels_cannot_read(t) for t in tensors))
 
 
-def unplain(t: object) -> bool:
+def kernels_cannot_read(t: object) -> bool:
     """Whether ``t`` is a tensor our kernels cannot read as it is: on the meta device, a subclass other than
     ``nn.Parameter``, or wrapped by a functorch transform."""
     return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta
