@@ -417,7 +417,8 @@ def test_opinfo_layer_norm_samples(device: str, dtype: torch.dtype) -> None:
 # ---------------------------------------------------------------- what torch's ops answer (ops.layernorm.torch_answers)
 
 def _pair(device: str, dtype: torch.dtype = torch.float32, affine: bool = True) -> tuple[nn.Module, nn.Module]:
-    """A torch model of LayerNorm + Linear + our-kind LayerNorm, and ours with its weights."""
+    """A torch model (LayerNorm then Linear, GELU, LayerNorm) and ours with its weights (FusedLayerNormLinear,
+    GELU, our LayerNorm)."""
     torch.manual_seed(0)
     theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(12, elementwise_affine=affine), nn.Linear(12, 5)), nn.GELU(),
                            nn.LayerNorm(5, bias=affine)).to(device, dtype)
