@@ -296,8 +296,8 @@ def _valid(x: object, weight: object, bias: object) -> bool:
 
 # ---------------------------------------------------------------- what torch's ops answer
 
-TORCH_DTYPES = (*DTYPES, torch.float64)   # the drop-in entries take float64 too, by torch's ops
-TORCH_DEVICES = ("cpu", "cuda", "meta")
+# check_tensor's dtypes and devices for a call torch's ops answer: float64 and the meta device too
+TORCH_TAKES = {"dtypes": (*DTYPES, torch.float64), "devices": ("cpu", "cuda", "meta")}
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 
 
@@ -329,10 +329,10 @@ def check_torch_call(x: object, weight: object, bias: object, eps: float, activa
     """``validate``'s named checks for a call torch's ops answer (float64 and the meta device taken; weight or
     bias None: absent), and eps and the activation."""
     nx, nw, nb = names
-    check_tensor(nx, x, min_ndim=1, dtypes=TORCH_DTYPES, layout=False, devices=TORCH_DEVICES)
+    check_tensor(nx, x, min_ndim=1, layout=False, **TORCH_TAKES)
     for name, p in ((nw, weight), (nb, bias)):
         if p is not None:
-            check_param(name, p, x, nx, x.shape[-1], f"{nx}'s last dim", TORCH_DTYPES, TORCH_DEVICES)
+            check_param(name, p, x, nx, x.shape[-1], f"{nx}'s last dim", **TORCH_TAKES)
     check_eps(eps)
     _check_activation(activation)
 
@@ -342,12 +342,10 @@ def torch_layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
                     names: tuple[str, str, str] = ("x", "weight", "bias")) -> torch.Tensor:
     """act(LayerNorm(x)) over ``shape`` (x's last dim if None) by torch's ops, for a call ``torch_answers``
     sends here (the named checks first, over x flattened to ``shape``'s size)."""
-    if shape is None:
-        check_tensor(names[0], x, min_ndim=1, dtypes=TORCH_DTYPES, layout=False, devices=TORCH_DEVICES)
-        shape = tuple(x.shape[-1:])
-    flat = x.reshape(*x.shape[:x.dim() - len(shape)], -1) if len(shape) > 1 else x
+    flat = x.reshape(*x.shape[:x.dim() - len(shape)], -1) if shape is not None and len(shape) > 1 else x
     check_torch_call(flat, None if weight is None else weight.reshape(-1),
                      None if bias is None else bias.reshape(-1), eps, activation, names)
+    shape = tuple(x.shape[-1:]) if shape is None else shape
     return _ACT_FNS[activation](torch.nn.functional.layer_norm(x, shape, weight, bias, eps))
 
 
@@ -746,10 +744,7 @@ def normalized_size(x: object, normalized_shape: int | Sequence[int],
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
-    if by_torch:
-        check_tensor("x", x, min_ndim=1, dtypes=TORCH_DTYPES, layout=False, devices=TORCH_DEVICES)
-    else:
-        check_tensor("x", x, min_ndim=1, dtypes=DTYPES, layout=False)
+    check_tensor("x", x, min_ndim=1, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
     if tuple(x.shape[x.dim() - len(shape):]) != shape:
         raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x's shape {tuple(x.shape)})")
     return shape, math.prod(shape)

@@ -297,7 +297,7 @@ def _check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dty
     ``same_dtype`` is False (autocast casts them); ``by_torch``: for a call torch's ops answer (float64 and the
     meta device taken)."""
     named = {"weight": weight}
-    kw = {"dtypes": layernorm.TORCH_DTYPES, "devices": layernorm.TORCH_DEVICES} if by_torch else {"dtypes": DTYPES}
+    kw = layernorm.TORCH_TAKES if by_torch else {"dtypes": DTYPES}
     check_tensor("weight", weight, ndim=2, layout=False, **kw)
     if bias is not None:
         check_tensor("bias", bias, ndim=1, layout=False, **kw)
