@@ -16,10 +16,13 @@ Layers of API, lowest first:
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import os
 import struct
 from collections.abc import Sequence
 from functools import cache
+from typing import NoReturn
 
 import torch
 from torch import nn
@@ -44,8 +47,13 @@ _CPU_BWD_LAUNCH = Launch("ln_bwd_loop", (1, 1), (1, 1, 1), 1)
 
 
 def eps_bits(eps: float) -> int:
-    """float32 bit pattern of eps (MAX op parameters are ints)."""
+    """float32 bit pattern of eps (MAX op parameters are ints); past float32's range, +-inf, as a cast gives."""
+    if abs(eps) > _F32_MAX:
+        eps = math.copysign(math.inf, eps)
     return struct.unpack("<I", struct.pack("<f", eps))[0]
+
+
+_F32_MAX = torch.finfo(torch.float32).max
 
 
 def _op_parameters(launch: Launch, kernels: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
@@ -333,7 +341,7 @@ def check_torch_call(x: object, weight: object, bias: object, eps: float, activa
     for name, p in ((nw, weight), (nb, bias)):
         if p is not None:
             check_param(name, p, x, nx, x.shape[-1], f"{nx}'s last dim", **TORCH_TAKES)
-    check_eps(eps)
+    as_eps(eps)
     _check_activation(activation)
 
 
@@ -349,12 +357,16 @@ def torch_layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     return _ACT_FNS[activation](torch.nn.functional.layer_norm(x, shape, weight, bias, eps))
 
 
-def check_eps(eps: float) -> None:
-    """eps must be a positive number (it is added to the variance)."""
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
-    if not eps > 0:
-        raise ValueError(f"eps: must be positive, got {eps}")
+def as_eps(eps: object) -> float:
+    """eps as a float, taken as torch's ``layer_norm`` takes it: a real number (Python's or NumPy's; a bool reads
+    as 0 or 1) or a 0-dim real tensor that needs no gradient. Any value: torch takes 0, a negative eps, inf and
+    NaN, and the kernels answer them as torch does (rstd = 1 / sqrt(var + eps): NaN where var + eps < 0)."""
+    if eps.__class__ is float:
+        return eps
+    if isinstance(eps, numbers.Real) or (isinstance(eps, torch.Tensor) and eps.dim() == 0
+                                         and not eps.requires_grad and not eps.is_complex()):
+        return float(eps)
+    raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
 
 
 def _native_takes(x: object, weight: object, bias: object, eps: object, variant: str, activation: str) -> bool:
@@ -378,7 +390,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
     Args:
         x: the input ``[..., H]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
         weight, bias: gamma and beta ``[H]``, x's dtype (or float32 for 16-bit x).
-        eps: added to the variance (> 0).
+        eps: added to the variance (any float, as torch takes).
         variant: the forward kernel (``VARIANTS``; ``"fast"`` unless benchmarking the progression).
         activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
 
@@ -390,7 +402,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
 
     Raises:
         TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
-        ValueError: sizes or devices that do not match, eps <= 0, an unknown variant or activation.
+        ValueError: sizes or devices that do not match, an unknown variant or activation.
 
     Example:
         >>> y, mean, rstd = layernorm_fwd(torch.randn(4, 8), torch.ones(8), torch.zeros(8))
@@ -401,6 +413,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
         out = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return tuple(out)
+    eps = as_eps(eps)
     _check_call(x, weight, bias, eps, variant, activation)
     if torch_answers(x, weight, bias):   # a fake or subclass tensor, or a dispatch mode: the op, which they see
         return tuple(torch.ops.mojo.layernorm_fwd(x, weight, bias, float(eps), variant, activation))
@@ -585,7 +598,7 @@ def _native_ops_traceable() -> bool:
 
 def _fake_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, act: int) -> tuple:
     validate(x, weight, bias)
-    check_eps(eps)
+    as_eps(eps)
     stats = x.new_empty(x.shape[:-1], dtype=F32)
     return torch.empty_like(x), stats, torch.empty_like(stats)
 
@@ -659,7 +672,7 @@ def _check_call(x: object, weight: object, bias: object, eps: float, variant: st
     """Every check of a forward call (named errors)."""
     validate(x, weight, bias)
     _check_activation(activation)
-    check_eps(eps)
+    as_eps(eps)
     if variant != "fast":
         config.variant_config(variant)
 
@@ -671,7 +684,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     Args:
         x: the input ``[..., H]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
         weight, bias: gamma and beta ``[H]``, x's dtype (or float32 for 16-bit x).
-        eps: added to the variance (> 0).
+        eps: added to the variance (any float, as torch takes).
         activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
         variant: the forward kernel (``VARIANTS``).
 
@@ -683,7 +696,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
 
     Raises:
         TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
-        ValueError: sizes or devices that do not match, eps <= 0, an unknown variant or activation.
+        ValueError: sizes or devices that do not match, an unknown variant or activation.
 
     Example:
         >>> y = layernorm(torch.randn(4, 8, requires_grad=True), torch.ones(8), torch.zeros(8))
@@ -694,6 +707,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
+    eps = as_eps(eps)
     if torch_answers(x, weight, bias):
         return torch_layernorm(x, weight, bias, eps, activation)
     if not _valid(x, weight, bias) or autocast_to_fp32(x):
@@ -736,14 +750,26 @@ _ACT_FNS = {"none": lambda y: y, "gelu": torch.nn.functional.gelu,
             "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}
 
 
+def as_shape(normalized_shape: object) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple of ints, read as torch's ``nn.LayerNorm`` reads it: an integer (Python's or
+    NumPy's) for the last dim alone, or a sequence of them (tuple, list, ``torch.Size``, a NumPy array); one or
+    more sizes >= 0."""
+    try:
+        shape = ((operator.index(normalized_shape),) if isinstance(normalized_shape, numbers.Integral)
+                 else tuple(operator.index(d) for d in normalized_shape))
+    except TypeError:
+        shape = ()
+    if not shape or min(shape) < 0:
+        raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
+    return shape
+
+
 def normalized_size(x: object, normalized_shape: int | Sequence[int],
                     by_torch: bool = False) -> tuple[tuple[int, ...], int]:
     """``normalized_shape`` as a tuple and the number of elements it covers, checked against x's trailing dims
     (as ``torch.nn.functional.layer_norm`` takes it); ``by_torch``: x of a call torch's ops answer
     (``torch_answers``)."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
+    shape = as_shape(normalized_shape)
     check_tensor("x", x, min_ndim=1, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
     if tuple(x.shape[x.dim() - len(shape):]) != shape:
         raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x's shape {tuple(x.shape)})")
@@ -762,7 +788,7 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: t
         normalized_shape: the trailing dims to normalize over (an int for the last dim alone).
         weight, bias: gamma and beta of ``normalized_shape``, or None (1 and 0); x's dtype, or float32 for
             16-bit x.
-        eps: added to the variance (> 0).
+        eps: added to the variance (any float, as torch takes).
         activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
         variant: the forward kernel's variant (``VARIANTS``; benchmarks).
 
@@ -774,7 +800,7 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: t
 
     Raises:
         TypeError: a non-tensor or unsupported dtype, named.
-        ValueError: sizes that do not match, tensors on different devices, eps <= 0, an unknown activation.
+        ValueError: sizes that do not match, tensors on different devices, an unknown activation.
 
     Example:
         >>> y = layer_norm(torch.randn(2, 3, 4), (3, 4))
@@ -850,11 +876,9 @@ class LayerNorm(nn.Module):
                  elementwise_affine: bool = True, bias: bool = True, device: torch.device | None = None,
                  dtype: torch.dtype | None = None, activation: str = "none", variant: str = "fast") -> None:
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        if not shape or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
+        shape = as_shape(normalized_shape)
         _check_activation(activation)
-        self.normalized_shape, self.eps = shape, eps
+        self.normalized_shape, self.eps = shape, as_eps(eps)
         self.elementwise_affine = elementwise_affine
         self.activation, self.variant = activation, variant
         kw = {"device": device, "dtype": dtype}
@@ -885,5 +909,20 @@ class LayerNorm(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, activation={self.activation!r}"
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        not_scriptable(self)
+
+
+def not_scriptable(module: nn.Module) -> NoReturn:
+    """What ``torch.jit.script`` meets first in our modules (their ``__prepare_scriptable__``): a named error.
+    Their forwards run Python that TorchScript cannot compile (autograd functions, the choice of route); torch
+    deprecates TorchScript for ``torch.export``, which takes them, as ``torch.jit.trace`` does."""
+    raise TypeError(f"torch.jit.script: {type(module).__name__} cannot be scripted (TorchScript compiles no Python "
+                    "calls); use torch.export or torch.jit.trace")
+
 
 _PLAIN_MODULES = frozenset((nn.LayerNorm, nn.Linear, LayerNorm))   # weight_and_bias reads these directly
+# torch.fx.symbolic_trace records the modules' calls of these as calls (the functions run at the graph's run, not
+# while it is traced: their checks read tensors, which a trace has not)
+torch.fx.wrap("layernorm")
+torch.fx.wrap("layer_norm")

@@ -72,7 +72,7 @@ from ops.layernorm_linear_config import (  # noqa: F401 (auto's tuning, read her
     SPLIT_MIN_K,
     sm90_region,
 )
-from ops.validate import check_grad, check_same, check_size, check_tensor
+from ops.validate import as_size, check_grad, check_same, check_size, check_tensor
 
 __all__ = ["ALGOS", "FusedLayerNormLinear", "layernorm_linear", "layernorm_linear_bwd", "layernorm_linear_fwd"]
 
@@ -386,7 +386,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
         ln_weight, ln_bias: the LayerNorm's gamma and beta ``[K]``, x's dtype (or float32 for 16-bit x).
         weight: the Linear's ``[N, K]``, x's dtype.
         bias: the Linear's ``[N]``, or None.
-        eps: the LayerNorm's (> 0).
+        eps: the LayerNorm's (any float, as torch takes).
         algo: ``"auto"``, ``"fused"``, ``"sm90"`` or ``"unfused"`` (the module docstring).
 
     Shape:
@@ -397,7 +397,7 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
 
     Raises:
         TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
-        ValueError: sizes, dtypes or devices that do not match, eps <= 0, an unknown algo, or ``"sm90"`` where
+        ValueError: sizes, dtypes or devices that do not match, an unknown algo, or ``"sm90"`` where
             the Hopper kernel cannot run (the message says why).
 
     Example:
@@ -406,13 +406,13 @@ def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     """
     if layernorm.torch_answers(x, ln_weight, ln_bias, weight, bias):   # as in layernorm.layernorm_fwd
         validate(x, ln_weight, ln_bias, weight, bias)
-        layernorm.check_eps(eps)
+        layernorm.as_eps(eps)
         check_algo(algo)
         bias = weight.new_zeros(weight.shape[0]) if bias is None else bias   # not _zero_bias's: no fake kept
         return tuple(torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, float(eps), algo))
     bias = _zero_bias(weight) if bias is None else bias
     validate(x, ln_weight, ln_bias, weight, bias)
-    layernorm.check_eps(eps)
+    eps = layernorm.as_eps(eps)
     if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, bias)):
         if (adapted := _adapted_fwd(x, ln_weight, ln_bias, weight, bias, eps)) is None:
             pick_algo(algo, x.device, x.dtype, 1, 1)   # a bad algo is named here too
@@ -584,7 +584,7 @@ class LayerNormLinearFunction(torch.autograd.Function):
             # Eager on a GPU: our LayerNorm launched directly (its statistics in one buffer), then cuBLAS;
             # xn is kept for dW as torch's own autograd keeps it.
             validate(x, ln_weight, ln_bias, weight, bias)
-            layernorm.check_eps(eps)
+            layernorm.as_eps(eps)
             stats, mean, rstd = layernorm._stats(x)
             xn = layernorm._fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0, mean, rstd)
             ctx.save_for_backward(x, xn, ln_weight, ln_bias, weight, stats)
@@ -653,7 +653,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         x: the input ``[..., K]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
         ln_weight, ln_bias: the LayerNorm's gamma and beta ``[K]``, x's dtype (or float32 for 16-bit x).
         weight: the Linear's ``[N, K]``; bias: its ``[N]`` or None.
-        eps: the LayerNorm's (> 0).
+        eps: the LayerNorm's (any float, as torch takes).
         algo: the forward algorithm; with gradients to come, 16-bit ``"auto"`` runs ``"unfused"``
             (``autograd_algo``).
 
@@ -678,6 +678,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
+    eps = layernorm.as_eps(eps)
     tensors = (x, ln_weight, ln_bias, weight, bias)
     if layernorm.torch_answers(*tensors):
         return torch_layernorm_linear(*tensors, eps, algo)
@@ -695,7 +696,6 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         return y
     # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
     validate(*tensors)
-    layernorm.check_eps(eps)
     k = x.shape[-1]
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k)
     _remember_algo(x, weight, algo, False, algo)
@@ -725,11 +725,9 @@ def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, wei
     if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
         layernorm.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
         _check_linear(x, weight, bias, same_dtype=False)
-        layernorm.check_eps(eps)
         pick_algo(algo, x.device, x.dtype, 1, 1)
         return torch.nn.functional.linear(layernorm.layernorm(x, ln_weight, ln_bias, eps), weight, bias)
     validate(x, ln_weight, ln_bias, weight, bias)
-    layernorm.check_eps(eps)
     pick_algo(algo, x.device, x.dtype, 1, 1)
     if (adapted := _adapted_fwd(x, ln_weight, ln_bias, weight, bias, eps)) is None:
         return _empty_result(x, ln_weight, ln_bias, weight, bias, eps)
@@ -748,7 +746,6 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     grad = not layernorm.no_grad_to_come(*tensors)
     runs = autograd_algo(algo, tensors) if grad else algo
     validate(*tensors)
-    layernorm.check_eps(eps)
     k = x.shape[-1]
     if pick_algo(runs, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
         xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
@@ -838,10 +835,11 @@ class FusedLayerNormLinear(nn.Sequential):
                  elementwise_affine: bool = True, norm_bias: bool = True,
                  normalized_shape: int | tuple[int, ...] | None = None) -> None:
         kw = {"device": device, "dtype": dtype}
-        shape = in_features if normalized_shape is None else normalized_shape
-        super().__init__(nn.LayerNorm(shape, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias, **kw),
+        in_features, out_features = as_size("in_features", in_features), as_size("out_features", out_features)
+        shape = (in_features,) if normalized_shape is None else layernorm.as_shape(normalized_shape)
+        super().__init__(nn.LayerNorm(shape, layernorm.as_eps(eps), elementwise_affine, norm_bias, **kw),
                          nn.Linear(in_features, out_features, bias, **kw))
-        if self[0].normalized_shape[-1] != in_features:
+        if shape[-1] != in_features:
             raise ValueError(f"normalized_shape: its last entry must be in_features ({in_features}), got {shape}")
         pick_algo(algo, torch.device("cpu"), torch.float32, 1, out_features)  # reject a bad name now
         self.algo = algo
@@ -866,13 +864,27 @@ class FusedLayerNormLinear(nn.Sequential):
         ln, lin = self._modules["0"], self._modules["1"]   # self[0] and self[1], without Sequential's indexing
         ln_weight, ln_bias = layernorm.weight_and_bias(ln)
         weight, bias = layernorm.weight_and_bias(lin)
-        if len(ln.normalized_shape) > 1:
-            return torch.nn.functional.linear(
-                layernorm.layer_norm(x, ln.normalized_shape, ln_weight, ln_bias, ln.eps), weight, bias)
-        if ln_weight is None or ln_bias is None:
-            if layernorm.torch_answers(x, ln_weight, ln_bias, weight, bias):   # before a constant is made of a fake
-                return torch_layernorm_linear(x, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)
-            k, dtype, device = lin.in_features, weight.dtype, weight.device
-            ln_weight = layernorm.constant(1.0, k, dtype, device) if ln_weight is None else ln_weight
-            ln_bias = layernorm.constant(0.0, k, dtype, device) if ln_bias is None else ln_bias
-        return layernorm_linear(x, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)
+        return module_forward(x, ln.normalized_shape, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        layernorm.not_scriptable(self)
+
+
+def module_forward(x: torch.Tensor, normalized_shape: tuple[int, ...], ln_weight: torch.Tensor | None,
+                   ln_bias: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                   algo: str) -> torch.Tensor:
+    """``FusedLayerNormLinear``'s forward from its parameters (absent ones None): a function of its own, so that
+    ``torch.fx.symbolic_trace`` records the module as this call."""
+    if len(normalized_shape) > 1:
+        return torch.nn.functional.linear(layernorm.layer_norm(x, normalized_shape, ln_weight, ln_bias, eps),
+                                          weight, bias)
+    if ln_weight is None or ln_bias is None:
+        if layernorm.torch_answers(x, ln_weight, ln_bias, weight, bias):   # before a constant is made of a fake
+            return torch_layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, algo)
+        k, dtype, device = normalized_shape[0], weight.dtype, weight.device
+        ln_weight = layernorm.constant(1.0, k, dtype, device) if ln_weight is None else ln_weight
+        ln_bias = layernorm.constant(0.0, k, dtype, device) if ln_bias is None else ln_bias
+    return layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, algo)
+
+
+torch.fx.wrap("module_forward")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -82,3 +83,14 @@ def check_grad(name: str, grad: object, dtype: torch.dtype, shape: tuple[int, ..
         return
     check_tensor(name, grad, dtypes=(dtype,), layout=False)
     raise ValueError(f"{name}: shape {tuple(grad.shape)} does not match {what} {tuple(shape)}")
+
+
+def as_size(name: str, value: object) -> int:
+    """``value`` as a size (an integer >= 0: Python's, NumPy's, anything ``operator.index`` takes), named if not."""
+    try:
+        size = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+    if size < 0:
+        raise ValueError(f"{name}: expected a size >= 0, got {size}")
+    return size

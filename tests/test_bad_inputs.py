@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,9 +33,9 @@ LN_CASES = [
     ("bias-size", "bias", torch.zeros(K + 1), ValueError, "bias"),
     ("bias-int", "bias", torch.zeros(K, dtype=torch.int64), TypeError, "bias"),
     ("bias-meta", "bias", torch.zeros(K, device="meta"), ValueError, "bias"),
-    ("eps-zero", "eps", 0.0, ValueError, "eps"),
-    ("eps-negative", "eps", -1e-5, ValueError, "eps"),
     ("eps-string", "eps", "1e-5", TypeError, "eps"),
+    ("eps-none", "eps", None, TypeError, "eps"),
+    ("eps-1d-tensor", "eps", torch.tensor([1e-5]), TypeError, "eps"),   # torch takes a 0-dim tensor, not this
 ]
 
 # float64 and meta x: the kernel entries refuse them; the drop-in entries take them as torch does (by torch's ops,
@@ -147,7 +148,7 @@ LNL_CASES = [
     ("bias-2d", "bias", torch.zeros(1, N), ValueError, "bias"),
     ("bias-bf16", "bias", torch.zeros(N, dtype=torch.bfloat16), TypeError, "bias"),
     ("eps-string", "eps", "small", TypeError, "eps"),
-    ("eps-zero", "eps", 0.0, ValueError, "eps"),
+    ("eps-grad-tensor", "eps", torch.tensor(1e-5, requires_grad=True), TypeError, "eps"),
 ]
 
 LNL_ENTRIES: dict[str, Callable[..., object]] = {
@@ -223,4 +224,17 @@ def test_module_from_torch_refuses_other_modules() -> None:
     _raises(lambda: LL.FusedLayerNormLinear.from_torch(torch.nn.LayerNorm(K)), TypeError, "seq")
     _raises(lambda: L.LayerNorm.from_torch(torch.nn.Linear(K, K)), TypeError, "ln")
     _raises(lambda: LL.FusedLayerNormLinear(K, N, normalized_shape=(K, 3)), ValueError, "normalized_shape")
+
+
+def test_module_sizes_are_named() -> None:
+    """The modules' sizes: what torch's take (NumPy integers, a NumPy array of them) builds the same module;
+    anything else gets our error (torch's modules raise a raw TypeError from inside for a float size)."""
+    assert L.LayerNorm(np.int64(K)).normalized_shape == (K,)
+    assert L.LayerNorm(np.array([3, K])).normalized_shape == (3, K)
+    assert LL.FusedLayerNormLinear(np.int32(K), np.int64(N))[1].weight.shape == (N, K)
+    _raises(lambda: L.LayerNorm(float(K)), ValueError, "normalized_shape")
+    _raises(lambda: L.LayerNorm((K, "3")), ValueError, "normalized_shape")
+    _raises(lambda: LL.FusedLayerNormLinear(float(K), N), TypeError, "in_features")
+    _raises(lambda: LL.FusedLayerNormLinear(K, -1), ValueError, "out_features")
+    _raises(lambda: LL.FusedLayerNormLinear(K, N, eps="small"), TypeError, "eps")
 

@@ -5,10 +5,12 @@ samples for layer_norm, torch.compile with dynamic shapes, and a second GPU. Val
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -397,21 +399,64 @@ def _opinfo_samples(device: str, dtype: torch.dtype) -> list:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_opinfo_layer_norm_samples(device: str, dtype: torch.dtype) -> None:
-    """torch's own samples for ``nn.functional.layer_norm``, forward and backward: each matches float64, or is
-    refused with the named error README lists (eps <= 0: torch's samples include eps = -0.5)."""
+    """torch's own samples for ``nn.functional.layer_norm``, forward and backward: each matches float64 (one of
+    them has eps = -0.5)."""
     samples = _opinfo_samples(device, dtype)
-    assert len(samples) >= 5
+    assert len(samples) >= 5 and any(s.kwargs.get("eps", 1e-5) < 0 for s in samples)
     for s in samples:
         shape, *params = s.args
         eps = s.kwargs.get("eps", 1e-5)
         inputs = [s.input, *params]
-        if eps <= 0:
-            with pytest.raises(ValueError, match="^eps:"):
-                L.layer_norm(*inputs[:1], shape, *inputs[1:], eps=eps)
-            continue
         _check_against_float64(lambda x, *p, shape=shape, eps=eps: L.layer_norm(x, shape, *p, eps=eps),
                                lambda x, *p, shape=shape, eps=eps: F.layer_norm(x, shape, *p, eps=eps),
                                inputs, dtype)
+
+
+def test_eps_is_taken_as_torch_takes_it() -> None:
+    """eps in any form torch's ``layer_norm`` takes, as a float; what it refuses, named."""
+    for eps, want in ((np.float32(0.5), 0.5), (np.int64(2), 2.0), (True, 1.0), (torch.tensor(0.25), 0.25),
+                      (torch.tensor(3, dtype=torch.int32), 3.0), (float("-inf"), float("-inf"))):
+        assert L.as_eps(eps) == want and L.as_eps(eps).__class__ is float, eps
+    for bad in ("1e-5", None, torch.tensor([1e-5]), torch.tensor(1e-5, requires_grad=True), 1j):
+        with pytest.raises(TypeError, match="^eps:"):
+            L.as_eps(bad)
+
+
+# eps values torch takes and our kernels answer as it does (each is a compile-time parameter of the graph route's
+# LayerNorm, so on the CPU each costs a compile: few values, each telling). The rows: random, then a constant row
+# (var 0: NaN for eps <= 0, as torch's 0 * inf), then a row of small spread (var + eps < 0 for a negative eps).
+EPS_VALUES = {"zero": 0.0, "negative": -1e-3, "inf": math.inf, "nan": math.nan}
+
+
+@pytest.mark.parametrize("eps", EPS_VALUES.values(), ids=EPS_VALUES.keys())
+def test_eps_values_torch_takes(device: str, eps: float) -> None:
+    """eps = 0, negative, inf and NaN: every entry's output and gradients are torch's (float64) where torch's are
+    finite, and NaN exactly where torch's are NaN. The modules take the same eps."""
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(5, 16), torch.full((1, 16), 3.0), 1e-2 * torch.randn(1, 16)]).to(device)
+    gamma, beta = torch.randn(16, device=device), torch.randn(16, device=device)
+    weight, bias = torch.randn(4, 16, device=device), torch.randn(4, device=device)
+    cases = {
+        "layer_norm": (lambda *t: L.layer_norm(t[0], (16,), *t[1:], eps=eps),
+                       lambda *t: F.layer_norm(t[0], (16,), *t[1:], eps=eps), [x, gamma, beta]),
+        "layernorm_linear": (lambda *t: LL.layernorm_linear(*t, eps=eps),
+                             lambda x, g, b, w, c: F.linear(F.layer_norm(x, (16,), g, b, eps), w, c),
+                             [x, gamma, beta, weight, bias]),
+    }
+    for name, (ours, ref, inputs) in cases.items():
+        y, grads = _grads(ours, _leaves(*inputs))
+        want_y, want_grads = _grads(ref, _leaves(*(t.double() for t in inputs)))
+        for what, got, want in (("y", y, want_y), *((f"grad {i}", g, w) for i, (g, w) in
+                                                    enumerate(zip(grads, want_grads, strict=True)))):
+            nan = want.isnan()
+            assert torch.equal(got.isnan().cpu(), nan.cpu()), f"{name} {what}: NaN where torch's is not, or not NaN"
+            if math.isnan(eps):
+                continue
+            assert (m := compare(got.masked_fill(nan, 0), want.masked_fill(nan, 0), torch.float32,
+                                 reduction=64)) is None, f"{name} {what}: {m}"
+    if not math.isnan(eps):
+        ln, ours_ln = nn.LayerNorm(16, eps=eps).to(device), L.LayerNorm(16, eps=eps).to(device)
+        assert torch.equal(ours_ln(x).isnan(), ln(x).isnan())
 
 
 # ---------------------------------------------------------------- what torch's ops answer (ops.layernorm.torch_answers)
@@ -440,6 +485,30 @@ def test_float64_is_torchs_answer(device: str) -> None:
     p = [torch.randn(s, device=device, dtype=torch.float64, requires_grad=True) for s in ((12,), (12,), (5, 12), (5,))]
     assert torch.autograd.gradcheck(lambda x, *p: LL.layernorm_linear(x, *p), (x[0], *p))
     assert torch.autograd.gradcheck(lambda x, w, b: L.layernorm(x, w, b, activation="gelu"), (x[0], *p[:2]))
+
+
+def test_fx_trace_records_our_calls(device: str) -> None:
+    """``torch.fx.symbolic_trace`` of a model with our modules records their calls of our functions (so the graph
+    runs our kernels) and gives the torch model's outputs and gradients; so do ``torch.jit.trace`` (at another
+    shape) and ``torch.export``; ``torch.jit.script`` (deprecated by torch) gets our error."""
+    theirs, ours = _pair(device)
+    traced = torch.fx.symbolic_trace(ours)
+    calls = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+    assert {LL.module_forward, L.layernorm} <= calls, calls
+    no_affine = torch.fx.symbolic_trace(nn.Sequential(L.LayerNorm((4, 12), elementwise_affine=False)))
+    assert {n.target for n in no_affine.graph.nodes if n.op == "call_function"} == {L.layer_norm}
+    x = torch.randn(3, 4, 12, device=device)
+    for model in (traced, torch.jit.trace(ours, x[:1, :2]), torch.export.export(ours, (x,)).module()):
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        y, want = model(xs[0]), theirs(xs[1])
+        assert (m := compare(y, want, torch.float32, reduction=12)) is None, m
+        y.square().sum().backward()
+        want.square().sum().backward()
+        assert (m := compare(xs[0].grad, xs[1].grad, torch.float32, reduction=64)) is None, m
+    torch.testing.assert_close(no_affine(x), F.layer_norm(x, (4, 12)), rtol=1e-5, atol=1e-5)
+    for module in (ours[0], ours[2]):
+        with pytest.raises(TypeError, match="^torch.jit.script: "):
+            torch.jit.script(module)
 
 
 def test_meta_tensors_get_torchs_shapes() -> None:

@@ -231,8 +231,8 @@ def test_bad_inputs() -> None:
         L.layernorm_fwd(x, w, b, variant="nope")
     with pytest.raises(ValueError, match="^activation:"):
         L.layernorm_fwd(x, w, b, activation="relu")
-    with pytest.raises(ValueError, match="^eps:"):
-        L.layernorm_fwd(x, w, b, eps=0.0)
+    with pytest.raises(TypeError, match="^eps:"):
+        L.layernorm_fwd(x, w, b, eps="0.1")
     _, mean, rstd = L.layernorm_fwd(x, w, b)
     with pytest.raises(ValueError, match="^dy:"):
         L.layernorm_bwd(dy[:2], x, w, b, mean, rstd)

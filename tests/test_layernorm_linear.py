@@ -202,8 +202,8 @@ def test_bad_inputs() -> None:
             LL.layernorm_linear_fwd(*args)
     with pytest.raises(ValueError, match="^algo:"):
         LL.layernorm_linear_fwd(x, g, b, w, bias, algo="nope")
-    with pytest.raises(ValueError, match="^eps:"):
-        LL.layernorm_linear_fwd(x, g, b, w, bias, eps=-1.0)
+    with pytest.raises(TypeError, match="^eps:"):
+        LL.layernorm_linear_fwd(x, g, b, w, bias, eps=None)
     _, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias)
     with pytest.raises(ValueError, match="^dy:"):
         LL.layernorm_linear_bwd(dy[:, :7], x, g, b, w, mean, rstd)
