@@ -20,7 +20,7 @@ import numbers
 import operator
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import NoReturn
 
@@ -309,6 +309,16 @@ TORCH_TAKES = {"dtypes": (*DTYPES, torch.float64), "devices": ("cpu", "cuda", "m
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 
 
+def native_entry(name: str) -> Callable | None:
+    """The C++ entry ``name`` (``direct.NATIVE``) for an eager call to try first; None while torch.compile or
+    torch.export traces (is_compiling first: dynamo must not read, and guard on, a builtin it cannot guard; the
+    ops' fakes stand in) or ``torch.jit.trace`` records: a trace must record the same ops at every call, and the
+    C++ entries decline a shape's first call (``torch_answers`` picks torch's ops then)."""
+    if torch.compiler.is_compiling() or torch._C._is_tracing():
+        return None
+    return getattr(direct.NATIVE, name)
+
+
 def torch_answers(*tensors: object) -> bool:
     """Whether a drop-in call (``layernorm``, ``layer_norm``, ``LayerNorm`` and the LayerNorm+Linear ones) is
     answered by torch's own ops, as torch's modules would answer it, instead of by our kernels: where a tensor is
@@ -316,12 +326,13 @@ def torch_answers(*tensors: object) -> bool:
     where one is on the meta device, is a subclass other than ``nn.Parameter`` (a FakeTensor, a DTensor, ...) or a
     functorch transform's (vmap, grad, jacrev), or while a TorchDispatchMode is active (FakeTensorMode,
     FlopCounterMode, ...) or a forward-mode AD level (``forward_ad.dual_level``): our kernels cannot read those
-    tensors, such a mode would not see them, and our autograd functions have no forward-mode rule."""
+    tensors, such a mode would not see them, and our autograd functions have no forward-mode rule. And while
+    ``torch.jit.trace`` records: a trace sees torch's ops, not our launches."""
     if any(isinstance(t, torch.Tensor) and t.dtype is torch.float64 for t in tensors):
         return True
     if torch.compiler.is_compiling():
         return False
-    return (torch._C._len_torch_dispatch_stack() > 0 or forward_ad._current_level >= 0
+    return (torch._C._len_torch_dispatch_stack() > 0 or forward_ad._current_level >= 0 or torch._C._is_tracing()
             or any(kernels_cannot_read(t) for t in tensors))
 
 
@@ -407,8 +418,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
     Example:
         >>> y, mean, rstd = layernorm_fwd(torch.randn(4, 8), torch.ones(8), torch.zeros(8))
     """
-    # is_compiling first: dynamo must not read (and guard on) the C++ entry, a builtin it cannot guard
-    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_with_stats
+    native = native_entry("layernorm_with_stats")
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
         out = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
@@ -457,7 +467,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
         >>> y, mean, rstd = layernorm_fwd(x, w, b)
         >>> dx, dw, db = layernorm_bwd(torch.ones_like(y), x, w, b, mean, rstd)
     """
-    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_bwd_with_plan   # see layernorm_fwd
+    native = native_entry("layernorm_bwd_with_plan")
     if native is not None and isinstance(activation, str) and activation in ACTIVATIONS and all(
             isinstance(t, torch.Tensor) for t in (dy, x, weight, bias, mean, rstd)):
         out = native(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
@@ -702,7 +712,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         >>> y = layernorm(torch.randn(4, 8, requires_grad=True), torch.ones(8), torch.zeros(8))
         >>> y.sum().backward()
     """
-    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm   # as in layernorm_fwd
+    native = native_entry("layernorm")
     if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)

@@ -671,7 +671,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         >>> y = layernorm_linear(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), torch.zeros(3))
         >>> y.sum().backward()
     """
-    native = None if torch.compiler.is_compiling() else direct.NATIVE.layernorm_linear   # see layernorm_fwd
+    native = layernorm.native_entry("layernorm_linear")
     if (native is not None and isinstance(x, torch.Tensor) and isinstance(ln_weight, torch.Tensor)
             and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
             and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS):

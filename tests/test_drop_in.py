@@ -489,8 +489,10 @@ def test_float64_is_torchs_answer(device: str) -> None:
 
 def test_fx_trace_records_our_calls(device: str) -> None:
     """``torch.fx.symbolic_trace`` of a model with our modules records their calls of our functions (so the graph
-    runs our kernels) and gives the torch model's outputs and gradients; so do ``torch.jit.trace`` (at another
-    shape) and ``torch.export``; ``torch.jit.script`` (deprecated by torch) gets our error."""
+    runs our kernels) and gives the torch model's outputs and gradients; so do ``torch.export`` and
+    ``torch.jit.trace`` (at another shape; it records torch's ops, with or without gradients to come, and the
+    same ops twice: its own check compares two traces); ``torch.jit.script`` (deprecated by torch) gets our
+    error."""
     theirs, ours = _pair(device)
     traced = torch.fx.symbolic_trace(ours)
     calls = {n.target for n in traced.graph.nodes if n.op == "call_function"}
@@ -498,7 +500,15 @@ def test_fx_trace_records_our_calls(device: str) -> None:
     no_affine = torch.fx.symbolic_trace(nn.Sequential(L.LayerNorm((4, 12), elementwise_affine=False)))
     assert {n.target for n in no_affine.graph.nodes if n.op == "call_function"} == {L.layer_norm}
     x = torch.randn(3, 4, 12, device=device)
-    for model in (traced, torch.jit.trace(ours, x[:1, :2]), torch.export.export(ours, (x,)).module()):
+    with torch.no_grad():
+        jit_infer = torch.jit.trace(ours, x[:1, :2])
+    jit_train = torch.jit.trace(ours, x[:1, :2])
+    for jit in (jit_infer, jit_train):
+        kinds = {n.kind() for n in jit.inlined_graph.nodes()}
+        assert "aten::layer_norm" in kinds and not any(k.startswith(("prim::PythonOp", "mojo")) for k in kinds), kinds
+    with torch.no_grad():
+        assert (m := compare(jit_infer(x), theirs(x), torch.float32, reduction=12)) is None, m
+    for model in (traced, jit_train, torch.export.export(ours, (x,)).module()):
         xs = [x.clone().requires_grad_() for _ in range(2)]
         y, want = model(xs[0]), theirs(xs[1])
         assert (m := compare(y, want, torch.float32, reduction=12)) is None, m
