@@ -521,6 +521,30 @@ def test_fx_trace_records_our_calls(device: str) -> None:
             torch.jit.script(module)
 
 
+@pytest.mark.parametrize("written", ["x", "ln_weight", "weight"])
+def test_inplace_write_before_backward_is_caught(device: str, written: str) -> None:
+    """An in-place write, between the forward and the backward, to a tensor the backward needs gets autograd's
+    error, as with torch's modules (our autograd functions save their inputs as torch's do), for each
+    module and route; never a gradient of the changed values."""
+    dtypes = [torch.float32, *([torch.bfloat16] if device == "cuda" else [])]   # bf16: the C++ route
+    for dtype in dtypes:
+        torch.manual_seed(0)
+        models = {"layernorm": L.LayerNorm(12), "fused": LL.FusedLayerNormLinear(12, 5)}
+        for name, model in models.items():
+            if written == "weight" and name == "layernorm":
+                continue
+            model.to(device, dtype)
+            x = torch.randn(4, 12, device=device, dtype=dtype, requires_grad=True)
+            h = x * 1.0
+            y = model(h)
+            target = {"x": h, "ln_weight": model.weight if name == "layernorm" else model[0].weight,
+                      "weight": model[1].weight if name == "fused" else None}[written]
+            with torch.no_grad():
+                target.add_(1.0)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.sum().backward()
+
+
 def test_meta_tensors_get_torchs_shapes() -> None:
     """On the meta device the modules answer as torch's do: meta outputs of the right shapes and dtypes."""
     theirs, ours = _pair("meta", torch.bfloat16)
