@@ -340,7 +340,8 @@ def kernels_cannot_read(t: object) -> bool:
     """Whether ``t`` is a tensor our kernels cannot read as it is: on the meta device, a subclass other than
     ``nn.Parameter``, or wrapped by a functorch transform."""
     return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta
-                                            or torch._C._functorch.is_functorch_wrapped_tensor(t))
+                                            or torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                            or torch._C._functorch.is_legacy_batchedtensor(t))
 
 
 def check_torch_call(x: object, weight: object, bias: object, eps: float, activation: str,

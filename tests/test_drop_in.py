@@ -603,6 +603,30 @@ def test_functorch_transforms_and_forward_ad_run_torchs_ops(device: str) -> None
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_batched_backward_matches_torch(device: str, dtype: torch.dtype) -> None:
+    """A backward whose dy is batched (``autograd.grad(is_grads_batched=True)``, which
+    ``autograd.functional.jacobian(vectorize=True)`` and ``hessian`` use; legacy vmap's tensors): the modules'
+    forward runs our kernels and the backward gives torch's Jacobian and Hessian (bf16 on a GPU: the C++ route)."""
+    from torch.autograd.functional import hessian, jacobian
+
+    theirs, ours = _pair(device, dtype)
+    x = torch.randn(3, 12, device=device, dtype=dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for a, b in ((ours[0], theirs[0]), (ours[2], theirs[2])):   # FusedLayerNormLinear, LayerNorm
+        inp = x if a is ours[0] else torch.randn(3, 5, device=device, dtype=dtype)
+        torch.testing.assert_close(jacobian(a, inp, vectorize=True), jacobian(b, inp, vectorize=True), **tol)
+        xs = [inp.clone().requires_grad_() for _ in range(2)]
+        ys = [m(t) for m, t in zip((a, b), xs, strict=True)]
+        eye = torch.eye(ys[0].numel(), device=device, dtype=dtype).view(-1, *ys[0].shape)
+        got, want = (torch.autograd.grad(y, t, eye, is_grads_batched=True)[0] for y, t in zip(ys, xs, strict=True))
+        torch.testing.assert_close(got, want, **tol)
+    if dtype == torch.float32:
+        f = lambda m: lambda t: m(t).pow(3).sum()  # noqa: E731
+        torch.testing.assert_close(hessian(f(ours), x[:1], vectorize=True), hessian(f(theirs), x[:1], vectorize=True),
+                                   rtol=1e-4, atol=1e-4)
+
+
 def test_dispatch_modes_see_torchs_ops(device: str) -> None:
     """Under a TorchDispatchMode (here FlopCounterMode) the modules run torch's ops, so the mode sees what it sees
     for the torch model: the same FLOPs, and the same values."""

@@ -268,11 +268,13 @@ bool supported(at::ScalarType dtype) {
 }
 
 // Tensors our kernels may read as they are: none a tensor subclass (a FakeTensor, a DTensor: the Python key), a
-// functorch transform's wrapper (vmap, grad), functionalized or a forward-mode AD dual (our autograd has no
-// forward-mode rule), and no TorchDispatchMode active (it would not see the kernels). Python answers the rest with
-// torch's ops (ops/layernorm.py: torch_answers).
-constexpr c10::DispatchKeySet UNPLAIN_KEYS =
-    c10::python_ks | c10::functorch_transforms_ks | c10::DispatchKeySet(c10::DispatchKey::Functionalize);
+// functorch transform's wrapper (vmap, grad), legacy vmap's batched tensor (dy in the backward of
+// autograd.grad(is_grads_batched=True), as jacobian(vectorize=True) makes), functionalized or a forward-mode AD dual
+// (our autograd has no forward-mode rule), and no TorchDispatchMode active (it would not see the kernels). Python
+// answers the rest with torch's ops (ops/layernorm.py: torch_answers).
+constexpr c10::DispatchKeySet UNPLAIN_KEYS = c10::python_ks | c10::functorch_transforms_ks |
+                                             c10::DispatchKeySet(c10::DispatchKey::Functionalize) |
+                                             c10::DispatchKeySet(c10::DispatchKey::Batched);
 
 bool plain(std::initializer_list<const Tensor*> tensors) {
   if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
