@@ -581,6 +581,58 @@ def test_gpu_cuda_graph_forward_and_backward() -> None:
         assert torch.equal(a, b), f"output {i}"
 
 
+def _outputs_and_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """y, then the gradients of sum(y) that its backward left on x and the model's parameters."""
+    y.float().sum().backward()
+    return (y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters()))
+
+
+def _eager_reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The model's output and gradients on x's values, eager on the current stream."""
+    model.zero_grad(set_to_none=True)
+    x2 = x.detach().clone().requires_grad_()
+    return _outputs_and_grads(model, x2, model(x2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_side_stream_runs_after_its_producer(dtype: torch.dtype) -> None:
+    """Under ``torch.cuda.stream(s)`` our calls, forward and backward, run on s after what was queued there before
+    them: x is written on s behind a sleep of some milliseconds (the default stream does not wait), then the model
+    runs on s; a launch on another stream would read x's poison. The results equal eager's on the default stream
+    (float32: the Python route's launches; bf16: the C++ route and cuBLASLt)."""
+    model = _small_model(dtype)
+    src = torch.randn(256, 96, device="cuda", dtype=dtype)
+    want = _eager_reference(model, src)
+    model.zero_grad(set_to_none=True)
+    x = torch.full_like(src, float("nan")).requires_grad_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)
+        with torch.no_grad():
+            x.copy_(src)
+        got = _outputs_and_grads(model, x, model(x))
+    torch.cuda.current_stream().wait_stream(s)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), f"output {i}"
+
+
+@pytest.mark.gpu
+def test_gpu_make_graphed_callables() -> None:
+    """``torch.cuda.make_graphed_callables`` of a model of ours (its forward and backward graphs captured
+    separately): replayed on new inputs, the outputs and gradients are eager's."""
+    model = _small_model(torch.bfloat16)
+    x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(model, (x,))
+    for _ in range(2):
+        new = torch.randn_like(x).requires_grad_()
+        model.zero_grad(set_to_none=True)
+        got = _outputs_and_grads(model, new, graphed(new))
+        for i, (a, b) in enumerate(zip(got, _eager_reference(model, new), strict=True)):
+            assert torch.equal(a, b), f"output {i}"
+
+
 def _captured_train_step(module: torch.nn.Module, x: torch.Tensor, dot: Path) -> tuple[torch.Tensor, ...]:
     """x's and module's gradients of sum(module(x)) from a captured forward and backward (``captured``: warm-up on a
     side stream first) replayed on x's values now, with the graph written to ``dot`` (cudaGraphDebugDotPrint)."""
