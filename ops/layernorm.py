@@ -200,6 +200,11 @@ def _stats(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return stats, *stat_addresses(stats)
 
 
+def stat_views(stats: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and rstd of x's rows in a ``_stats`` buffer, as tensors shaped like x's rows."""
+    return stats[0].view(x.shape[:-1]), stats[1].view(x.shape[:-1])
+
+
 def stat_addresses(stats: torch.Tensor) -> tuple[int, int]:
     """The addresses of the mean and rstd rows of a ``_stats`` buffer."""
     return stats.data_ptr(), stats.data_ptr() + 4 * stats.shape[1]
@@ -651,8 +656,9 @@ class LayerNormFunction(torch.autograd.Function):
             y = _ACT_FNS[ctx.activation](torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, ctx.eps))
             return (*differentiable_grads(ctx, y, (x, weight, bias), dy), None, None, None)
         dy = dy.contiguous()
-        if len(stats) == 2:
-            dx, dweight, dbias = bwd_call(dy, x, weight, bias, *stats, ctx.activation)
+        if len(stats) == 2 or kernels_cannot_read(dy):   # a batched dy: the checked entry, which sends it to the op
+            mean, rstd = stats if len(stats) == 2 else stat_views(stats[0], x)
+            dx, dweight, dbias = bwd_call(dy, x, weight, bias, mean, rstd, ctx.activation)
         else:
             check_grad("dy", dy, x.dtype, x.shape, "x")
             dx, dweight, dbias = _bwd_direct(dy, x, weight, bias, *stat_addresses(stats[0]),

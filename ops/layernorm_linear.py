@@ -612,7 +612,9 @@ class LayerNormLinearFunction(torch.autograd.Function):
             return (*grads, dbias, None, None)
         dy = dy.contiguous()
         if len(stats) == 1:   # the eager GPU forward's one statistics buffer
-            return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0], ctx.has_bias), None, None)
+            if not layernorm.kernels_cannot_read(dy):
+                return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0], ctx.has_bias), None, None)
+            stats = layernorm.stat_views(stats[0], x)   # a batched dy: the checked entry, as below
         mean, rstd = stats
         if xn is None:
             xn = layernorm.fwd_call(x, ln_weight, ln_bias, ctx.eps)[0]
