@@ -425,7 +425,8 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
         >>> y, mean, rstd = layernorm_fwd(torch.randn(4, 8), torch.ones(8), torch.zeros(8))
     """
     native = native_entry("layernorm_with_stats")
-    if native is not None and _native_takes(x, weight, bias, eps, variant, activation):
+    # x checked first: vmap's fallback cannot loop this entry (it returns Tensor[]); see layernorm_bwd
+    if native is not None and _native_takes(x, weight, bias, eps, variant, activation) and not kernels_cannot_read(x):
         out = native(x, weight, bias, eps, ACTIVATIONS[activation])
         if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return tuple(out)
@@ -474,8 +475,10 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
         >>> dx, dw, db = layernorm_bwd(torch.ones_like(y), x, w, b, mean, rstd)
     """
     native = native_entry("layernorm_bwd_with_plan")
+    # dy checked first: a batched one (a vectorized jacobian's) would meet vmap's fallback, which cannot loop the
+    # entry (it returns Tensor[]), before the entry's own check
     if native is not None and isinstance(activation, str) and activation in ACTIVATIONS and all(
-            isinstance(t, torch.Tensor) for t in (dy, x, weight, bias, mean, rstd)):
+            isinstance(t, torch.Tensor) for t in (dy, x, weight, bias, mean, rstd)) and not kernels_cannot_read(dy):
         out = native(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
         if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return tuple(out)

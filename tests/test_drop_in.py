@@ -607,7 +607,8 @@ def test_functorch_transforms_and_forward_ad_run_torchs_ops(device: str) -> None
 def test_batched_backward_matches_torch(device: str, dtype: torch.dtype) -> None:
     """A backward whose dy is batched (``autograd.grad(is_grads_batched=True)``, which
     ``autograd.functional.jacobian(vectorize=True)`` and ``hessian`` use; legacy vmap's tensors): the modules'
-    forward runs our kernels and the backward gives torch's Jacobian and Hessian (bf16 on a GPU: the C++ route)."""
+    forward runs our kernels and the backward gives torch's Jacobian and Hessian (bf16 on a GPU: the C++ route).
+    And the kernel entries under ``torch.vmap`` give what a loop over the batch gives."""
     from torch.autograd.functional import hessian, jacobian
 
     theirs, ours = _pair(device, dtype)
@@ -621,6 +622,14 @@ def test_batched_backward_matches_torch(device: str, dtype: torch.dtype) -> None
         eye = torch.eye(ys[0].numel(), device=device, dtype=dtype).view(-1, *ys[0].shape)
         got, want = (torch.autograd.grad(y, t, eye, is_grads_batched=True)[0] for y, t in zip(ys, xs, strict=True))
         torch.testing.assert_close(got, want, **tol)
+    w, b = ours[2].weight, ours[2].bias
+    inp = torch.randn(4, 3, 5, device=device, dtype=dtype)
+    y, mean, rstd = torch.vmap(lambda t: L.layernorm_fwd(t, w, b))(inp)   # the kernel entries under torch.vmap
+    grads = torch.vmap(lambda dy, t, m, r: L.layernorm_bwd(dy, t, w, b, m, r))(inp, inp, mean, rstd)
+    for i in range(inp.shape[0]):
+        want = L.layernorm_fwd(inp[i], w, b)
+        torch.testing.assert_close((y[i], mean[i], rstd[i]), want, **tol)
+        torch.testing.assert_close(tuple(g[i] for g in grads), L.layernorm_bwd(inp[i], inp[i], w, b, *want[1:]), **tol)
     if dtype == torch.float32:
         f = lambda m: lambda t: m(t).pow(3).sum()  # noqa: E731
         torch.testing.assert_close(hessian(f(ours), x[:1], vectorize=True), hessian(f(theirs), x[:1], vectorize=True),
