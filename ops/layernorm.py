@@ -866,8 +866,10 @@ def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tenso
     return module.weight, module.bias
 
 
-class LayerNorm(nn.Module):
-    """Drop-in for ``nn.LayerNorm`` on our kernels (same arguments and parameter names, so its state dict loads).
+class LayerNorm(nn.LayerNorm):
+    """Drop-in for ``nn.LayerNorm`` on our kernels: a subclass (``isinstance(m, nn.LayerNorm)`` holds, so code that
+    picks LayerNorms by type, such as weight-decay groups, treats it as one), with the same arguments, parameters
+    and state dict; only the forward differs.
 
     Args:
         normalized_shape: the trailing dims to normalize over (an int for the last dim alone).
@@ -895,26 +897,20 @@ class LayerNorm(nn.Module):
     def __init__(self, normalized_shape: int | tuple[int, ...] | list[int], eps: float = 1e-5,
                  elementwise_affine: bool = True, bias: bool = True, device: torch.device | None = None,
                  dtype: torch.dtype | None = None, activation: str = "none", variant: str = "fast") -> None:
-        super().__init__()
-        shape = as_shape(normalized_shape)
         _check_activation(activation)
-        self.normalized_shape, self.eps = shape, as_eps(eps)
-        self.elementwise_affine = elementwise_affine
+        super().__init__(as_shape(normalized_shape), as_eps(eps), elementwise_affine, bias, device, dtype)
         self.activation, self.variant = activation, variant
-        kw = {"device": device, "dtype": dtype}
-        ones, zeros = torch.ones(shape, **kw), torch.zeros(shape, **kw)
-        self.weight = nn.Parameter(ones) if elementwise_affine else None
-        self.bias = nn.Parameter(zeros) if elementwise_affine and bias else None
 
     @classmethod
-    def from_torch(cls, ln: nn.LayerNorm, activation: str = "none") -> LayerNorm:
-        """A copy of ``ln`` (same shape, eps, parameters, device and dtype)."""
+    def from_torch(cls, ln: nn.LayerNorm, activation: str | None = None) -> LayerNorm:
+        """A copy of ``ln`` (same shape, eps, parameters, device and dtype; and ours' activation unless
+        ``activation`` is given)."""
         if not isinstance(ln, nn.LayerNorm):
             raise TypeError(f"ln: expected an nn.LayerNorm, got {type(ln).__name__}")
         ref = ln.weight if ln.weight is not None else next(iter(ln.buffers()), None)
         m = cls(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None,
                 device=None if ref is None else ref.device, dtype=None if ref is None else ref.dtype,
-                activation=activation)
+                activation=getattr(ln, "activation", "none") if activation is None else activation)
         m.load_state_dict(ln.state_dict())
         return m
 
@@ -927,7 +923,7 @@ class LayerNorm(nn.Module):
         return layernorm(x, weight, bias, self.eps, self.activation, self.variant)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, activation={self.activation!r}"
+        return f"{super().extra_repr()}, activation={self.activation!r}"
 
     def __prepare_scriptable__(self) -> nn.Module:
         not_scriptable(self)

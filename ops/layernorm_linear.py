@@ -853,6 +853,9 @@ class FusedLayerNormLinear(nn.Sequential):
         if (not isinstance(seq, nn.Sequential) or len(seq) != 2 or not isinstance(seq[0], nn.LayerNorm)
                 or not isinstance(seq[1], nn.Linear)):
             raise TypeError("seq: expected nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))")
+        if getattr(seq[0], "activation", "none") != "none":
+            raise TypeError(f"seq: its LayerNorm applies activation={seq[0].activation!r}, which the fused "
+                            "module does not")
         ln, lin = seq[0], seq[1]
         m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None, device=lin.weight.device,
                 dtype=lin.weight.dtype, algo=algo, elementwise_affine=ln.elementwise_affine,

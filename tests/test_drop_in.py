@@ -471,6 +471,23 @@ def _pair(device: str, dtype: torch.dtype = torch.float32, affine: bool = True) 
     return theirs, ours
 
 
+def test_layernorm_is_an_nn_layernorm() -> None:
+    """Our LayerNorm is an ``nn.LayerNorm``: code that picks LayerNorms by type (the weight-decay groups of Hugging
+    Face's Trainer: ``isinstance(module, nn.LayerNorm)``) finds the same parameters in our model as in torch's.
+    ``from_torch`` of ours keeps its activation; the fused module's refuses a LayerNorm that has one."""
+    theirs, ours = _pair("cpu")
+
+    def by_type(model: nn.Module) -> list[str]:
+        return [f"{name}.{p}" for name, m in model.named_modules() if isinstance(m, nn.LayerNorm)
+                for p, _ in m.named_parameters(recurse=False)]
+    assert by_type(ours) == by_type(theirs) == ["0.0.weight", "0.0.bias", "2.weight", "2.bias"]
+    gelu = L.LayerNorm(5, activation="gelu")
+    assert L.LayerNorm.from_torch(gelu).activation == "gelu"
+    assert L.LayerNorm.from_torch(gelu, activation="none").activation == "none"
+    with pytest.raises(TypeError, match="^seq: its LayerNorm applies activation='gelu'"):
+        LL.FusedLayerNormLinear.from_torch(nn.Sequential(gelu, nn.Linear(5, 3)))
+
+
 def test_float64_is_torchs_answer(device: str) -> None:
     """float64 (no kernel of ours takes it) runs on torch's ops: the modules' outputs and gradients are the torch
     modules', and gradcheck passes through both ops."""
