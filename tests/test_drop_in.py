@@ -5,6 +5,7 @@ samples for layer_norm, torch.compile with dynamic shapes, and a second GPU. Val
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Callable
@@ -488,6 +489,33 @@ def test_layernorm_is_an_nn_layernorm() -> None:
         LL.FusedLayerNormLinear.from_torch(nn.Sequential(gelu, nn.Linear(5, 3)))
 
 
+def test_hugging_face_gpt2_with_our_layernorms(device: str) -> None:
+    """A Hugging Face GPT-2 (a small config, random weights) with every ``nn.LayerNorm`` swapped for ours by
+    ``from_torch``: the same logits and gradients as the original, and the same weight-decay groups of its
+    Trainer (``get_parameter_names`` leaves out ``nn.LayerNorm`` parameters by type). Skipped where
+    ``transformers`` is not installed (CI installs only the project); the GPU machine has it."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32)
+    theirs = transformers.GPT2LMHeadModel(config).to(device).eval()
+    ours = copy.deepcopy(theirs)
+    for module in list(ours.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.LayerNorm:
+                setattr(module, name, L.LayerNorm.from_torch(child))
+    assert sum(type(m) is L.LayerNorm for m in ours.modules()) == 5   # two per block, and ln_f
+    ids = torch.randint(0, 128, (2, 16), device=device)
+    logits = [model(ids).logits for model in (ours, theirs)]
+    torch.testing.assert_close(*logits, rtol=1e-4, atol=1e-4)
+    for y in logits:
+        y.square().mean().backward()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5, msg=name)
+    assert get_parameter_names(ours, [nn.LayerNorm]) == get_parameter_names(theirs, [nn.LayerNorm])
+
+
 def test_float64_is_torchs_answer(device: str) -> None:
     """float64 (no kernel of ours takes it) runs on torch's ops: the modules' outputs and gradients are the torch
     modules', and gradcheck passes through both ops."""
@@ -560,6 +588,27 @@ def test_inplace_write_before_backward_is_caught(device: str, written: str) -> N
                 target.add_(1.0)
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
                 y.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_activation_checkpointing_matches_plain_backward(device: str, dtype: torch.dtype) -> None:
+    """``torch.utils.checkpoint`` (non-reentrant: it checks that the recomputation saves what the forward saved;
+    and reentrant) over our modules at shapes no call has seen: on a GPU the forward is a shape's first call (the
+    Python route) and the recomputation its second (the C++ route); the gradients equal a plain backward's."""
+    from torch.utils.checkpoint import checkpoint
+
+    _, ours = _pair(device, dtype)
+    for rows, reentrant in ((77, False), (78, True)):
+        x = torch.randn(rows, 12, device=device, dtype=dtype)
+        leaves = [x.clone().requires_grad_() for _ in range(2)]
+        ours.zero_grad(set_to_none=True)
+        checkpoint(ours, leaves[0], use_reentrant=reentrant).float().square().sum().backward()
+        got = [leaves[0].grad, *(p.grad.clone() for p in ours.parameters())]
+        ours.zero_grad(set_to_none=True)
+        ours(leaves[1]).float().square().sum().backward()
+        want = [leaves[1].grad, *(p.grad for p in ours.parameters())]
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"rows {rows}: gradient {i}")
 
 
 def test_meta_tensors_get_torchs_shapes() -> None:
