@@ -475,13 +475,17 @@ def _pair(device: str, dtype: torch.dtype = torch.float32, affine: bool = True) 
 def test_layernorm_is_an_nn_layernorm() -> None:
     """Our LayerNorm is an ``nn.LayerNorm``: code that picks LayerNorms by type (the weight-decay groups of Hugging
     Face's Trainer: ``isinstance(module, nn.LayerNorm)``) finds the same parameters in our model as in torch's.
-    ``from_torch`` of ours keeps its activation; the fused module's refuses a LayerNorm that has one."""
+    ``reset_parameters`` (meta-device init) is torch's. ``from_torch`` of ours keeps its activation; the fused
+    module's refuses a LayerNorm that has one."""
     theirs, ours = _pair("cpu")
 
     def by_type(model: nn.Module) -> list[str]:
         return [f"{name}.{p}" for name, m in model.named_modules() if isinstance(m, nn.LayerNorm)
                 for p, _ in m.named_parameters(recurse=False)]
     assert by_type(ours) == by_type(theirs) == ["0.0.weight", "0.0.bias", "2.weight", "2.bias"]
+    deferred = L.LayerNorm(5, device="meta").to_empty(device="cpu")   # meta-device init, as FSDP's flows do it
+    deferred.reset_parameters()
+    assert torch.equal(deferred.weight, torch.ones(5)) and torch.equal(deferred.bias, torch.zeros(5))
     gelu = L.LayerNorm(5, activation="gelu")
     assert L.LayerNorm.from_torch(gelu).activation == "gelu"
     assert L.LayerNorm.from_torch(gelu, activation="none").activation == "none"
