@@ -312,6 +312,8 @@ def _valid(x: object, weight: object, bias: object) -> bool:
 # check_tensor's dtypes and devices for a call torch's ops answer: float64 and the meta device too
 TORCH_TAKES = {"dtypes": (*DTYPES, torch.float64), "devices": ("cpu", "cuda", "meta")}
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+# legacy vmap's batched tensors (autograd.grad's is_grads_batched); a torch without legacy vmap has none
+_is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
 
 
 def native_entry(name: str) -> Callable | None:
@@ -346,7 +348,7 @@ def kernels_cannot_read(t: object) -> bool:
     ``nn.Parameter``, or wrapped by a functorch transform."""
     return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta
                                             or torch._C._functorch.is_functorch_wrapped_tensor(t)
-                                            or torch._C._functorch.is_legacy_batchedtensor(t))
+                                            or _is_legacy_batched(t))
 
 
 def check_torch_call(x: object, weight: object, bias: object, eps: float, activation: str,
