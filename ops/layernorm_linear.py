@@ -480,7 +480,7 @@ def layernorm_linear_bwd(dy: torch.Tensor, x: torch.Tensor, ln_weight: torch.Ten
             raise ValueError(f"xn: shape {tuple(xn.shape)} does not match x {tuple(x.shape)}")
     if layernorm.torch_answers(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn):   # as in layernorm_linear_fwd
         if xn is None:
-            xn = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, float(eps), "fast", "none")[0]
+            xn = torch.ops.mojo.layernorm_fwd(x, ln_weight, ln_bias, layernorm.as_eps(eps), "fast", "none")[0]
         return tuple(torch.ops.mojo.layernorm_linear_bwd(dy, x, xn, ln_weight, ln_bias, weight, mean, rstd))
     if not (layernorm._valid(x, ln_weight, ln_bias) and _valid_linear(x, weight, None) and dy.is_contiguous()
             and mean.is_contiguous() and rstd.is_contiguous() and (xn is None or xn.is_contiguous())):

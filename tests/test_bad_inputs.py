@@ -218,6 +218,17 @@ def test_layernorm_linear_bad_xn() -> None:
     _raises(lambda: LL.layernorm_linear_bwd(**a, xn=torch.randn(4, K).double()), TypeError, "xn")
 
 
+def test_layernorm_linear_backward_bad_eps() -> None:
+    """eps, which the backward reads only to recompute xn: named on the kernels' route and on the op's (fake
+    tensors, as under FakeTensorMode)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _raises(lambda: LL.layernorm_linear_bwd(**_lnl_bwd_args(), eps="small"), TypeError, "eps")
+    with FakeTensorMode() as mode:
+        a = {k: mode.from_tensor(v) for k, v in _lnl_bwd_args().items()}
+        _raises(lambda: LL.layernorm_linear_bwd(**a, eps="small"), TypeError, "eps")
+
+
 def test_module_from_torch_refuses_other_modules() -> None:
     _raises(lambda: LL.FusedLayerNormLinear.from_torch(torch.nn.Sequential(torch.nn.Linear(K, K),
                                                                            torch.nn.LayerNorm(K))), TypeError, "seq")
