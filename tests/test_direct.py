@@ -551,6 +551,19 @@ def _small_model(dtype: torch.dtype) -> torch.nn.Module:
                                LayerNorm(96)).to("cuda", dtype)
 
 
+def _outputs_and_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """y, then the gradients of sum(y) that its backward left on x and the model's parameters."""
+    y.float().sum().backward()
+    return (y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters()))
+
+
+def _eager_reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The model's output and gradients on x's values, eager on the current stream."""
+    model.zero_grad(set_to_none=True)
+    x2 = x.detach().clone().requires_grad_()
+    return _outputs_and_grads(model, x2, model(x2))
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_graph_forward_and_backward() -> None:
     """``torch.cuda.graph`` captures a forward and backward through our modules; replayed on new input it gives
@@ -572,26 +585,8 @@ def test_gpu_cuda_graph_forward_and_backward() -> None:
         x.copy_(new)
     graph.replay()
     got = (y.clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters()))
-    x2 = new.clone().requires_grad_()
-    model.zero_grad(set_to_none=True)
-    y2 = model(x2)
-    y2.float().sum().backward()
-    want = (y2, x2.grad, *(p.grad for p in model.parameters()))
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+    for i, (a, b) in enumerate(zip(got, _eager_reference(model, new), strict=True)):
         assert torch.equal(a, b), f"output {i}"
-
-
-def _outputs_and_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """y, then the gradients of sum(y) that its backward left on x and the model's parameters."""
-    y.float().sum().backward()
-    return (y.detach().clone(), x.grad.clone(), *(p.grad.clone() for p in model.parameters()))
-
-
-def _eager_reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The model's output and gradients on x's values, eager on the current stream."""
-    model.zero_grad(set_to_none=True)
-    x2 = x.detach().clone().requires_grad_()
-    return _outputs_and_grads(model, x2, model(x2))
 
 
 @pytest.mark.gpu
