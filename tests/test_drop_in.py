@@ -752,6 +752,135 @@ def test_double_backward_matches_torch(device: str, wrt: str) -> None:
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+# ---------------------------------------------------------------- what training and serving code does with modules
+
+def _step(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor | None]:
+    """model(x) for a leaf copy of x, backward of <y, dy> (dy fixed, seeded): [y, x's gradient, then each
+    parameter's gradient (None where it has none)]."""
+    x = x.detach().clone().requires_grad_()
+    y = model(x)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    y.backward(torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.device, y.dtype))
+    return [y, x.grad, *(p.grad for p in model.parameters())]
+
+
+def _check_step(got: list[torch.Tensor | None], want: list[torch.Tensor | None], dtype: torch.dtype) -> None:
+    """``_step``'s results against the float64 torch model's: the same gradients None, the rest within the table."""
+    assert [t is None for t in got] == [t is None for t in want], "which gradients exist"
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a is not None:
+            assert (m := compare(a, b, dtype, reduction=4 if i == 0 else 64)) is None, f"result {i}: {m}"
+
+
+def _dtypes(device: str) -> list[torch.dtype]:
+    return [torch.float32, *([torch.bfloat16] if device == "cuda" else [])]   # bf16 on a GPU: the C++ route
+
+
+def test_inference_mode_as_torch(device: str) -> None:
+    """Under ``torch.inference_mode`` the modules answer as torch's: the float64 model's values within the table,
+    inference tensors out, for a shape's first call and its later ones (on a GPU the C++ route takes the later
+    ones). An inference tensor given to them with gradients to come gets the error torch's modules give."""
+    for dtype in _dtypes(device):
+        theirs, ours = _pair(device, dtype)
+        ref = copy.deepcopy(theirs).double()
+        for rows in (7, 7, 300, 300):
+            with torch.inference_mode():
+                x = torch.randn(rows, 12, device=device, dtype=dtype)
+                y = ours(x)
+            assert y.is_inference() and y.dtype == dtype
+            assert (m := compare(y, ref(x.double()), dtype, reduction=12)) is None, m
+        for model in (theirs, ours):
+            with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+                model(x)
+
+
+@pytest.mark.parametrize("frozen", [("0.0.weight", "0.0.bias"), ("0.1.weight",), ("0.1.weight", "0.1.bias", "2.bias"),
+                                    ("all",)])
+def test_frozen_parameters_get_no_gradient(device: str, frozen: tuple[str, ...]) -> None:
+    """Parameters set to ``requires_grad_(False)`` (fine-tuning a part of a model) get no gradient, as in torch's
+    model, and the others get the float64 model's, on every route; x's gradient too, twice over the same shape
+    (on a GPU the C++ route takes the second call)."""
+    for dtype in _dtypes(device):
+        theirs, ours = _pair(device, dtype)
+        for model in (theirs, ours):
+            for name, p in model.named_parameters():
+                p.requires_grad_(name not in frozen and frozen != ("all",))
+        ref = copy.deepcopy(theirs).double()
+        x = torch.randn(9, 12, device=device, dtype=dtype)
+        want = _step(ref, x.double())
+        for _ in range(2):
+            ours.zero_grad(set_to_none=True)
+            _check_step(_step(ours, x), want, dtype)
+
+
+def test_parametrized_weights_train(device: str) -> None:
+    """Weights computed by a parametrization at each call (``weight_norm`` on the Linear, a user's on the
+    LayerNorm's gamma) get the float64 model's gradients back to the parametrization's own parameters, and an
+    update of those is seen by the next call: never the weight of an earlier call."""
+    from torch.nn.utils import parametrizations, parametrize
+
+    for dtype in _dtypes(device):
+        theirs, ours = _pair(device, dtype)
+        for model in (theirs, ours):
+            parametrizations.weight_norm(model[0][1])
+            parametrize.register_parametrization(model[2], "weight", _Doubled())
+        ours.load_state_dict(theirs.state_dict())
+        x = torch.randn(9, 12, device=device, dtype=dtype)
+        for _ in range(3):
+            ref = copy.deepcopy(theirs).double()
+            _check_step(_step(ours, x), _step(ref, x.double()), dtype)
+            for model in (theirs, ours):
+                with torch.no_grad():
+                    model[0][1].parametrizations.weight.original0.mul_(1.5)
+                    model[2].parametrizations.weight.original.add_(0.25)
+                model.zero_grad(set_to_none=True)
+
+
+def test_copies_saves_and_conversions_as_torch(device: str, tmp_path: Path) -> None:
+    """``copy.deepcopy``, ``torch.save`` / ``torch.load`` and ``pickle`` give modules of our classes that compute
+    what the originals do; ``.double()``, ``.half()``, ``.bfloat16()`` convert them as torch's modules convert,
+    with the converted torch model's results."""
+    import pickle
+
+    theirs, ours = _pair(device)
+    x = torch.randn(9, 12, device=device)
+    torch.save(ours, tmp_path / "ours.pt")
+    copies = [copy.deepcopy(ours), torch.load(tmp_path / "ours.pt", weights_only=False),
+              pickle.loads(pickle.dumps(ours))]
+    want = ours(x)
+    for c in copies:
+        assert [type(m) for m in c] == [type(m) for m in ours]
+        torch.testing.assert_close(c(x), want, rtol=0, atol=0)
+    conversions = {torch.float64: nn.Module.double, torch.float16: nn.Module.half, torch.bfloat16: nn.Module.bfloat16}
+    for dtype, convert in conversions.items():
+        if dtype == torch.float16 and device == "cpu":
+            continue   # torch's CPU Linear has no float16 GEMM for every shape
+        a, b = convert(copy.deepcopy(ours)), convert(copy.deepcopy(theirs))
+        assert all(p.dtype == dtype for p in a.parameters())
+        # float64 runs torch's ops (test_float64_is_torchs_answer); the table has no float64 row: float32's
+        _check_step(_step(a, x.to(dtype)), _step(b.double(), x.double()),
+                    torch.float32 if dtype == torch.float64 else dtype)
+
+
+def test_module_hooks_see_what_torchs_see(device: str) -> None:
+    """Forward pre-hooks, forward hooks and full backward hooks on our modules see the tensors they see on torch's:
+    a pre-hook's replaced input is the one used, and the backward hook's gradients are the float64 model's."""
+    theirs, ours = _pair(device)
+    ref = copy.deepcopy(theirs).double()
+    seen: dict[str, list[tuple]] = {"ref": [], "ours": []}
+    for key, model in (("ref", ref), ("ours", ours)):
+        for i in (0, 2):
+            model[i].register_forward_pre_hook(lambda m, inp: (inp[0] * 2,))
+            model[i].register_forward_hook(lambda m, inp, out, key=key: seen[key].append(("out", out.detach())))
+            model[i].register_full_backward_hook(
+                lambda m, gin, gout, key=key: seen[key].append(("grad_in", gin[0].detach())))
+    x = torch.randn(9, 12, device=device)
+    _check_step(_step(ours, x), _step(ref, x.double()), torch.float32)
+    assert [k for k, _ in seen["ours"]] == [k for k, _ in seen["ref"]] == ["out", "out", "grad_in", "grad_in"]
+    for (_, a), (_, b) in zip(seen["ours"], seen["ref"], strict=True):
+        assert (m := compare(a, b, torch.float32, reduction=64)) is None, m
+
+
 # ---------------------------------------------------------------- torch.compile with dynamic shapes
 
 def _small_model(device: str) -> nn.Module:
