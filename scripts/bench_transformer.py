@@ -16,6 +16,8 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours captured on one stream)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
+    python scripts/bench_transformer.py --modes compile --control --sizes 1x128 --processes 5
+        (+ a second copy of torch's model, timed like a contender: the run's noise floor)
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|Layer
          ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
 KERNEL_FIELDS = ("phase", "tokens", "impl", "kind", "kernel", "launches", "us")
 ONE_STREAM_IMPL = "ours_one_stream"   # --capture-overlap-ab: ours captured with CAPTURED_WEIGHT_GRADS_BESIDE off
+CONTROL_IMPL = "torch_again"   # --control: a second copy of torch's model; its vs_torch is an A/A ratio
+CONTROL_OUT = ROOT / "results" / "bench_transformer_control"
+SPREAD_FIELDS = ("vs_torch_min", "vs_torch_max")   # over the processes of a --processes run
 
 
 @dataclass(frozen=True)
@@ -146,10 +151,11 @@ def reference(b: int, t: int) -> tuple[GPT, torch.Tensor]:
 
 
 def contender(ref: GPT, impl: str) -> GPT:
-    """A fresh model with ``ref``'s weights: torch's modules for "torch", our drop-ins (``ours_from``) otherwise."""
+    """A fresh model with ``ref``'s weights: torch's modules for "torch" and CONTROL_IMPL, our drop-ins
+    (``ours_from``) otherwise."""
     model = GPT().cuda().bfloat16()
     model.load_state_dict(ref.state_dict())
-    return model if impl == "torch" else ours_from(model)
+    return model if impl in ("torch", CONTROL_IMPL) else ours_from(model)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -214,9 +220,10 @@ def weight_grads_beside(on: bool) -> Iterator[None]:
         ops.set_capture_overlap(layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE)
 
 
-def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = False) -> list[dict]:
+def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = False, control: bool = False,
+        sizes: tuple[tuple[int, int], ...] = SIZES) -> list[dict]:
     rows = []
-    for b, t in SIZES:
+    for b, t in sizes:
         torch._dynamo.reset()   # each size compiled for itself, not as a dynamic-shape recompile of the last
         ref_model, x = reference(b, t)
         with torch.no_grad():
@@ -228,12 +235,13 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
                 calls = 50 if phase == "infer" else 10
                 fns, us = {}, {}
                 impls = ("torch", "ours", *(compile_abs if mode == "compile" else ()),
-                         *((ONE_STREAM_IMPL,) if overlap_ab and mode == "cuda_graph" else ()))
+                         *((ONE_STREAM_IMPL,) if overlap_ab and mode == "cuda_graph" else ()),
+                         *((CONTROL_IMPL,) if control else ()))
                 for impl in impls:
                     model = contender(ref_model, impl)
                     with weight_grads_beside(False) if impl == ONE_STREAM_IMPL else contextlib.nullcontext():
                         fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
-                    if mode == "compile" and compile_abs and impl != "torch":   # ours' contenders set the knobs
+                    if mode == "compile" and compile_abs and impl not in ("torch", CONTROL_IMPL):   # ours' knobs
                         fn = with_compile_knobs(impl, fn)
                     fns[impl] = fn
                     for _ in range(3):
@@ -250,7 +258,8 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
                     us = pipelined_side_by_side(fns, calls=calls, repeats=REPEATS)
                 ms = {impl: v / 1e3 for impl, v in us.items()}
                 for impl in impls:
-                    print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms", flush=True)
+                    print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms "
+                          f"({ms[impl] / ms['torch']:.3f})", flush=True)
                 for impl in impls:
                     rows.append({"mode": mode, "phase": phase, "tokens": b * t, "impl": impl,
                                  "ms": round(ms[impl], 4), "tokens_per_s": round(b * t / ms[impl] * 1e3),
@@ -327,7 +336,7 @@ def across_processes(argv: list[str], processes: int) -> list[dict]:
 
 def process_medians(runs: list[list[dict]]) -> list[dict]:
     """Per (mode, phase, tokens, impl): the median ms over the runs, and the median of each run's ratio to torch
-    (each ratio compares contenders timed side by side in one process)."""
+    (each ratio compares contenders timed side by side in one process), with those ratios' range."""
     by_key: dict[tuple, list[dict]] = {}
     for rows in runs:
         for r in rows:
@@ -335,9 +344,10 @@ def process_medians(runs: list[list[dict]]) -> list[dict]:
     out = []
     for (mode, phase, tokens, impl), rs in by_key.items():
         ms = statistics.median(float(r["ms"]) for r in rs)
+        ratios = [float(r["vs_torch"]) for r in rs]
         out.append({"mode": mode, "phase": phase, "tokens": tokens, "impl": impl, "ms": round(ms, 4),
-                    "tokens_per_s": round(int(tokens) / ms * 1e3),
-                    "vs_torch": round(statistics.median(float(r["vs_torch"]) for r in rs), 3)})
+                    "tokens_per_s": round(int(tokens) / ms * 1e3), "vs_torch": round(statistics.median(ratios), 3),
+                    "vs_torch_min": min(ratios), "vs_torch_max": max(ratios)})
     return out
 
 
@@ -345,7 +355,8 @@ def write_ab(rows: list[dict], mode: str, impl: str, out: Path, title: str, cont
              processes: int = 1) -> None:
     """The ``mode`` rows of torch, ours and the A/B contender ``impl`` side by side: the evidence for a default."""
     spread = f"; medians over {processes} processes" if processes > 1 else ""
-    write_report(out, [r for r in rows if r["mode"] == mode and r["impl"] in ("torch", "ours", impl)], FIELDS,
+    write_report(out, [only(r, FIELDS) for r in rows if r["mode"] == mode and r["impl"] in ("torch", "ours", impl)],
+                 FIELDS,
                  f"GPU: {gpu_name()}; commit {commit()}{spread}", title,
                  f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {REPEATS} "
                  "runs; vs_torch = the contender's ms over torch's.")
@@ -370,9 +381,25 @@ def write_overlap_ab(rows: list[dict], processes: int = 1) -> None:
              "time, each contender captured and timed in turn.", processes)
 
 
+def only(row: dict, fields: tuple[str, ...]) -> dict:
+    return {k: row[k] for k in fields}
+
+
+def write_control(rows: list[dict], processes: int) -> None:
+    """torch, ours and CONTROL_IMPL side by side: how far the ratio of two copies of one model strays from 1."""
+    fields = (*FIELDS, *SPREAD_FIELDS) if processes > 1 else FIELDS
+    spread = f"; medians over {processes} processes" if processes > 1 else ""
+    write_report(CONTROL_OUT, [only(r, fields) for r in rows], fields, f"GPU: {gpu_name()}; commit {commit()}{spread}",
+                 "GPT-2-small: torch's model against a copy of itself (the noise floor of vs_torch)",
+                 f"bf16, as bench_transformer.md. {CONTROL_IMPL}: a second torch model with the same weights, built, "
+                 "compiled or captured and timed like a contender, interleaved with torch and ours; its vs_torch "
+                 f"would be 1 on a quiet machine. Pipelined ms per call, median of {REPEATS} runs"
+                 f"{'; vs_torch_min and _max: the range of the per-process ratios' if processes > 1 else ''}.")
+
+
 def write(rows: list[dict], modes: list[str], processes: int = 1) -> None:
     """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
-    rows = [r for r in rows if r["impl"] in ("torch", "ours")]
+    rows = [only(r, FIELDS) for r in rows if r["impl"] in ("torch", "ours")]
     rows, kept = appended(OUT.with_suffix(".csv"), ",".join(modes), rows, column="mode")
     rows = sorted(rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
     spread = f"; medians over {processes} processes" if processes > 1 else ""
@@ -415,6 +442,10 @@ def main() -> None:
                        help=f"compile mode: also ours with {ab.says} ({ab.report.name}.md)")
     p.add_argument("--capture-overlap-ab", action="store_true",
                    help=f"cuda_graph mode: also ours captured on one stream ({OVERLAP_AB_OUT.name}.md)")
+    p.add_argument("--control", action="store_true",
+                   help=f"also a second copy of torch's model, timed as a contender ({CONTROL_OUT.name}.md)")
+    p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES),
+                   help="comma-separated BxT of those benchmarked (fewer: only the A/B and control reports)")
     p.add_argument("--processes", type=int, default=1,
                    help="run in this many fresh processes; report the medians over them")
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
@@ -434,16 +465,23 @@ def main() -> None:
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
     compile_abs = tuple(args.compile_abs)
+    sizes = tuple(tuple(int(v) for v in size.split("x")) for size in args.sizes.split(","))
+    if any(size not in SIZES for size in sizes):
+        raise SystemExit(f"--sizes: each of {', '.join(f'{b}x{t}' for b, t in SIZES)}")
     if args.processes > 1:
         flags = [*(COMPILE_ABS[impl].flag for impl in compile_abs),
-                 *(["--capture-overlap-ab"] if args.capture_overlap_ab else [])]
+                 *(["--capture-overlap-ab"] if args.capture_overlap_ab else []),
+                 *(["--control"] if args.control else []), "--sizes", args.sizes]
         rows = across_processes(["--modes", args.modes, *flags], args.processes)
     else:
-        rows = run(modes, compile_abs, args.capture_overlap_ab)
+        rows = run(modes, compile_abs, args.capture_overlap_ab, args.control, sizes)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps(rows))
         return
-    write(rows, modes, args.processes)
+    if args.control:
+        write_control(rows, args.processes)
+    if set(sizes) == set(SIZES):
+        write(rows, modes, args.processes)
     if "compile" in modes:
         for impl in compile_abs:
             write_compile_ab(rows, impl, args.processes)

@@ -202,7 +202,7 @@ def test_host_time_is_part_of_the_pipelined_time() -> None:
 
 def test_transformer_medians_over_processes() -> None:
     """bench_transformer --processes: the median ms per contender, and the median of each process's own ratio (not
-    the ratio of medians, which would compare times from different processes)."""
+    the ratio of medians, which would compare times from different processes), with those ratios' range."""
     import bench_transformer
 
     def rows(torch_ms: float, ours_ms: float) -> list[dict]:
@@ -212,6 +212,7 @@ def test_transformer_medians_over_processes() -> None:
     got = {r["impl"]: r for r in bench_transformer.process_medians([rows(4.0, 4.4), rows(3.0, 2.85), rows(3.2, 3.1)])}
     assert (got["torch"]["ms"], got["torch"]["vs_torch"]) == (3.2, 1.0)
     assert (got["ours"]["ms"], got["ours"]["vs_torch"], got["ours"]["tokens_per_s"]) == (3.1, 0.969, 41290)
+    assert (got["ours"]["vs_torch_min"], got["ours"]["vs_torch_max"]) == (0.95, 1.1)   # the processes' range
 
 
 def test_pipelined_runs_rotate_the_order() -> None:
