@@ -140,10 +140,21 @@ def call_fields(t: Timing, baseline: Timing) -> dict[str, float]:
 @dataclass(frozen=True)
 class Pipelined:
     """Per call, medians over runs of back-to-back calls: until the synchronisation returned (``pipelined_us``)
-    and until the last call returned (``host_us``), in microseconds."""
+    and until the last call returned (``host_us``), in microseconds; ``runs``: each run's pipelined time per call,
+    round by round (for ``paired_ratio``)."""
 
     pipelined_us: float
     host_us: float
+    runs: tuple[float, ...] = ()
+
+
+def paired_ratio(a: Pipelined, b: Pipelined) -> float:
+    """The median over rounds of a's run over b's run in the same round (``pipelined_runs``: the two ran next to
+    each other, or one run apart), so that a drift in the host's speed slower than a round cancels out of each
+    ratio instead of only out of the medians."""
+    if not a.runs or len(a.runs) != len(b.runs):
+        raise ValueError("paired_ratio: both need the runs of one pipelined_runs call")
+    return statistics.median(x / y for x, y in zip(a.runs, b.runs, strict=True))
 
 
 def pipelined_runs(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,
@@ -167,7 +178,8 @@ def pipelined_runs(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, 
             _sync(device)
             host[name].append((t1 - t0) * 1e6 / calls)
             pipe[name].append((time.perf_counter() - t0) * 1e6 / calls)
-    return {name: Pipelined(statistics.median(pipe[name]), statistics.median(host[name])) for name in fns}
+    return {name: Pipelined(statistics.median(pipe[name]), statistics.median(host[name]), tuple(pipe[name]))
+            for name in fns}
 
 
 def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,

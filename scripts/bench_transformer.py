@@ -46,7 +46,7 @@ from torch import nn  # noqa: E402
 from ops import layernorm_config, layernorm_linear_config  # noqa: E402
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
-from ops.timing import appended, captured, commit, gpu_name, pipelined_side_by_side, write_report  # noqa: E402
+from ops.timing import Pipelined, appended, captured, commit, gpu_name, paired_ratio, pipelined_runs, write_report  # noqa: E402
 
 D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
@@ -195,6 +195,14 @@ def train_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], obj
     return captured(step)[0].replay
 
 
+def vs_torch(runs: dict[str, Pipelined], impl: str, mode: str) -> float:
+    """``impl``'s time over torch's: where the contenders' runs were interleaved (eager, compile), the median of
+    the rounds' ratios (``paired_ratio``); in a CUDA graph, where each was timed alone, the ratio of medians."""
+    if mode == "cuda_graph":
+        return runs[impl].pipelined_us / runs["torch"].pipelined_us
+    return paired_ratio(runs[impl], runs["torch"])
+
+
 def with_compile_knobs(impl: str, fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` run with every ``COMPILE_ABS`` knob at ``impl``'s value: its own contender's, else the default."""
     def call() -> object:
@@ -221,7 +229,7 @@ def weight_grads_beside(on: bool) -> Iterator[None]:
 
 
 def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = False, control: bool = False,
-        sizes: tuple[tuple[int, int], ...] = SIZES) -> list[dict]:
+        sizes: tuple[tuple[int, int], ...] = SIZES, repeats: int = REPEATS) -> list[dict]:
     rows = []
     for b, t in sizes:
         torch._dynamo.reset()   # each size compiled for itself, not as a dynamic-shape recompile of the last
@@ -233,7 +241,7 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
         for mode in modes:
             for phase in ("infer", "train"):
                 calls = 50 if phase == "infer" else 10
-                fns, us = {}, {}
+                fns, runs = {}, {}
                 impls = ("torch", "ours", *(compile_abs if mode == "compile" else ()),
                          *((ONE_STREAM_IMPL,) if overlap_ab and mode == "cuda_graph" else ()),
                          *((CONTROL_IMPL,) if control else ()))
@@ -250,20 +258,21 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
                         # One captured graph at a time: two of torch's own models' graphs, replayed in turn,
                         # fault on this machine (an illegal address; not with CUDA_LAUNCH_BLOCKING=1), and a
                         # replay costs the host little, so interleaving has nothing to even out.
-                        us |= pipelined_side_by_side(fns, calls=calls, repeats=REPEATS)
+                        runs |= pipelined_runs(fns, calls=calls, repeats=repeats)
                         del fns[impl], model
                         torch.cuda.synchronize()
                         torch.cuda.empty_cache()
                 if mode != "cuda_graph":
-                    us = pipelined_side_by_side(fns, calls=calls, repeats=REPEATS)
-                ms = {impl: v / 1e3 for impl, v in us.items()}
-                for impl in impls:
-                    print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms "
-                          f"({ms[impl] / ms['torch']:.3f})", flush=True)
+                    runs = pipelined_runs(fns, calls=calls, repeats=repeats)
+                ms = {impl: r.pipelined_us / 1e3 for impl, r in runs.items()}
                 for impl in impls:
                     rows.append({"mode": mode, "phase": phase, "tokens": b * t, "impl": impl,
                                  "ms": round(ms[impl], 4), "tokens_per_s": round(b * t / ms[impl] * 1e3),
-                                 "vs_torch": round(ms[impl] / ms["torch"], 3)})
+                                 "vs_torch": round(vs_torch(runs, impl, mode), 3)})
+                    pairs = zip(runs[impl].runs, runs["torch"].runs, strict=True)
+                    per_round = " ".join(f"{x / y:.3f}" for x, y in pairs)
+                    print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms "
+                          f"({rows[-1]['vs_torch']}; per round {per_round})", flush=True)
     return rows
 
 
@@ -352,40 +361,40 @@ def process_medians(runs: list[list[dict]]) -> list[dict]:
 
 
 def write_ab(rows: list[dict], mode: str, impl: str, out: Path, title: str, contenders: str,
-             processes: int = 1) -> None:
+             processes: int = 1, repeats: int = REPEATS) -> None:
     """The ``mode`` rows of torch, ours and the A/B contender ``impl`` side by side: the evidence for a default."""
     spread = f"; medians over {processes} processes" if processes > 1 else ""
     write_report(out, [only(r, FIELDS) for r in rows if r["mode"] == mode and r["impl"] in ("torch", "ours", impl)],
                  FIELDS,
                  f"GPU: {gpu_name()}; commit {commit()}{spread}", title,
-                 f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {REPEATS} "
+                 f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {repeats} "
                  "runs; vs_torch = the contender's ms over torch's.")
 
 
-def write_compile_ab(rows: list[dict], impl: str, processes: int = 1) -> None:
+def write_compile_ab(rows: list[dict], impl: str, processes: int = 1, repeats: int = REPEATS) -> None:
     """Evidence for a compile-mode knob's default: ours with it against the contender ``impl``."""
     ab = COMPILE_ABS[impl]
     module = ab.config.__name__.rsplit(".", 1)[-1]
     write_ab(rows, "compile", impl, ab.report, ab.title,
              f"ours: the default ({module}.{ab.knob} = {ab.default!r}); {impl}: {ab.says} ({ab.knob} = "
-             f"{ab.value!r}), interleaved with the others.", processes)
+             f"{ab.value!r}), interleaved with the others.", processes, repeats)
 
 
-def write_overlap_ab(rows: list[dict], processes: int = 1) -> None:
+def write_overlap_ab(rows: list[dict], processes: int = 1, repeats: int = REPEATS) -> None:
     """Evidence for CAPTURED_WEIGHT_GRADS_BESIDE: ours with it against ONE_STREAM_IMPL, in a CUDA graph."""
     write_ab(rows, "cuda_graph", ONE_STREAM_IMPL, OVERLAP_AB_OUT,
              "GPT-2-small in a CUDA graph: the weights' gradients beside the input's, or on one stream",
              f"ours: the default (layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE = "
              f"{layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE}: the unfused backward forks dW and db onto a "
              f"side stream under capture); {ONE_STREAM_IMPL}: the same model captured with it off. One graph at a "
-             "time, each contender captured and timed in turn.", processes)
+             "time, each contender captured and timed in turn.", processes, repeats)
 
 
 def only(row: dict, fields: tuple[str, ...]) -> dict:
     return {k: row[k] for k in fields}
 
 
-def write_control(rows: list[dict], processes: int) -> None:
+def write_control(rows: list[dict], processes: int, repeats: int = REPEATS) -> None:
     """torch, ours and CONTROL_IMPL side by side: how far the ratio of two copies of one model strays from 1."""
     fields = (*FIELDS, *SPREAD_FIELDS) if processes > 1 else FIELDS
     spread = f"; medians over {processes} processes" if processes > 1 else ""
@@ -393,11 +402,12 @@ def write_control(rows: list[dict], processes: int) -> None:
                  "GPT-2-small: torch's model against a copy of itself (the noise floor of vs_torch)",
                  f"bf16, as bench_transformer.md. {CONTROL_IMPL}: a second torch model with the same weights, built, "
                  "compiled or captured and timed like a contender, interleaved with torch and ours; its vs_torch "
-                 f"would be 1 on a quiet machine. Pipelined ms per call, median of {REPEATS} runs"
+                 f"would be 1 on a quiet machine. Pipelined ms per call, median of {repeats} runs; vs_torch: "
+                 "the median over rounds of the contender's run over torch's in the same round"
                  f"{'; vs_torch_min and _max: the range of the per-process ratios' if processes > 1 else ''}.")
 
 
-def write(rows: list[dict], modes: list[str], processes: int = 1) -> None:
+def write(rows: list[dict], modes: list[str], processes: int = 1, repeats: int = REPEATS) -> None:
     """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
     rows = [only(r, FIELDS) for r in rows if r["impl"] in ("torch", "ours")]
     rows, kept = appended(OUT.with_suffix(".csv"), ",".join(modes), rows, column="mode")
@@ -405,11 +415,13 @@ def write(rows: list[dict], modes: list[str], processes: int = 1) -> None:
     spread = f"; medians over {processes} processes" if processes > 1 else ""
     stamp = f"GPU: {gpu_name()}; commit {commit()}{spread}{kept}"
     write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
-                 f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {REPEATS} runs, "
-                 "torch's and ours interleaved; a run stamped \"medians over N processes\" then took the median "
-                 "over N fresh processes, of the ms and of each process's vs_torch); train = forward + backward + "
-                 "AdamW. vs_torch = ours / torch in the same mode. A stamp naming several runs says which modes' "
-                 "rows each wrote.")
+                 f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {repeats} runs: "
+                 "torch's and ours interleaved in eager and compile, timed one after the other in a CUDA graph; a run "
+                 "stamped \"medians over N processes\" then took the median over N fresh processes, of the ms and of "
+                 "each process's vs_torch); train = forward + backward + AdamW. vs_torch = ours / torch in the same "
+                 "mode: where the runs were interleaved, the median over rounds of ours' run over torch's in the same "
+                 "round (runs at 9e07bd4 and earlier: the ratio of the medians). A stamp naming several runs says "
+                 "which modes' rows each wrote.")
     try:
         plot(rows, stamp)
     except ImportError:
@@ -446,6 +458,7 @@ def main() -> None:
                    help=f"also a second copy of torch's model, timed as a contender ({CONTROL_OUT.name}.md)")
     p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES),
                    help="comma-separated BxT of those benchmarked (fewer: only the A/B and control reports)")
+    p.add_argument("--repeats", type=int, default=REPEATS, help="interleaved runs per contender (median)")
     p.add_argument("--processes", type=int, default=1,
                    help="run in this many fresh processes; report the medians over them")
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
@@ -471,22 +484,22 @@ def main() -> None:
     if args.processes > 1:
         flags = [*(COMPILE_ABS[impl].flag for impl in compile_abs),
                  *(["--capture-overlap-ab"] if args.capture_overlap_ab else []),
-                 *(["--control"] if args.control else []), "--sizes", args.sizes]
+                 *(["--control"] if args.control else []), "--sizes", args.sizes, "--repeats", str(args.repeats)]
         rows = across_processes(["--modes", args.modes, *flags], args.processes)
     else:
-        rows = run(modes, compile_abs, args.capture_overlap_ab, args.control, sizes)
+        rows = run(modes, compile_abs, args.capture_overlap_ab, args.control, sizes, args.repeats)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps(rows))
         return
     if args.control:
-        write_control(rows, args.processes)
+        write_control(rows, args.processes, args.repeats)
     if set(sizes) == set(SIZES):
-        write(rows, modes, args.processes)
+        write(rows, modes, args.processes, args.repeats)
     if "compile" in modes:
         for impl in compile_abs:
-            write_compile_ab(rows, impl, args.processes)
+            write_compile_ab(rows, impl, args.processes, args.repeats)
     if args.capture_overlap_ab and "cuda_graph" in modes:
-        write_overlap_ab(rows, args.processes)
+        write_overlap_ab(rows, args.processes, args.repeats)
 
 
 if __name__ == "__main__":

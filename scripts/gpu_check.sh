@@ -28,8 +28,8 @@
 #   transformer-compile  its compile rows only, likewise (host-bound too)
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
-#   transformer-control:MODE  torch's model against a copy of itself in MODE at 1x128, 5 processes (the noise floor of
-#               the ratios) -> bench_transformer_control.{md,csv}
+#   transformer-control:MODE  torch's model against a copy of itself in MODE at 1x128, 5 processes of 31 rounds (the
+#               noise floor of the ratios) -> bench_transformer_control.{md,csv}
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
 #   ab-kernels  LayerNorm forward kernels against 0306017's on this GPU -> kernel_ab_vs_0306017.{md,csv}; needs
 #               build/ab_0306017 from `python scripts/ab_kernels.py 0306017 --build` (a machine with Mojo) first
@@ -121,7 +121,7 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       [ "$out" = results ] || [ -z "${ab[*]}" ] || cp results/bench_transformer_capture_overlap.* "$out"/ ;;
     transformer-control:*)  # one mode at 1x128, with torch's second copy, medians over 5 fresh processes
       run bench_transformer_control_log python scripts/bench_transformer.py --modes "${step#transformer-control:}" \
-        --control --sizes 1x128 --processes 5
+        --control --sizes 1x128 --processes 5 --repeats 31
       [ "$out" = results ] || cp results/bench_transformer_control.* "$out"/ ;;
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown

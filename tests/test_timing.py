@@ -226,6 +226,20 @@ def test_pipelined_runs_rotate_the_order() -> None:
     assert "".join(order) == "abcbcacababc" and set(got) == set("abc")
 
 
+def test_paired_ratio_is_the_median_of_each_rounds_ratio() -> None:
+    """paired_ratio divides run by run within each round, so a round where the host was slow for both contenders
+    gives the same ratio as a fast one; runs of different calls (or none) are refused."""
+    from ops.timing import Pipelined, paired_ratio
+
+    torch_runs, ours_runs = (10.0, 20.0, 10.0, 30.0, 10.0), (9.0, 18.0, 9.5, 27.0, 12.0)
+    a, b = Pipelined(9.5, 0.0, ours_runs), Pipelined(10.0, 0.0, torch_runs)
+    assert paired_ratio(a, b) == 0.9   # of 0.9, 0.9, 0.95, 0.9, 1.2; the medians' ratio would say 0.95
+    with pytest.raises(ValueError, match="runs of one pipelined_runs call"):
+        paired_ratio(a, Pipelined(10.0, 0.0, torch_runs[:4]))
+    with pytest.raises(ValueError, match="runs of one pipelined_runs call"):
+        paired_ratio(Pipelined(9.5, 0.0), b)
+
+
 def test_transformer_compile_contenders_set_every_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench_transformer's compile A/B contenders: each call sets its own knob to its value and every other knob to
     the default, so "ours" runs the defaults whichever contender ran before."""
