@@ -25,7 +25,8 @@
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile, and the compile knobs' A/Bs
 #               -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
-#   transformer-compile  its compile rows only, likewise (host-bound too)
+#   transformer-compile  its compile rows only, likewise (host-bound too); TRANSFORMER_REPEATS: rounds per process
+#               of these three steps (default 11)
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   transformer-control:MODE  torch's model against a copy of itself in MODE at 1x128, 5 processes of 31 rounds (the
@@ -116,7 +117,8 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       mode=${step#transformer-}
       ab=()   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE)
       [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)
-      run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}"
+      run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}" \
+        --repeats "${TRANSFORMER_REPEATS:-11}"
       [ "$out" = results ] || cp results/bench_transformer.* "$out"/
       [ "$out" = results ] || [ -z "${ab[*]}" ] || cp results/bench_transformer_capture_overlap.* "$out"/ ;;
     transformer-control:*)  # one mode at 1x128, with torch's second copy, medians over 5 fresh processes
