@@ -345,21 +345,39 @@ def torch_answers(*tensors: object) -> bool:
 
 def kernels_cannot_read(t: object) -> bool:
     """Whether ``t`` is a tensor our kernels cannot read as it is: on the meta device, a subclass other than
-    ``nn.Parameter``, or wrapped by a functorch transform."""
-    return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta
+    ``nn.Parameter`` (a jagged nested tensor is one), a nested tensor of the strided layout, or wrapped by a
+    functorch transform."""
+    return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta or t.is_nested
                                             or torch._C._functorch.is_functorch_wrapped_tensor(t)
                                             or _is_legacy_batched(t))
 
 
+def trailing_sizes(x: torch.Tensor, n: int = 1) -> tuple[int, ...]:
+    """x's last ``n`` dims; for a nested tensor, those its tensors share (a named error where they differ)."""
+    if not x.is_nested:
+        return tuple(x.shape[x.dim() - n:])
+    try:
+        return tuple(x.size(d) for d in range(x.dim() - n, x.dim()))
+    except RuntimeError:
+        dims = "last dim" if n == 1 else f"last {n} dims"
+        raise ValueError(f"x: a nested tensor whose tensors differ in their {dims} (normalized)") from None
+
+
+def last_size(x: torch.Tensor) -> int:
+    """x's last dim (``trailing_sizes``)."""
+    return x.shape[-1] if not x.is_nested else trailing_sizes(x)[0]
+
+
 def check_torch_call(x: object, weight: object, bias: object, eps: float, activation: str,
-                     names: tuple[str, str, str] = ("x", "weight", "bias")) -> None:
+                     names: tuple[str, str, str] = ("x", "weight", "bias"), h: int | None = None) -> None:
     """``validate``'s named checks for a call torch's ops answer (float64 and the meta device taken; weight or
-    bias None: absent), and eps and the activation."""
+    bias None: absent, else 1-D of ``h`` elements: x's last dim where None), and eps and the activation."""
     nx, nw, nb = names
     check_tensor(nx, x, min_ndim=1, layout=False, **TORCH_TAKES)
+    what = f"{nx}'s last dim" if h is None else "the normalized dims' elements"
     for name, p in ((nw, weight), (nb, bias)):
         if p is not None:
-            check_param(name, p, x, nx, x.shape[-1], f"{nx}'s last dim", **TORCH_TAKES)
+            check_param(name, p, x, nx, last_size(x) if h is None else h, what, **TORCH_TAKES)
     as_eps(eps)
     _check_activation(activation)
 
@@ -369,10 +387,10 @@ def torch_layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
                     names: tuple[str, str, str] = ("x", "weight", "bias")) -> torch.Tensor:
     """act(LayerNorm(x)) over ``shape`` (x's last dim if None) by torch's ops, for a call ``torch_answers``
     sends here (the named checks first, over x flattened to ``shape``'s size)."""
-    flat = x.reshape(*x.shape[:x.dim() - len(shape)], -1) if shape is not None and len(shape) > 1 else x
-    check_torch_call(flat, None if weight is None else weight.reshape(-1),
-                     None if bias is None else bias.reshape(-1), eps, activation, names)
-    shape = tuple(x.shape[-1:]) if shape is None else shape
+    h = math.prod(shape) if shape is not None and len(shape) > 1 else None
+    check_torch_call(x, None if weight is None else weight.reshape(-1), None if bias is None else bias.reshape(-1),
+                     eps, activation, names, h)
+    shape = (last_size(x),) if shape is None else shape
     return _ACT_FNS[activation](torch.nn.functional.layer_norm(x, shape, weight, bias, eps))
 
 
@@ -392,7 +410,8 @@ def _native_takes(x: object, weight: object, bias: object, eps: object, variant:
     """Whether a call's arguments fit the C++ entries' schema and choices (tensors, a float eps, the default
     variant, a known activation). The entries check the rest."""
     return (variant == "fast" and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS)
+            and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS
+            and not x.is_nested)
 
 
 def _empty_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
@@ -793,8 +812,9 @@ def normalized_size(x: object, normalized_shape: int | Sequence[int],
     (``torch_answers``)."""
     shape = as_shape(normalized_shape)
     check_tensor("x", x, min_ndim=1, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
-    if tuple(x.shape[x.dim() - len(shape):]) != shape:
-        raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x's shape {tuple(x.shape)})")
+    if trailing_sizes(x, min(len(shape), x.dim())) != shape:
+        got = "a nested tensor" if x.is_nested else f"shape {tuple(x.shape)}"
+        raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x: {got})")
     return shape, math.prod(shape)
 
 

@@ -305,7 +305,7 @@ def _check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dty
     for name, t in named.items():
         if t.device != x.device or (same_dtype and t.dtype != x.dtype):
             check_same({"x": x, name: t})
-    check_size("weight", weight, 1, x.shape[-1], "x's last dim")
+    check_size("weight", weight, 1, layernorm.last_size(x), "x's last dim")
     if bias is not None:
         check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
 
@@ -676,7 +676,8 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     native = layernorm.native_entry("layernorm_linear")
     if (native is not None and isinstance(x, torch.Tensor) and isinstance(ln_weight, torch.Tensor)
             and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS):
+            and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS
+            and not x.is_nested):
         y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y

@@ -860,6 +860,49 @@ def test_copies_saves_and_conversions_as_torch(device: str, tmp_path: Path) -> N
                     torch.float32 if dtype == torch.float64 else dtype)
 
 
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
+def test_nested_tensors_as_torch(device: str, layout: torch.layout) -> None:
+    """Nested tensors (rows of different lengths; ``torch.nested``'s default layout and the jagged one) are taken
+    as torch's modules take them: their own answers and gradients (torch's ops run them), on every entry and,
+    on a GPU, a shape's later calls too; tensors that differ in a normalized dim get a named error."""
+    def nested(*shapes: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.nested.nested_tensor([torch.randn(*s) for s in shapes], layout=layout, device=device,
+                                          dtype=dtype, requires_grad=True)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> None:
+        assert a.is_nested == b.is_nested
+        for u, v in zip(*((t.unbind() if t.is_nested else [t]) for t in (a, b)), strict=True):
+            torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+    def grads(y: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        dy = y.detach() * y.detach() - 0.5   # not constant along a row: a LayerNorm's dx is then not 0
+        return list(torch.autograd.grad(y, inputs, dy))
+
+    for dtype in _dtypes(device):
+        theirs, ours = _pair(device, dtype)
+        calls = [(ours[0], theirs[0]), (ours[2], theirs[2])]   # FusedLayerNormLinear, LayerNorm
+        for _ in range(2):
+            for mine, torchs in calls:
+                k = 12 if mine is ours[0] else 5
+                x = nested((3, k), (5, k), dtype=dtype)
+                ys = [m(x) for m in (mine, torchs)]
+                assert ys[0].is_nested and ys[0].layout == layout
+                same(*ys)
+                params = [list(m.parameters()) for m in (mine, torchs)]
+                for a, b in zip(grads(ys[0], [x, *params[0]]), grads(ys[1], [x, *params[1]]), strict=True):
+                    same(a, b)
+    if layout == torch.jagged:   # its one ragged dim is the second: the rest is below
+        return
+    x = nested((3, 4, 6), (5, 4, 6))
+    w = torch.randn(4, 6, device=device)
+    same(L.layer_norm(x, (4, 6), w, w), F.layer_norm(x, (4, 6), w, w))
+    ragged_last = nested((3, 5), (4, 6))
+    for call in (lambda: L.LayerNorm(5, device=device)(ragged_last),
+                 lambda: LL.FusedLayerNormLinear(5, 2, device=device)(ragged_last)):
+        with pytest.raises(ValueError, match="x: a nested tensor whose tensors differ in their last dim"):
+            call()
+
+
 def test_module_hooks_see_what_torchs_see(device: str) -> None:
     """Forward pre-hooks, forward hooks and full backward hooks on our modules see the tensors they see on torch's:
     a pre-hook's replaced input is the one used, and the backward hook's gradients are the float64 model's."""
