@@ -903,6 +903,43 @@ def test_nested_tensors_as_torch(device: str, layout: torch.layout) -> None:
             call()
 
 
+def test_saved_tensor_hooks_hold_what_the_backward_reads(device: str) -> None:
+    """Our autograd functions save their tensors as torch's do, so ``saved_tensors_hooks`` (activation offloading:
+    ``save_on_cpu``) hold everything the backward reads: with hooks that pack a copy, an in-place write to x and
+    the weights after the forward changes no gradient (the backward reads the copies; without hooks autograd
+    refuses it: ``test_inplace_write_before_backward_is_caught``), on every route."""
+    packed: list[torch.Size] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        packed.append(t.shape)
+        return t.detach().clone()
+
+    for dtype in _dtypes(device):
+        _, ours = _pair(device, dtype)
+        x = torch.randn(9, 12, device=device, dtype=dtype)
+        for _ in range(2):   # on a GPU the C++ route takes a shape's second call
+            want = _step(ours, x)
+            ours.zero_grad(set_to_none=True)
+            packed.clear()
+            leaf = x.detach().clone().requires_grad_()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = ours(leaf)
+            assert packed, "nothing was saved through the hooks"
+            with torch.no_grad():
+                leaf.add_(1.0)
+                for p in ours.parameters():
+                    p.mul_(-2.0)
+            g = torch.Generator(device="cpu").manual_seed(1)
+            y.backward(torch.randn(y.shape, generator=g, dtype=torch.float64).to(y.device, y.dtype))
+            got = [y, leaf.grad, *(p.grad for p in ours.parameters())]
+            with torch.no_grad():
+                for p in ours.parameters():
+                    p.div_(-2.0)
+            ours.zero_grad(set_to_none=True)
+            for i, (a, b) in enumerate(zip(got, want, strict=True)):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"result {i}")
+
+
 def test_module_hooks_see_what_torchs_see(device: str) -> None:
     """Forward pre-hooks, forward hooks and full backward hooks on our modules see the tensors they see on torch's:
     a pre-hook's replaced input is the one used, and the backward hook's gradients are the float64 model's."""
