@@ -334,11 +334,14 @@ def torch_answers(*tensors: object) -> bool:
     functorch transform's (vmap, grad, jacrev), or while a TorchDispatchMode is active (FakeTensorMode,
     FlopCounterMode, ...) or a forward-mode AD level (``forward_ad.dual_level``): our kernels cannot read those
     tensors, such a mode would not see them, and our autograd functions have no forward-mode rule. And while
-    ``torch.jit.trace`` records: a trace sees torch's ops, not our launches."""
+    ``torch.jit.trace`` or ``torch.onnx.export`` records: a trace sees torch's ops, not our launches, and ONNX has
+    torch's ops, not ours."""
     if any(isinstance(t, torch.Tensor) and t.dtype is torch.float64 for t in tensors):
         return True
     if torch.compiler.is_compiling():
-        return False
+        # torch.onnx.export's trace (torch.export, non-strict) takes torch's ops, which ONNX has (LayerNormalization,
+        # Gemm) and our custom ops are not; dynamo folds the check to False while it traces.
+        return torch.onnx.is_in_onnx_export()
     return (torch._C._len_torch_dispatch_stack() > 0 or forward_ad._current_level >= 0 or torch._C._is_tracing()
             or any(kernels_cannot_read(t) for t in tensors))
 

@@ -570,6 +570,39 @@ def test_fx_trace_records_our_calls(device: str) -> None:
             torch.jit.script(module)
 
 
+@pytest.mark.parametrize("algo", ["auto", "fused"])
+def test_onnx_export_records_torchs_ops(device: str, algo: str, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While ``torch.onnx.export`` traces (``torch.onnx.is_in_onnx_export()``; its default exporter traces with
+    ``torch.export``, non-strict), the modules record torch's ops, which ONNX has (LayerNormalization, Gemm),
+    never our custom ops, which it has not (the fused forward's, our C++ GEMM on a GPU); the program gives the
+    torch model's outputs. The export itself runs where ``onnxscript`` is installed."""
+    torch.manual_seed(0)
+    theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 8)), nn.GELU(), nn.LayerNorm(8)).to(device)
+    ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(theirs[0], algo=algo), nn.GELU(),
+                         L.LayerNorm.from_torch(theirs[2]))
+    x = torch.randn(4, 16, device=device)
+    with monkeypatch.context() as m:
+        m.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad):
+                program = torch.export.export(ours, (x,), strict=False)
+            ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+            assert not any(op.startswith("mojo") for op in ops), ops
+            assert {"aten.layer_norm.default", "aten.linear.default"} <= ops, ops
+            assert (bad := compare(program.module()(x), theirs(x), torch.float32, reduction=16)) is None, bad
+    if algo == "fused":   # auto's program on the CPU holds torch's ops even without the check
+        program = torch.export.export(ours, (x,), strict=False)
+        assert any(str(n.target).startswith("mojo") for n in program.graph.nodes if n.op == "call_function")
+    try:
+        import onnx
+        import onnxscript  # noqa: F401  (torch.onnx.export needs it)
+    except ImportError:
+        return
+    torch.onnx.export(ours, (x,), tmp_path / "ours.onnx", dynamo=True)
+    assert {n.op_type for n in onnx.load(tmp_path / "ours.onnx").graph.node} == {"LayerNormalization", "Gemm", "Gelu"}
+
+
 @pytest.mark.parametrize("written", ["x", "ln_weight", "weight"])
 def test_inplace_write_before_backward_is_caught(device: str, written: str) -> None:
     """An in-place write, between the forward and the backward, to a tensor the backward needs gets autograd's
