@@ -66,6 +66,8 @@ ONE_STREAM_IMPL = "ours_one_stream"   # --capture-overlap-ab: ours captured with
 CONTROL_IMPL = "torch_again"   # --control: a second copy of torch's model; its vs_torch is an A/A ratio
 CONTROL_OUT = ROOT / "results" / "bench_transformer_control"
 SPREAD_FIELDS = ("vs_torch_min", "vs_torch_max")   # over the processes of a --processes run
+RATIO_NOTE = ("in eager and compile, whose runs alternate, the median over rounds of the contender's run over "
+              "torch's in the same round; in a CUDA graph, each timed alone, the ratio of the medians")   # vs_torch
 
 
 @dataclass(frozen=True)
@@ -368,7 +370,7 @@ def write_ab(rows: list[dict], mode: str, impl: str, out: Path, title: str, cont
                  FIELDS,
                  f"GPU: {gpu_name()}; commit {commit()}{spread}", title,
                  f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {repeats} "
-                 "runs; vs_torch = the contender's ms over torch's.")
+                 f"runs; vs_torch = the contender's time over torch's ({RATIO_NOTE}).")
 
 
 def write_compile_ab(rows: list[dict], impl: str, processes: int = 1, repeats: int = REPEATS) -> None:
@@ -403,7 +405,7 @@ def write_control(rows: list[dict], processes: int, repeats: int = REPEATS) -> N
                  f"bf16, as bench_transformer.md. {CONTROL_IMPL}: a second torch model with the same weights, built, "
                  "compiled or captured and timed like a contender, interleaved with torch and ours; its vs_torch "
                  f"would be 1 on a quiet machine. Pipelined ms per call, median of {repeats} runs; vs_torch: "
-                 "the median over rounds of the contender's run over torch's in the same round"
+                 f"{RATIO_NOTE}"
                  f"{'; vs_torch_min and _max: the range of the per-process ratios' if processes > 1 else ''}.")
 
 
@@ -478,9 +480,10 @@ def main() -> None:
     if any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: each of {MODES}")
     compile_abs = tuple(args.compile_abs)
-    sizes = tuple(tuple(int(v) for v in size.split("x")) for size in args.sizes.split(","))
-    if any(size not in SIZES for size in sizes):
-        raise SystemExit(f"--sizes: each of {', '.join(f'{b}x{t}' for b, t in SIZES)}")
+    named = {f"{b}x{t}": (b, t) for b, t in SIZES}
+    if any(size not in named for size in args.sizes.split(",")):
+        raise SystemExit(f"--sizes: each of {', '.join(named)}")
+    sizes = tuple(named[size] for size in args.sizes.split(","))
     if args.processes > 1:
         flags = [*(COMPILE_ABS[impl].flag for impl in compile_abs),
                  *(["--capture-overlap-ab"] if args.capture_overlap_ab else []),
