@@ -47,6 +47,7 @@ from functools import cache
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module  # the global module hooks nn.Module.__call__ runs
 
 from ops import layernorm
 from ops import layernorm_linear_config as config
@@ -868,12 +869,37 @@ class FusedLayerNormLinear(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ln, lin = self._modules["0"], self._modules["1"]   # self[0] and self[1], without Sequential's indexing
+        if not (runs_as_its_class(ln) and runs_as_its_class(lin)):
+            return _children_forward(x, ln, lin)
         ln_weight, ln_bias = layernorm.weight_and_bias(ln)
         weight, bias = layernorm.weight_and_bias(lin)
         return module_forward(x, ln.normalized_shape, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)
 
     def __prepare_scriptable__(self) -> nn.Module:
         layernorm.not_scriptable(self)
+
+
+def runs_as_its_class(module: nn.Module) -> bool:
+    """Whether calling ``module``, a child of ``FusedLayerNormLinear``, would run only its class's forward on its
+    parameters, which the fused forward computes in its place: a plain ``nn.LayerNorm`` or ``nn.Linear`` (not a
+    subclass, a parametrized one, or a module put in its place: a LoRA or quantized Linear), no hooks on it
+    (pruning's, an observer's) nor global module hooks, and no ``forward`` patched onto it (accelerate's offload)."""
+    return (type(module) in _CHILD_CLASSES and not (module._forward_pre_hooks or module._forward_hooks
+                                                    or module._backward_pre_hooks or module._backward_hooks
+                                                    or "forward" in module.__dict__)
+            and not (_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
+                     or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks))
+
+
+_CHILD_CLASSES = (nn.LayerNorm, nn.Linear)
+
+
+def _children_forward(x: torch.Tensor, ln: nn.Module, lin: nn.Module) -> torch.Tensor:
+    """``lin(ln(x))`` as ``nn.Sequential`` runs it, for children that are not ``runs_as_its_class``: each such
+    child called (its hooks, its own forward), a plain LayerNorm on our kernels."""
+    if runs_as_its_class(ln):
+        return lin(layernorm.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps))
+    return lin(ln(x))
 
 
 def module_forward(x: torch.Tensor, normalized_shape: tuple[int, ...], ln_weight: torch.Tensor | None,

@@ -6,6 +6,7 @@ samples for layer_norm, torch.compile with dynamic shapes, and a second GPU. Val
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -229,6 +230,77 @@ def test_module_forward_uses_swapped_weight(device: str, how: str, kind: str) ->
     else:
         want = F.linear(F.layer_norm(x.double(), (24,)), weight.double(), module[1].bias.double())
     assert (m := compare(y, want, torch.float32, reduction=24)) is None, m
+
+
+class _LowRank(nn.Module):
+    """A LoRA-style Linear put in the fused module's place: base(x) + B(A(x)), A and B constant-initialised."""
+
+    def __init__(self, base: nn.Linear) -> None:
+        super().__init__()
+        self.base = base
+        self.A = nn.Linear(base.in_features, 2, bias=False, device=base.weight.device, dtype=base.weight.dtype)
+        self.B = nn.Linear(2, base.out_features, bias=False, device=base.weight.device, dtype=base.weight.dtype)
+        nn.init.constant_(self.A.weight, 0.1)
+        nn.init.constant_(self.B.weight, -0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.B(self.A(x))
+
+
+def _plus_one(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return forward(x) + 1
+
+
+_CHILD_CHANGES: dict[str, Callable[[nn.Sequential], object]] = {
+    "forward hook": lambda m: m[1].register_forward_hook(lambda mod, inp, out: out * 2),
+    "pre-hook on the LayerNorm": lambda m: m[0].register_forward_pre_hook(lambda mod, inp: (inp[0].flip(-1),)),
+    "pruned": lambda m: torch.nn.utils.prune.l1_unstructured(m[1], "weight", amount=0.5),
+    "replaced": lambda m: m.__setitem__(1, _LowRank(m[1])),
+    "patched forward": lambda m: setattr(m[1], "forward", functools.partial(_plus_one, m[1].forward)),
+    "our LayerNorm": lambda m: m.__setitem__(0, L.LayerNorm.from_torch(m[0])),
+}
+
+
+@pytest.mark.parametrize("change", list(_CHILD_CHANGES))
+def test_fused_module_children_run_as_in_sequential(device: str, change: str) -> None:
+    """``FusedLayerNormLinear`` is an ``nn.Sequential``: a child hooked (pruning's hook too), replaced (LoRA),
+    given a patched forward (accelerate's offload) or subclassed runs as ``nn.Sequential`` runs it, with the
+    float64 torch model's outputs and gradients; after an update of what a hook computes the weight from
+    (pruning's weight_orig), the next call sees it (never a weight of an earlier call). Global module hooks see
+    the children called, as for torch's model. Plain children keep the fused call."""
+    import torch.nn.utils.prune  # noqa: F401 (the changes use it)
+
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 5)).to(device)
+    with torch.no_grad():
+        for p in seq.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    ours, ref = LL.FusedLayerNormLinear.from_torch(seq), copy.deepcopy(seq).double()
+    for model in (ours, ref):
+        _CHILD_CHANGES[change](model)
+    assert not (LL.runs_as_its_class(ours[0]) and LL.runs_as_its_class(ours[1]))
+    x = torch.randn(9, 12, device=device)
+    for _ in range(2):
+        ours.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        _check_step(_step(ours, x), _step(ref, x.double()), torch.float32)
+        if change == "pruned":
+            for model in (ours, ref):
+                with torch.no_grad():
+                    model[1].weight_orig.mul_(-1.5)
+    seen: list[str] = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda mod, inp, out: seen.append(type(mod).__name__))
+    try:
+        want = _step(ref, x.double())
+        torchs = list(seen)
+        seen.clear()
+        _check_step(_step(ours, x), want, torch.float32)
+    finally:
+        handle.remove()
+    assert seen[:-1] == torchs[:-1] and seen[-1] == "FusedLayerNormLinear", (seen, torchs)
+    plain = LL.FusedLayerNormLinear.from_torch(seq)
+    assert LL.runs_as_its_class(plain[0]) and LL.runs_as_its_class(plain[1])
 
 
 # ---------------------------------------------------------------- mixed precision and autocast
