@@ -869,7 +869,7 @@ class FusedLayerNormLinear(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ln, lin = self._modules["0"], self._modules["1"]   # self[0] and self[1], without Sequential's indexing
-        if not (runs_as_its_class(ln) and runs_as_its_class(lin)):
+        if not runs_as_its_class(ln, lin):
             return _children_forward(x, ln, lin)
         ln_weight, ln_bias = layernorm.weight_and_bias(ln)
         weight, bias = layernorm.weight_and_bias(lin)
@@ -879,16 +879,20 @@ class FusedLayerNormLinear(nn.Sequential):
         layernorm.not_scriptable(self)
 
 
-def runs_as_its_class(module: nn.Module) -> bool:
-    """Whether calling ``module``, a child of ``FusedLayerNormLinear``, would run only its class's forward on its
-    parameters, which the fused forward computes in its place: a plain ``nn.LayerNorm`` or ``nn.Linear`` (not a
-    subclass, a parametrized one, or a module put in its place: a LoRA or quantized Linear), no hooks on it
-    (pruning's, an observer's) nor global module hooks, and no ``forward`` patched onto it (accelerate's offload)."""
-    return (type(module) in _CHILD_CLASSES and not (module._forward_pre_hooks or module._forward_hooks
-                                                    or module._backward_pre_hooks or module._backward_hooks
-                                                    or "forward" in module.__dict__)
-            and not (_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
-                     or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks))
+def runs_as_its_class(*modules: nn.Module) -> bool:
+    """Whether calling each of ``modules``, children of ``FusedLayerNormLinear``, would run only its class's forward
+    on its parameters, which the fused forward computes in their place: a plain ``nn.LayerNorm`` or ``nn.Linear``
+    (not a subclass, a parametrized one, or a module put in its place: a LoRA or quantized Linear), no hooks on
+    it (pruning's, an observer's) nor global module hooks, and no ``forward`` patched onto it (accelerate's
+    offload)."""
+    if (_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
+            or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks):
+        return False
+    for m in modules:
+        if (type(m) not in _CHILD_CLASSES or m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks
+                or m._backward_hooks or "forward" in m.__dict__):
+            return False
+    return True
 
 
 _CHILD_CLASSES = (nn.LayerNorm, nn.Linear)

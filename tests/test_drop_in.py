@@ -278,7 +278,7 @@ def test_fused_module_children_run_as_in_sequential(device: str, change: str) ->
     ours, ref = LL.FusedLayerNormLinear.from_torch(seq), copy.deepcopy(seq).double()
     for model in (ours, ref):
         _CHILD_CHANGES[change](model)
-    assert not (LL.runs_as_its_class(ours[0]) and LL.runs_as_its_class(ours[1]))
+    assert not LL.runs_as_its_class(ours[0], ours[1])
     x = torch.randn(9, 12, device=device)
     for _ in range(2):
         ours.zero_grad(set_to_none=True)
@@ -300,7 +300,7 @@ def test_fused_module_children_run_as_in_sequential(device: str, change: str) ->
         handle.remove()
     assert seen[:-1] == torchs[:-1] and seen[-1] == "FusedLayerNormLinear", (seen, torchs)
     plain = LL.FusedLayerNormLinear.from_torch(seq)
-    assert LL.runs_as_its_class(plain[0]) and LL.runs_as_its_class(plain[1])
+    assert LL.runs_as_its_class(plain[0], plain[1])
 
 
 # ---------------------------------------------------------------- mixed precision and autocast
