@@ -43,6 +43,8 @@ Layers: ``layernorm_linear_fwd`` / ``layernorm_linear_bwd`` (validated calls),
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterable
 from functools import cache
 
 import torch
@@ -868,42 +870,50 @@ class FusedLayerNormLinear(nn.Sequential):
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ln, lin = self._modules["0"], self._modules["1"]   # self[0] and self[1], without Sequential's indexing
-        if not runs_as_its_class(ln, lin):
-            return _children_forward(x, ln, lin)
-        ln_weight, ln_bias = layernorm.weight_and_bias(ln)
-        weight, bias = layernorm.weight_and_bias(lin)
-        return module_forward(x, ln.normalized_shape, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)
+        modules = self._modules
+        if len(modules) == 2:
+            ln, lin = modules.values()
+            if type(ln) is nn.LayerNorm and type(lin) is nn.Linear and runs_as_its_class(ln, lin):
+                ln_weight, ln_bias = layernorm.weight_and_bias(ln)
+                weight, bias = layernorm.weight_and_bias(lin)
+                return module_forward(x, ln.normalized_shape, ln_weight, ln_bias, weight, bias, ln.eps, self.algo)
+        return _children_forward(x, modules.values())
+
+    def __getitem__(self, idx: int | slice) -> nn.Module:
+        """A child, as ``nn.Sequential`` gives it; a slice as an ``nn.Sequential`` of those children (a part of
+        LayerNorm then Linear is no longer one)."""
+        if isinstance(idx, slice):
+            return nn.Sequential(OrderedDict(list(self._modules.items())[idx]))
+        return super().__getitem__(idx)
 
     def __prepare_scriptable__(self) -> nn.Module:
         layernorm.not_scriptable(self)
 
 
 def runs_as_its_class(*modules: nn.Module) -> bool:
-    """Whether calling each of ``modules``, children of ``FusedLayerNormLinear``, would run only its class's forward
-    on its parameters, which the fused forward computes in their place: a plain ``nn.LayerNorm`` or ``nn.Linear``
-    (not a subclass, a parametrized one, or a module put in its place: a LoRA or quantized Linear), no hooks on
-    it (pruning's, an observer's) nor global module hooks, and no ``forward`` patched onto it (accelerate's
-    offload)."""
+    """Whether calling each of ``modules`` would run only its class's forward (what ``FusedLayerNormLinear``
+    computes in place of a plain ``nn.LayerNorm`` and ``nn.Linear``): no hooks on it (pruning's, an observer's)
+    nor global module hooks, and no ``forward`` patched onto it (accelerate's offload)."""
     if (_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
             or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks):
         return False
     for m in modules:
-        if (type(m) not in _CHILD_CLASSES or m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks
-                or m._backward_hooks or "forward" in m.__dict__):
+        if (m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks or m._backward_hooks
+                or "forward" in m.__dict__):
             return False
     return True
 
 
-_CHILD_CLASSES = (nn.LayerNorm, nn.Linear)
-
-
-def _children_forward(x: torch.Tensor, ln: nn.Module, lin: nn.Module) -> torch.Tensor:
-    """``lin(ln(x))`` as ``nn.Sequential`` runs it, for children that are not ``runs_as_its_class``: each such
-    child called (its hooks, its own forward), a plain LayerNorm on our kernels."""
-    if runs_as_its_class(ln):
-        return lin(layernorm.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps))
-    return lin(ln(x))
+def _children_forward(x: torch.Tensor, modules: Iterable[nn.Module]) -> torch.Tensor:
+    """x through ``modules`` as ``nn.Sequential`` runs them, for a ``FusedLayerNormLinear`` whose children are not
+    a plain LayerNorm and Linear (replaced, subclassed, parametrized, hooked, more or fewer of them): each called
+    (its hooks, its own forward), except a plain ``nn.LayerNorm`` (``runs_as_its_class``), run on our kernels."""
+    for m in modules:
+        if type(m) is nn.LayerNorm and runs_as_its_class(m):
+            x = layernorm.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+        else:
+            x = m(x)
+    return x
 
 
 def module_forward(x: torch.Tensor, normalized_shape: tuple[int, ...], ln_weight: torch.Tensor | None,

@@ -258,16 +258,22 @@ _CHILD_CHANGES: dict[str, Callable[[nn.Sequential], object]] = {
     "replaced": lambda m: m.__setitem__(1, _LowRank(m[1])),
     "patched forward": lambda m: setattr(m[1], "forward", functools.partial(_plus_one, m[1].forward)),
     "our LayerNorm": lambda m: m.__setitem__(0, L.LayerNorm.from_torch(m[0])),
+    "appended": lambda m: m.append(nn.GELU()),
+    "extended in place": lambda m: m.__iadd__(nn.Sequential(nn.Tanh(), nn.Linear(5, 3).to(m[1].weight))),
+    "inserted": lambda m: m.insert(1, nn.Hardtanh(-0.5, 0.5)),
+    "deleted": lambda m: m.__delitem__(1),
+    "popped": lambda m: m.pop(0),
 }
 
 
 @pytest.mark.parametrize("change", list(_CHILD_CHANGES))
 def test_fused_module_children_run_as_in_sequential(device: str, change: str) -> None:
     """``FusedLayerNormLinear`` is an ``nn.Sequential``: a child hooked (pruning's hook too), replaced (LoRA),
-    given a patched forward (accelerate's offload) or subclassed runs as ``nn.Sequential`` runs it, with the
-    float64 torch model's outputs and gradients; after an update of what a hook computes the weight from
-    (pruning's weight_orig), the next call sees it (never a weight of an earlier call). Global module hooks see
-    the children called, as for torch's model. Plain children keep the fused call."""
+    given a patched forward (accelerate's offload) or subclassed, and children added or removed, run as
+    ``nn.Sequential`` runs them, with the float64 torch model's outputs and gradients; after an update of what a
+    hook computes the weight from (pruning's weight_orig), the next call sees it (never a weight of an earlier
+    call). Global module hooks see the children called, as for torch's model. Plain children keep the fused
+    call."""
     import torch.nn.utils.prune  # noqa: F401 (the changes use it)
 
     torch.manual_seed(0)
@@ -275,10 +281,12 @@ def test_fused_module_children_run_as_in_sequential(device: str, change: str) ->
     with torch.no_grad():
         for p in seq.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    ours, ref = LL.FusedLayerNormLinear.from_torch(seq), copy.deepcopy(seq).double()
-    for model in (ours, ref):
-        _CHILD_CHANGES[change](model)
-    assert not LL.runs_as_its_class(ours[0], ours[1])
+    ours, ref = LL.FusedLayerNormLinear.from_torch(seq), copy.deepcopy(seq)
+    torch.manual_seed(1)
+    _CHILD_CHANGES[change](ours)
+    torch.manual_seed(1)
+    _CHILD_CHANGES[change](ref)
+    ref.double()
     x = torch.randn(9, 12, device=device)
     for _ in range(2):
         ours.zero_grad(set_to_none=True)
@@ -301,6 +309,21 @@ def test_fused_module_children_run_as_in_sequential(device: str, change: str) ->
     assert seen[:-1] == torchs[:-1] and seen[-1] == "FusedLayerNormLinear", (seen, torchs)
     plain = LL.FusedLayerNormLinear.from_torch(seq)
     assert LL.runs_as_its_class(plain[0], plain[1])
+
+
+def test_fused_module_slices_are_sequentials(device: str) -> None:
+    """Slicing gives ``nn.Sequential`` of the children, as slicing torch's model gives (not a fused module of a
+    part of one), computing what torch's slices compute."""
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 5)).to(device)
+    ours = LL.FusedLayerNormLinear.from_torch(seq)
+    x = torch.randn(9, 12, device=device)
+    for idx in (slice(None, 1), slice(1, None), slice(None), slice(None, None, -1)):
+        part, want = ours[idx], seq[idx]
+        assert type(part) is nn.Sequential and [type(m) for m in part] == [type(m) for m in want]
+        if idx.step is None:
+            torch.testing.assert_close(part(x), want(x), rtol=1e-5, atol=1e-5)
+    assert ours[-1] is ours[1] and type(ours[0]) is nn.LayerNorm
 
 
 # ---------------------------------------------------------------- mixed precision and autocast
