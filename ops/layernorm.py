@@ -929,14 +929,19 @@ class LayerNorm(nn.LayerNorm):
     @classmethod
     def from_torch(cls, ln: nn.LayerNorm, activation: str | None = None) -> LayerNorm:
         """A copy of ``ln`` (same shape, eps, parameters, device and dtype; and ours' activation unless
-        ``activation`` is given)."""
+        ``activation`` is given; not its hooks). A parametrized or pruned ``ln``, whose state dict is not a
+        LayerNorm's, gets a named error."""
         if not isinstance(ln, nn.LayerNorm):
             raise TypeError(f"ln: expected an nn.LayerNorm, got {type(ln).__name__}")
         ref = ln.weight if ln.weight is not None else next(iter(ln.buffers()), None)
         m = cls(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None,
                 device=None if ref is None else ref.device, dtype=None if ref is None else ref.dtype,
                 activation=getattr(ln, "activation", "none") if activation is None else activation)
-        m.load_state_dict(ln.state_dict())
+        state = ln.state_dict()
+        if state.keys() != m.state_dict().keys():
+            raise TypeError(f"ln: its state dict holds {sorted(state)}, not a LayerNorm's {sorted(m.state_dict())} "
+                            "(a parametrized or pruned LayerNorm); remove those first")
+        m.load_state_dict(state)
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

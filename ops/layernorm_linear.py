@@ -43,6 +43,7 @@ Layers: ``layernorm_linear_fwd`` / ``layernorm_linear_bwd`` (validated calls),
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Iterable
 from functools import cache
@@ -853,7 +854,9 @@ class FusedLayerNormLinear(nn.Sequential):
     @classmethod
     def from_torch(cls, seq: nn.Sequential, algo: str = "auto") -> FusedLayerNormLinear:
         """A copy of ``nn.Sequential(nn.LayerNorm(...), nn.Linear(K, N))`` (every LayerNorm and Linear option,
-        parameters, device, dtype)."""
+        parameters, device, dtype). Children that are more than plain modules (parametrized such as
+        ``weight_norm``, hooked, subclassed) are deep copies of them, hooks and all, which the forward calls as
+        ``nn.Sequential`` would; children torch cannot deep-copy (pruned ones) get a named error."""
         if (not isinstance(seq, nn.Sequential) or len(seq) != 2 or not isinstance(seq[0], nn.LayerNorm)
                 or not isinstance(seq[1], nn.Linear)):
             raise TypeError("seq: expected nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))")
@@ -861,9 +864,19 @@ class FusedLayerNormLinear(nn.Sequential):
             raise TypeError(f"seq: its LayerNorm applies activation={seq[0].activation!r}, which the fused "
                             "module does not")
         ln, lin = seq[0], seq[1]
-        m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None, device=lin.weight.device,
-                dtype=lin.weight.dtype, algo=algo, elementwise_affine=ln.elementwise_affine,
-                norm_bias=ln.bias is not None, normalized_shape=ln.normalized_shape)
+        plain = (type(ln) in (nn.LayerNorm, layernorm.LayerNorm) and type(lin) is nn.Linear
+                 and runs_as_its_class(ln, lin))
+        m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None,
+                device=lin.weight.device if plain else "meta", dtype=lin.weight.dtype, algo=algo,
+                elementwise_affine=ln.elementwise_affine, norm_bias=ln.bias is not None,
+                normalized_shape=ln.normalized_shape)
+        if not plain:
+            try:
+                m[0], m[1] = copy.deepcopy(ln), copy.deepcopy(lin)
+            except RuntimeError as e:   # torch's deepcopy refuses a non-leaf tensor attribute (pruning's weight)
+                raise TypeError(f"seq: its children cannot be copied ({e}); to use them as they are: "
+                                "m = FusedLayerNormLinear(K, N, device='meta'); m[0], m[1] = seq[0], seq[1]") from None
+            return m
         if ln.weight is not None:
             m[0].to(ln.weight.dtype)   # a float32 LayerNorm before a 16-bit Linear stays float32
         m.load_state_dict(seq.state_dict())

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.parametrizations
+import torch.nn.utils.prune
 from torch import nn
 
 from ops import layernorm as L
@@ -274,8 +276,6 @@ def test_fused_module_children_run_as_in_sequential(device: str, change: str) ->
     hook computes the weight from (pruning's weight_orig), the next call sees it (never a weight of an earlier
     call). Global module hooks see the children called, as for torch's model. Plain children keep the fused
     call."""
-    import torch.nn.utils.prune  # noqa: F401 (the changes use it)
-
     torch.manual_seed(0)
     seq = nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 5)).to(device)
     with torch.no_grad():
@@ -309,6 +309,32 @@ def test_fused_module_children_run_as_in_sequential(device: str, change: str) ->
     assert seen[:-1] == torchs[:-1] and seen[-1] == "FusedLayerNormLinear", (seen, torchs)
     plain = LL.FusedLayerNormLinear.from_torch(seq)
     assert LL.runs_as_its_class(plain[0], plain[1])
+
+
+@pytest.mark.parametrize("change", ["forward hook", "weight_norm", "pruned"])
+def test_fused_module_from_torch_keeps_what_the_children_do(device: str, change: str) -> None:
+    """``from_torch`` of a Sequential whose children are more than plain modules copies them as they are (hooks,
+    parametrizations): the copy computes the source's outputs and gradients (float64 torch model), and owns its
+    parameters. Children torch cannot deep-copy (pruned ones) get a named error saying how to use them as they
+    are (before, load_state_dict's raw error for every such change)."""
+    torch.manual_seed(0)
+    seq = nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 5)).to(device)
+    changes = {"forward hook": lambda m: m[1].register_forward_hook(lambda mod, inp, out: out * 2),
+               "weight_norm": lambda m: torch.nn.utils.parametrizations.weight_norm(m[1]),
+               "pruned": lambda m: torch.nn.utils.prune.l1_unstructured(m[1], "weight", amount=0.5)}
+    changes[change](seq)
+    if change == "pruned":
+        with pytest.raises(TypeError, match=r"^seq: its children cannot be copied .*m\[0\], m\[1\] = seq\[0\]"):
+            LL.FusedLayerNormLinear.from_torch(seq)
+        return
+    ours = LL.FusedLayerNormLinear.from_torch(seq)
+    assert not set(map(id, ours.parameters())) & set(map(id, seq.parameters()))
+    x = torch.randn(9, 12, device=device)
+    _check_step(_step(ours, x), _step(copy.deepcopy(seq).double(), x.double()), torch.float32)
+    if change == "weight_norm":   # our LayerNorm's from_torch copies a plain LayerNorm only
+        torch.nn.utils.parametrizations.weight_norm(seq[0], dim=None)
+        with pytest.raises(TypeError, match=r"^ln: its state dict holds .*parametrized or pruned"):
+            L.LayerNorm.from_torch(seq[0])
 
 
 def test_fused_module_slices_are_sequentials(device: str) -> None:
