@@ -1046,7 +1046,7 @@ def test_nested_tensors_as_torch(device: str, layout: torch.layout) -> None:
                 params = [list(m.parameters()) for m in (mine, torchs)]
                 for a, b in zip(grads(ys[0], [x, *params[0]]), grads(ys[1], [x, *params[1]]), strict=True):
                     same(a, b)
-    if layout == torch.jagged:   # its one ragged dim is the second: the rest is below
+    if layout == torch.jagged:   # below: two normalized dims, and a ragged last dim (one jagged cannot hold)
         return
     x = nested((3, 4, 6), (5, 4, 6))
     w = torch.randn(4, 6, device=device)
