@@ -103,7 +103,7 @@ def pipeline_calls(device_us: float) -> int:
 def side_by_side(contenders: Sequence[tuple], iters: int = 50, kernels: bool = False) -> dict[str, Timing]:
     """``measure`` each contender, ``(name, fn, input sets)`` or ``(name, fn, input sets, iters)``, for device,
     host and kernel time, then their pipelined times with the contenders' runs interleaved
-    (``pipelined_side_by_side``: a drift in the host's speed falls on all alike), median of REPEATS runs each."""
+    (``pipelined_runs``: a drift in the host's speed falls on all alike), median of REPEATS runs each."""
     timings = {c[0]: measure(c[1], c[2], c[3] if len(c) > 3 else iters, kernels=kernels, pipelined=False)
                for c in contenders}
     cycling = {c[0]: _cycling(c[1], c[2]) for c in contenders}
@@ -180,12 +180,6 @@ def pipelined_runs(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, 
             pipe[name].append((time.perf_counter() - t0) * 1e6 / calls)
     return {name: Pipelined(statistics.median(pipe[name]), statistics.median(host[name]), tuple(pipe[name]))
             for name in fns}
-
-
-def pipelined_side_by_side(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, repeats: int = 9,
-                           device: torch.device | str = "cuda") -> dict[str, float]:
-    """The pipelined time per call of each contender (``pipelined_runs``), in microseconds."""
-    return {name: r.pipelined_us for name, r in pipelined_runs(fns, calls, repeats, device).items()}
 
 
 def captured(fn: Callable[[], object], warmup: int = 3, before_capture: Callable[[], None] | None = None,
