@@ -303,7 +303,7 @@ def _valid(x: object, weight: object, bias: object) -> bool:
                 and x.shape[-1] == weight.shape[0] == bias.shape[0] and x.numel() > 0
                 and x.is_contiguous() and weight.is_contiguous() and bias.is_contiguous()
                 and isinstance(x, torch.Tensor))
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):   # RuntimeError: a sparse tensor's is_contiguous
         return False
 
 
@@ -348,9 +348,11 @@ def torch_answers(*tensors: object) -> bool:
 
 def kernels_cannot_read(t: object) -> bool:
     """Whether ``t`` is a tensor our kernels cannot read as it is: on the meta device, a subclass other than
-    ``nn.Parameter`` (a jagged nested tensor is one), a nested tensor of the strided layout, or wrapped by a
-    functorch transform."""
+    ``nn.Parameter`` (a jagged nested tensor is one), a nested tensor of the strided layout, not strided (sparse),
+    a view whose memory holds the negated values (the negative bit: ``z.conj().imag``), an efficient zero tensor
+    (no memory), or wrapped by a functorch transform."""
     return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta or t.is_nested
+                                            or t.layout is not torch.strided or t.is_neg() or t._is_zerotensor()
                                             or torch._C._functorch.is_functorch_wrapped_tensor(t)
                                             or _is_legacy_batched(t))
 
@@ -391,8 +393,9 @@ def torch_layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     """act(LayerNorm(x)) over ``shape`` (x's last dim if None) by torch's ops, for a call ``torch_answers``
     sends here (the named checks first, over x flattened to ``shape``'s size)."""
     h = math.prod(shape) if shape is not None and len(shape) > 1 else None
-    check_torch_call(x, None if weight is None else weight.reshape(-1), None if bias is None else bias.reshape(-1),
-                     eps, activation, names, h)
+    def flat(p: object) -> object:   # a dense parameter of several normalized dims, as 1-D; anything else as it is
+        return p.reshape(-1) if h is not None and isinstance(p, torch.Tensor) and p.layout is torch.strided else p
+    check_torch_call(x, flat(weight), flat(bias), eps, activation, names, h)
     shape = (last_size(x),) if shape is None else shape
     return _ACT_FNS[activation](torch.nn.functional.layer_norm(x, shape, weight, bias, eps))
 
@@ -542,7 +545,7 @@ def _valid_bwd(dy: object, x: torch.Tensor, mean: object, rstd: object) -> bool:
                 and mean.dtype is F32 and rstd.dtype is F32 and mean.shape == stats and rstd.shape == stats
                 and mean.device == x.device and rstd.device == x.device
                 and mean.is_contiguous() and rstd.is_contiguous() and isinstance(dy, torch.Tensor))
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):   # RuntimeError: a sparse tensor's is_contiguous
         return False
 
 

@@ -342,7 +342,7 @@ def _valid_linear(x: torch.Tensor, weight: object, bias: object | None) -> bool:
                 and (bias is None or (bias.dtype is x.dtype and bias.device == x.device and bias.dim() == 1
                                       and bias.shape[0] == weight.shape[0] and bias.is_contiguous()
                                       and isinstance(bias, torch.Tensor))))
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):   # RuntimeError: a sparse tensor's is_contiguous
         return False
 
 

@@ -7,6 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
+# the layouts a tensor's elements are stored densely in: torch.strided, and a jagged nested tensor's values
+DENSE_LAYOUTS = (torch.strided, torch.jagged)
+
 
 def check_tensor(
     name: str,
@@ -20,14 +23,17 @@ def check_tensor(
 ) -> torch.Tensor:
     """Check that ``t`` is a tensor of a supported dtype, rank and device and, with ``layout`` (the default),
     non-empty and contiguous (the library's entries pass ``layout=False``: they copy a strided tensor once and
-    answer an empty one as torch does); ``devices``: the device types taken.
+    answer an empty one as torch does); ``devices``: the device types taken. Always dense: a sparse (or mkldnn)
+    tensor is refused, as torch's LayerNorm and Linear refuse it (a jagged nested tensor is dense).
 
     Raises:
         TypeError: ``t`` is not a tensor, or its dtype is not in ``dtypes``.
-        ValueError: wrong rank or unsupported device; with ``layout``, non-contiguous or empty.
+        ValueError: a sparse layout, wrong rank or unsupported device; with ``layout``, non-contiguous or empty.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout not in DENSE_LAYOUTS:
+        raise ValueError(f"{name}: layout {t.layout} is not supported (use a dense tensor: {name}.to_dense())")
     if dtypes is not None and t.dtype not in dtypes:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise TypeError(f"{name}: dtype {str(t.dtype).removeprefix('torch.')} is not supported (use {allowed})")

@@ -4,6 +4,7 @@ result. CPU, so CI runs it; the GPU's own cases (devices mixed) are in the op te
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -16,6 +17,12 @@ from ops import layernorm_linear as LL
 K, N = 16, 8
 
 
+def _csr(t: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():   # torch warns that its sparse CSR support is in beta
+        warnings.simplefilter("ignore")
+        return t.to_sparse_csr()
+
+
 def _ln_args() -> dict[str, object]:
     torch.manual_seed(0)
     return {"x": torch.randn(4, K), "weight": torch.randn(K), "bias": torch.randn(K), "eps": 1e-5}
@@ -26,6 +33,9 @@ LN_CASES = [
     ("x-list", "x", [[1.0] * K], TypeError, "x"),
     ("x-int", "x", torch.ones(4, K, dtype=torch.int32), TypeError, "x"),
     ("x-0d", "x", torch.tensor(1.0), ValueError, "x"),
+    ("x-sparse", "x", torch.randn(4, K).to_sparse(), ValueError, "x"),   # torch's LayerNorm refuses them too
+    ("x-sparse-csr", "x", _csr(torch.randn(4, K)), ValueError, "x"),
+    ("weight-sparse", "weight", torch.randn(K).to_sparse(), ValueError, "weight"),
     ("weight-half", "weight", torch.ones(K, dtype=torch.float16), TypeError, "weight"),
     ("weight-size", "weight", torch.ones(K - 1), ValueError, "weight"),
     ("weight-2d", "weight", torch.ones(1, K), ValueError, "weight"),
@@ -137,6 +147,8 @@ LNL_CASES = [
     ("ln_weight-size", "ln_weight", torch.ones(K - 1), ValueError, "ln_weight"),
     ("ln_bias-half", "ln_bias", torch.zeros(K, dtype=torch.float16), TypeError, "ln_bias"),
     ("weight-k", "weight", torch.randn(N, K - 1), ValueError, "weight"),
+    ("weight-sparse", "weight", torch.randn(N, K).to_sparse(), ValueError, "weight"),
+    ("x-sparse-csr", "x", _csr(torch.randn(4, K)), ValueError, "x"),
     ("weight-1d", "weight", torch.randn(K), ValueError, "weight"),
     ("weight-3d", "weight", torch.randn(1, N, K), ValueError, "weight"),
     ("weight-int", "weight", torch.ones(N, K, dtype=torch.int32), TypeError, "weight"),

@@ -9,6 +9,7 @@ import copy
 import functools
 import math
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,6 +101,67 @@ def test_strided_layernorm_linear(device: str, view: str) -> None:
     grads = LL.layernorm_linear_bwd(torch.ones_like(y).transpose(0, -1).contiguous().transpose(0, -1), x, g, b,
                                     w, mean, rstd)
     assert compare(grads[4], torch.ones_like(y).sum(tuple(range(y.dim() - 1))), torch.float32, reduction=96) is None
+
+
+def _negative_views(device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """[4, 3, 12] tensors whose memory is not their values: views with the negative bit (the memory holds the
+    negated values; ``z.conj().imag`` makes a strided one, torch's private ``_neg_view`` a contiguous one), and an
+    efficient zero tensor (no memory at all)."""
+    torch.manual_seed(0)
+    views = {"contiguous-negative": torch.randn(4, 3, 12, device=device, dtype=dtype)._neg_view(),
+             "zero-tensor": torch._efficientzerotensor((4, 3, 12), device=device, dtype=dtype)}
+    if dtype == torch.float32:
+        views["conj-imag"] = torch.randn(4, 3, 12, device=device, dtype=torch.complex64).conj().imag
+    return views
+
+
+def test_negative_and_zero_views_read_as_their_values(device: str) -> None:
+    """A view whose memory holds the negated values (``z.conj().imag``: the negative bit) or none (an efficient zero
+    tensor) is read as its values, as torch's ops read it, on every entry (x, a parameter, an upstream gradient):
+    the modules' outputs and gradients are the float64 model's on the resolved values. Our kernels read memory, so
+    these take torch's ops (before: the negated values, silently; a zero tensor's null address on a GPU)."""
+    for dtype in _dtypes(device):
+        theirs, ours = _pair(device, dtype)
+        ref = copy.deepcopy(theirs).double()
+        for name, x in _negative_views(device, dtype).items():
+            for _ in range(2):   # on a GPU, a shape's later calls take the C++ route
+                y, want = ours(x), ref(x.double())
+                assert (m := compare(y, want, dtype, reduction=4)) is None, f"{name} {dtype}: {m}"
+                dy = torch.randn_like(want)
+                got = torch.autograd.grad(y, list(ours.parameters()), dy.to(dtype))
+                for g, w in zip(got, torch.autograd.grad(want, list(ref.parameters()), dy), strict=True):
+                    assert (m := compare(g, w, dtype, reduction=64)) is None, f"{name} {dtype} grad: {m}"
+    x, dy = torch.randn(2, 5, 12, device=device), torch.randn(2, 5, 12, device=device)
+    g, b, w, bias = (torch.randn(*s, device=device) for s in ((12,), (12,), (7, 12), (7,)))
+    neg = {"x": x._neg_view(), "g": g._neg_view(), "w": w._neg_view(), "dy": dy._neg_view()}
+    want = F.layer_norm(-x.double(), (12,), g.double(), b.double())
+    for y in (L.layernorm_fwd(neg["x"], g, b)[0], L.layernorm(neg["x"], g, b), L.layer_norm(neg["x"], (12,), g, b)):
+        assert compare(y, want, torch.float32) is None
+    assert compare(L.layernorm(x, neg["g"], b), F.layer_norm(x.double(), (12,), -g.double(), b.double()),
+                   torch.float32) is None
+    _, mean, rstd = L.layernorm_fwd(x, g, b)
+    for got, ref_grad in zip(L.layernorm_bwd(neg["dy"], x, g, b, mean, rstd), layernorm_grads_ref(x, g, b, -dy),
+                             strict=True):
+        assert compare(got, ref_grad, torch.float32, reduction=64) is None
+    want = _lnl_ref(x.double(), g.double(), b.double(), -w.double(), bias.double())
+    for y in (LL.layernorm_linear(x, g, b, neg["w"], bias), LL.layernorm_linear_fwd(x, g, b, neg["w"], bias)[0]):
+        assert compare(y, want, torch.float32, reduction=4) is None
+    want = _lnl_ref(-x.double(), g.double(), b.double(), w.double(), bias.double())
+    assert compare(LL.layernorm_linear(neg["x"], g, b, w, bias), want, torch.float32, reduction=4) is None
+
+
+def test_sparse_inputs_get_named_errors(device: str) -> None:
+    """A sparse x (torch's LayerNorm refuses one too) gets our named error from the modules, on a GPU's C++ route
+    as well (which asked a sparse x for its strides); test_bad_inputs covers every entry on the CPU."""
+    x = torch.randn(4, 12, device=device)
+    with warnings.catch_warnings():   # torch's sparse CSR support warns that it is in beta
+        warnings.simplefilter("ignore")
+        sparse = [x.to_sparse(), x.to_sparse_csr()]
+    for module in (L.LayerNorm(12, device=device), LL.FusedLayerNormLinear(12, 5, device=device)):
+        module(x)   # a plan for the shape, on a GPU
+        for s in sparse:
+            with pytest.raises(ValueError, match=r"^x: layout torch\.sparse_(coo|csr) is not supported"):
+                module(s)
 
 
 # ---------------------------------------------------------------- empty tensors

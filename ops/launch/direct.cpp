@@ -270,11 +270,15 @@ bool supported(at::ScalarType dtype) {
 // Tensors our kernels may read as they are: none a tensor subclass (a FakeTensor, a DTensor: the Python key), a
 // functorch transform's wrapper (vmap, grad), legacy vmap's batched tensor (dy in the backward of
 // autograd.grad(is_grads_batched=True), as jacobian(vectorize=True) makes), functionalized or a forward-mode AD dual
-// (our autograd has no forward-mode rule), and no TorchDispatchMode active (it would not see the kernels). Python
-// answers the rest with torch's ops (ops/layernorm.py: torch_answers).
-constexpr c10::DispatchKeySet UNPLAIN_KEYS = c10::python_ks | c10::functorch_transforms_ks |
-                                             c10::DispatchKeySet(c10::DispatchKey::Functionalize) |
-                                             c10::DispatchKeySet(c10::DispatchKey::Batched);
+// (our autograd has no forward-mode rule), none nested or sparse, none a view whose memory holds the negated or
+// conjugated values (z.conj().imag) or an efficient zero tensor (no memory), and no TorchDispatchMode active (it
+// would not see the kernels). Python answers the rest with torch's ops (ops/layernorm.py: torch_answers).
+constexpr c10::DispatchKeySet UNPLAIN_KEYS =
+    c10::python_ks | c10::functorch_transforms_ks | c10::DispatchKeySet(c10::DispatchKey::Functionalize) |
+    c10::DispatchKeySet(c10::DispatchKey::Batched) | c10::DispatchKeySet(c10::DispatchKey::NestedTensor) |
+    c10::DispatchKeySet(c10::DispatchKey::Sparse) | c10::DispatchKeySet(c10::DispatchKey::SparseCsr) |
+    c10::DispatchKeySet(c10::DispatchKey::Negative) | c10::DispatchKeySet(c10::DispatchKey::Conjugate) |
+    c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
 
 bool plain(std::initializer_list<const Tensor*> tensors) {
   if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
@@ -300,8 +304,8 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
 // Whether a Linear's weight [N, K] and bias [N] (or none) suit x [..., K]: x's dtype and device, contiguous.
 bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
   const auto dtype = x.scalar_type();
-  if (w.scalar_type() != dtype || w.device() != x.device() || w.dim() != 2 || w.size(1) != x.size(-1) ||
-      w.size(0) == 0 || !w.is_contiguous() || !plain({&x, &w, bias.has_value() ? &*bias : &w}))
+  if (!plain({&x, &w, bias.has_value() ? &*bias : &w}) || w.scalar_type() != dtype || w.device() != x.device() ||
+      w.dim() != 2 || w.size(1) != x.size(-1) || w.size(0) == 0 || !w.is_contiguous())
     return false;
   if (!bias.has_value() || !bias->defined()) return true;
   return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
@@ -672,7 +676,7 @@ std::optional<Tensor> copy_transposed(const Tensor& x) {
 // or torch's contiguous(); with autograd, the copy's backward puts the gradient back in place, as Python's
 // layernorm.adapt does); any other x as it is.
 Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  if (x.is_contiguous() || !takes(x, w, b, eps, true)) return x;
+  if (!plain({&x}) || x.is_contiguous() || !takes(x, w, b, eps, true)) return x;   // a sparse x: no is_contiguous
   if (auto y = copy_transposed(x)) return *y;
   return x.contiguous();
 }
@@ -731,9 +735,9 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
   const char* parts = std::getenv("OPS_LN_BWD_PARTS");
   const char* config = std::getenv("OPS_LN_BWD_CONFIG");
   if ((parts && *parts) || (config && *config)) return std::nullopt;
-  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !x.is_contiguous() || !dy.is_contiguous() ||
-      dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() || dy.device() != x.device() ||
-      !plain({&dy, &x, &w, &b}))
+  if (!x.is_cuda() || !plain({&dy, &x, &w, &b}) || x.dim() < 1 || x.numel() == 0 || !x.is_contiguous() ||
+      !dy.is_contiguous() || dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type() ||
+      dy.device() != x.device())
     return std::nullopt;
   const int64_t h = x.size(-1), rows = x.numel() / h;
   const int64_t per_tensor = rows * (stats.size() == 1 ? 2 : 1);   // a [2, rows] buffer, or mean and rstd
