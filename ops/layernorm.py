@@ -931,20 +931,24 @@ class LayerNorm(nn.LayerNorm):
 
     @classmethod
     def from_torch(cls, ln: nn.LayerNorm, activation: str | None = None) -> LayerNorm:
-        """A copy of ``ln`` (same shape, eps, parameters, device and dtype; and ours' activation unless
-        ``activation`` is given; not its hooks). A parametrized or pruned ``ln``, whose state dict is not a
-        LayerNorm's, gets a named error."""
+        """Ours in place of ``ln``: its shape and eps, and its parameters themselves (the same ``nn.Parameter``
+        objects, as ``nn.SyncBatchNorm.convert_sync_batchnorm`` shares them: a tied weight stays tied, a frozen one
+        frozen, and an optimizer made before the swap trains ours); ours' activation unless ``activation`` is
+        given; not ``ln``'s hooks. A parametrized or pruned ``ln`` (no plain parameters to share) gets a named
+        error.
+
+        Example:
+            >>> model.ln_f = LayerNorm.from_torch(model.ln_f)
+        """
         if not isinstance(ln, nn.LayerNorm):
             raise TypeError(f"ln: expected an nn.LayerNorm, got {type(ln).__name__}")
-        ref = ln.weight if ln.weight is not None else next(iter(ln.buffers()), None)
-        m = cls(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None,
-                device=None if ref is None else ref.device, dtype=None if ref is None else ref.dtype,
+        m = cls(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None, device="meta",
                 activation=getattr(ln, "activation", "none") if activation is None else activation)
         state = ln.state_dict()
         if state.keys() != m.state_dict().keys():
             raise TypeError(f"ln: its state dict holds {sorted(state)}, not a LayerNorm's {sorted(m.state_dict())} "
                             "(a parametrized or pruned LayerNorm); remove those first")
-        m.load_state_dict(state)
+        m.weight, m.bias = ln.weight, ln.bias
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

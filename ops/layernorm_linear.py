@@ -43,7 +43,6 @@ Layers: ``layernorm_linear_fwd`` / ``layernorm_linear_bwd`` (validated calls),
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from collections.abc import Iterable
 from functools import cache
@@ -853,10 +852,15 @@ class FusedLayerNormLinear(nn.Sequential):
 
     @classmethod
     def from_torch(cls, seq: nn.Sequential, algo: str = "auto") -> FusedLayerNormLinear:
-        """A copy of ``nn.Sequential(nn.LayerNorm(...), nn.Linear(K, N))`` (every LayerNorm and Linear option,
-        parameters, device, dtype). Children that are more than plain modules (parametrized such as
-        ``weight_norm``, hooked, subclassed) are deep copies of them, hooks and all, which the forward calls as
-        ``nn.Sequential`` would; children torch cannot deep-copy (pruned ones) get a named error."""
+        """Ours in place of ``nn.Sequential(nn.LayerNorm(...), nn.Linear(K, N))``, with ``seq``'s children
+        themselves (so their parameters: a tied weight stays tied, a frozen one frozen, and an optimizer made
+        before the swap trains ours; and whatever they carry, hooks, parametrizations such as ``weight_norm``,
+        pruning, which the forward then runs as ``nn.Sequential`` would). An ``ops.layernorm.LayerNorm`` child
+        becomes an ``nn.LayerNorm`` sharing its parameters, so the fused call runs.
+
+        Example:
+            >>> model.mlp_in = FusedLayerNormLinear.from_torch(model.mlp_in)
+        """
         if (not isinstance(seq, nn.Sequential) or len(seq) != 2 or not isinstance(seq[0], nn.LayerNorm)
                 or not isinstance(seq[1], nn.Linear)):
             raise TypeError("seq: expected nn.Sequential(nn.LayerNorm(K), nn.Linear(K, N))")
@@ -864,22 +868,14 @@ class FusedLayerNormLinear(nn.Sequential):
             raise TypeError(f"seq: its LayerNorm applies activation={seq[0].activation!r}, which the fused "
                             "module does not")
         ln, lin = seq[0], seq[1]
-        plain = (type(ln) in (nn.LayerNorm, layernorm.LayerNorm) and type(lin) is nn.Linear
-                 and runs_as_its_class(ln, lin))
-        m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None,
-                device=lin.weight.device if plain else "meta", dtype=lin.weight.dtype, algo=algo,
+        m = cls(lin.in_features, lin.out_features, ln.eps, lin.bias is not None, device="meta", algo=algo,
                 elementwise_affine=ln.elementwise_affine, norm_bias=ln.bias is not None,
                 normalized_shape=ln.normalized_shape)
-        if not plain:
-            try:
-                m[0], m[1] = copy.deepcopy(ln), copy.deepcopy(lin)
-            except RuntimeError as e:   # torch's deepcopy refuses a non-leaf tensor attribute (pruning's weight)
-                raise TypeError(f"seq: its children cannot be copied ({e}); to use them as they are: "
-                                "m = FusedLayerNormLinear(K, N, device='meta'); m[0], m[1] = seq[0], seq[1]") from None
-            return m
-        if ln.weight is not None:
-            m[0].to(ln.weight.dtype)   # a float32 LayerNorm before a 16-bit Linear stays float32
-        m.load_state_dict(seq.state_dict())
+        if type(ln) is layernorm.LayerNorm and runs_as_its_class(ln):
+            m[0].weight, m[0].bias = ln.weight, ln.bias
+        else:
+            m[0] = ln
+        m[1] = lin
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
