@@ -931,14 +931,24 @@ class LayerNorm(nn.LayerNorm):
 
     @classmethod
     def from_torch(cls, ln: nn.LayerNorm, activation: str | None = None) -> LayerNorm:
-        """Ours in place of ``ln``: its shape and eps, and its parameters themselves (the same ``nn.Parameter``
-        objects, as ``nn.SyncBatchNorm.convert_sync_batchnorm`` shares them: a tied weight stays tied, a frozen one
-        frozen, and an optimizer made before the swap trains ours); ours' activation unless ``activation`` is
-        given; not ``ln``'s hooks. A parametrized or pruned ``ln`` (no plain parameters to share) gets a named
-        error.
+        """Ours in place of ``ln``, with its parameters themselves (the same ``nn.Parameter`` objects, as
+        ``nn.SyncBatchNorm.convert_sync_batchnorm`` shares them): a tied weight stays tied, a frozen one frozen, and
+        an optimizer made before the swap trains ours.
+
+        Args:
+            ln: an ``nn.LayerNorm`` (ours too); its hooks are not carried over.
+            activation: ours' activation; None keeps ``ln``'s (``"none"`` for torch's).
+
+        Returns:
+            A ``LayerNorm`` of ``ln``'s shape and eps on ``ln``'s parameters.
+
+        Raises:
+            TypeError: ``ln`` is not an ``nn.LayerNorm``, or is parametrized or pruned (no plain parameters).
 
         Example:
-            >>> model.ln_f = LayerNorm.from_torch(model.ln_f)
+            >>> torch_ln = torch.nn.LayerNorm(8)
+            >>> ln = LayerNorm.from_torch(torch_ln)
+            >>> assert ln.weight is torch_ln.weight
         """
         if not isinstance(ln, nn.LayerNorm):
             raise TypeError(f"ln: expected an nn.LayerNorm, got {type(ln).__name__}")

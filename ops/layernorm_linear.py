@@ -853,13 +853,26 @@ class FusedLayerNormLinear(nn.Sequential):
     @classmethod
     def from_torch(cls, seq: nn.Sequential, algo: str = "auto") -> FusedLayerNormLinear:
         """Ours in place of ``nn.Sequential(nn.LayerNorm(...), nn.Linear(K, N))``, with ``seq``'s children
-        themselves (so their parameters: a tied weight stays tied, a frozen one frozen, and an optimizer made
-        before the swap trains ours; and whatever they carry, hooks, parametrizations such as ``weight_norm``,
-        pruning, which the forward then runs as ``nn.Sequential`` would). An ``ops.layernorm.LayerNorm`` child
-        becomes an ``nn.LayerNorm`` sharing its parameters, so the fused call runs.
+        themselves, so their parameters (a tied weight stays tied, a frozen one frozen, and an optimizer made
+        before the swap trains ours) and whatever they carry (hooks, parametrizations such as ``weight_norm``,
+        pruning: the forward then runs them as ``nn.Sequential`` would).
+
+        Args:
+            seq: the Sequential; an ``ops.layernorm.LayerNorm`` first child (no activation) becomes an
+                ``nn.LayerNorm`` on its parameters, so that the fused call runs.
+            algo: the forward algorithm (``ALGOS``).
+
+        Returns:
+            A ``FusedLayerNormLinear`` whose children are ``seq``'s.
+
+        Raises:
+            TypeError: ``seq`` is not a LayerNorm then a Linear, or its LayerNorm applies an activation.
+            ValueError: an unknown ``algo``.
 
         Example:
-            >>> model.mlp_in = FusedLayerNormLinear.from_torch(model.mlp_in)
+            >>> seq = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 4))
+            >>> m = FusedLayerNormLinear.from_torch(seq)
+            >>> assert m[1] is seq[1]
         """
         if (not isinstance(seq, nn.Sequential) or len(seq) != 2 or not isinstance(seq[0], nn.LayerNorm)
                 or not isinstance(seq[1], nn.Linear)):
