@@ -32,7 +32,7 @@ from ops import layernorm_config as config
 from ops.launch import bridge, direct
 from ops.launch.bridge import LIBRARY, GraphOp, Out
 from ops.layernorm_config import DTYPES, VARIANTS, Launch
-from ops.validate import check_grad, check_param, check_same, check_tensor
+from ops.validate import beyond_int32, check_grad, check_int32_rows, check_param, check_same, check_tensor
 
 __all__ = ["VARIANTS", "LayerNorm", "layer_norm", "layernorm", "layernorm_bwd", "layernorm_fwd"]
 
@@ -283,6 +283,7 @@ def validate(x: object, weight: object, bias: object, names: tuple[str, str, str
     h = x.shape[-1]
     check_param(nw, weight, x, nx, h, f"{nx}'s last dim", DTYPES)
     check_param(nb, bias, x, nx, h, f"{nx}'s last dim", DTYPES)
+    check_int32_rows(nx, x)
 
 
 def adapt(x: torch.Tensor, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -302,7 +303,7 @@ def _valid(x: object, weight: object, bias: object) -> bool:
                 and weight.dim() == 1 and bias.dim() == 1 and x.dim() >= 1
                 and x.shape[-1] == weight.shape[0] == bias.shape[0] and x.numel() > 0
                 and x.is_contiguous() and weight.is_contiguous() and bias.is_contiguous()
-                and isinstance(x, torch.Tensor))
+                and isinstance(x, torch.Tensor) and not beyond_int32(x))
     except (AttributeError, TypeError, RuntimeError):   # RuntimeError: a sparse tensor's is_contiguous
         return False
 
@@ -350,11 +351,12 @@ def kernels_cannot_read(t: object) -> bool:
     """Whether ``t`` is a tensor our kernels cannot read as it is: on the meta device, a subclass other than
     ``nn.Parameter`` (a jagged nested tensor is one), a nested tensor of the strided layout, not strided (sparse),
     a view whose memory holds the negated values (the negative bit: ``z.conj().imag``), an efficient zero tensor
-    (no memory), or wrapped by a functorch transform."""
+    (no memory), wrapped by a functorch transform, or with rows or a last dim beyond int32 (``beyond_int32``)."""
     return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta or t.is_nested
                                             or t.layout is not torch.strided or t.is_neg() or t._is_zerotensor()
                                             or torch._C._functorch.is_functorch_wrapped_tensor(t)
-                                            or _is_legacy_batched(t))
+                                            or _is_legacy_batched(t) or beyond_int32(t))
+
 
 
 def trailing_sizes(x: torch.Tensor, n: int = 1) -> tuple[int, ...]:

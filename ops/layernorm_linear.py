@@ -75,7 +75,7 @@ from ops.layernorm_linear_config import (  # noqa: F401 (auto's tuning, read her
     SPLIT_MIN_K,
     sm90_region,
 )
-from ops.validate import as_size, check_grad, check_same, check_size, check_tensor
+from ops.validate import INT32_MAX, as_size, check_grad, check_int32_rows, check_same, check_size, check_tensor
 
 __all__ = ["ALGOS", "FusedLayerNormLinear", "layernorm_linear", "layernorm_linear_bwd", "layernorm_linear_fwd"]
 
@@ -309,6 +309,8 @@ def _check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dty
         if t.device != x.device or (same_dtype and t.dtype != x.dtype):
             check_same({"x": x, name: t})
     check_size("weight", weight, 1, layernorm.last_size(x), "x's last dim")
+    if not by_torch:
+        check_int32_rows("weight", weight)
     if bias is not None:
         check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
 
@@ -336,7 +338,7 @@ def _valid_linear(x: torch.Tensor, weight: object, bias: object | None) -> bool:
     """The common case of the Linear's checks in few attribute reads (``validate`` names what is wrong)."""
     try:
         return (weight.dtype is x.dtype and weight.device == x.device and weight.dim() == 2
-                and weight.shape[1] == x.shape[-1] and weight.shape[0] > 0 and weight.is_contiguous()
+                and weight.shape[1] == x.shape[-1] and 0 < weight.shape[0] <= INT32_MAX and weight.is_contiguous()
                 and isinstance(weight, torch.Tensor)
                 and (bias is None or (bias.dtype is x.dtype and bias.device == x.device and bias.dim() == 1
                                       and bias.shape[0] == weight.shape[0] and bias.is_contiguous()

@@ -52,6 +52,28 @@ def check_tensor(
     return t
 
 
+INT32_MAX = 2**31 - 1
+
+
+def beyond_int32(t: torch.Tensor) -> bool:
+    """Whether ``t``'s last dim or its number of rows (elements over the last dim) exceeds int32, as the kernels
+    take them (their element offsets are 64-bit, so more than 2**31 elements in all is fine)."""
+    n = t.numel()
+    if n <= INT32_MAX:
+        return False
+    last = t.shape[-1] if t.dim() else 1
+    return last > INT32_MAX or n // max(last, 1) > INT32_MAX
+
+
+def check_int32_rows(name: str, t: torch.Tensor) -> None:
+    """A kernel entry's check: ``t``'s rows and last dim each fit int32 (``beyond_int32``); the drop-in entries
+    answer larger ones by torch's ops instead."""
+    if beyond_int32(t):
+        rows = t.numel() // max(t.shape[-1], 1)
+        raise ValueError(f"{name}: {rows} rows of {t.shape[-1]}; the kernels take at most {INT32_MAX} of each "
+                         "(the modules and layernorm / layernorm_linear answer it by torch's ops)")
+
+
 def check_same(args: dict[str, torch.Tensor]) -> None:
     """All tensors share one device and one dtype; the error names the odd one out."""
     (first_name, first), *rest = args.items()

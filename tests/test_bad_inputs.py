@@ -48,11 +48,12 @@ LN_CASES = [
     ("eps-1d-tensor", "eps", torch.tensor([1e-5]), TypeError, "eps"),   # torch takes a 0-dim tensor, not this
 ]
 
-# float64 and meta x: the kernel entries refuse them; the drop-in entries take them as torch does (by torch's ops,
-# ops.layernorm.torch_answers), so there the float32 cpu parameters are what is wrong, as for torch
+# float64, meta x and rows past int32: the kernel entries refuse them; the drop-in entries take them as torch does
+# (by torch's ops, ops.layernorm.torch_answers), so there the float32 cpu parameters are what is wrong, as for torch
 X_KERNEL_CASES = [
     ("x-float64", "x", torch.randn(4, K, dtype=torch.float64), TypeError, "x"),
     ("x-meta", "x", torch.empty(4, K, device="meta"), ValueError, "x"),
+    ("x-rows-past-int32", "x", torch.zeros(1, K).expand(2**31, K), ValueError, "x"),   # a view: no memory
 ]
 X_DROP_IN_CASES = [   # the name: the op's LayerNorm weight (_every_entry)
     ("x-float64-float32-params", "x", torch.randn(4, K, dtype=torch.float64), TypeError, None),

@@ -1288,6 +1288,81 @@ def test_compiled_training_graphs_are_torchs() -> None:
     assert len(ops["torch"]) == 2 and all(ops["torch"]) and ops["ours"] == ops["torch"]
 
 
+# ---------------------------------------------------------------- sizes past int32
+
+def _sampled_rows(rows: int) -> list[int]:
+    return [0, 1, rows // 3, rows // 2 + 1, rows - 2, rows - 1]
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_31_elements_on_our_kernels() -> None:
+    """Long-context sizes: x of more than 2**31 elements (bf16 rows of 4096) runs our kernels (their element
+    offsets are 64-bit), forward and backward and the LayerNorm+Linear forward of each algo: sampled rows, and
+    dgamma and dbeta over all rows, equal float64 (the outputs were poisoned: an unwritten row fails)."""
+    torch.manual_seed(0)
+    rows, h = (1 << 31) // 4096 + 3, 4096
+    x = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    w, b = (torch.randn(h, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    idx = _sampled_rows(rows)
+    y, mean, rstd = L.layernorm_fwd(x, w, b)
+    assert compare(y[idx], F.layer_norm(x[idx].double(), (h,), w.double(), b.double()), torch.bfloat16) is None
+    del y
+    dy = torch.randn_like(x)
+    dx, dw, db = L.layernorm_bwd(dy, x, w, b, mean, rstd)
+    want = layernorm_grads_ref(x[idx], w, b, dy[idx])
+    assert compare(dx[idx], want[0], torch.bfloat16, reduction=64) is None
+    del dx
+    sums = torch.zeros(2, h, dtype=torch.float64, device="cuda")   # dgamma, dbeta in float64, by row chunks
+    for chunk in range(0, rows, 1 << 16):
+        xc, dyc = x[chunk:chunk + (1 << 16)].double(), dy[chunk:chunk + (1 << 16)].double()
+        xhat = (xc - xc.mean(-1, keepdim=True)) * torch.rsqrt(xc.var(-1, unbiased=False, keepdim=True) + 1e-5)
+        sums += torch.stack([(dyc * xhat).sum(0), dyc.sum(0)])
+    for got, ref in zip((dw, db), sums, strict=True):
+        scale = ref.abs().max()   # sums over 524k rows: the table's bound relative to their size
+        assert compare(got / scale, ref / scale, torch.bfloat16) is None
+    del dy, mean, rstd
+    weight, bias = torch.randn(64, h, device="cuda", dtype=torch.bfloat16), torch.randn(64, device="cuda",
+                                                                                        dtype=torch.bfloat16)
+    want = F.linear(F.layer_norm(x[idx].double(), (h,), w.double(), b.double()), weight.double(), bias.double())
+    for algo in ("unfused", "fused", "sm90"):
+        got = LL.layernorm_linear_fwd(x, w, b, weight, bias, algo=algo)[0]
+        assert (m := compare(got[idx], want, torch.bfloat16, reduction=h)) is None, f"{algo}: {m}"
+
+
+@pytest.mark.gpu
+def test_gpu_rows_or_rows_length_past_int32_go_to_torch() -> None:
+    """More than 2**31 - 1 rows, or a row longer than that: the kernels take both as int32, so the modules and
+    ``layernorm`` answer by torch's ops (before, the C++ route cast them to int32: rows wrapped negative, nothing
+    computed, the poisoned output returned); the kernel entries name x."""
+    rows = (1 << 31) + 5
+    x = torch.randn(1, 1, device="cuda", dtype=torch.bfloat16).expand(rows, 1)   # no memory
+    ln = L.LayerNorm(1, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ln.bias.fill_(0.75)
+    for _ in range(2):
+        y = ln(x)   # h = 1: every row normalizes to 0, so y is the bias
+        assert y.shape == (rows, 1) and bool((y[_sampled_rows(rows)] == 0.75).all())
+        del y
+    fused = LL.FusedLayerNormLinear(1, 2, device="cuda", dtype=torch.bfloat16)
+    want = F.linear(fused[0].bias.double(), fused[1].weight.double(), fused[1].bias.double())
+    y = fused(x)
+    assert compare(y[_sampled_rows(rows)], want.expand(6, 2), torch.bfloat16) is None
+    del y
+    with pytest.raises(ValueError, match=r"^x: \d+ rows of 1; the kernels take at most"):
+        L.layernorm_fwd(x, ln.weight, ln.bias)
+    torch.cuda.empty_cache()
+    h = (1 << 31) + 64
+    x = torch.ones(1, h, device="cuda", dtype=torch.bfloat16)
+    x[0, 1::2] = -1   # mean 0, variance 1: y = x * w / sqrt(1 + eps) + b
+    w, b = torch.randn(h, device="cuda", dtype=torch.bfloat16), torch.randn(h, device="cuda", dtype=torch.bfloat16)
+    cols = [0, 1, h // 2, h - 2, h - 1]
+    want = x[0, cols].double() * w[cols].double() / math.sqrt(1 + 1e-5) + b[cols].double()
+    for _ in range(2):
+        y = L.layernorm(x, w, b)
+        assert compare(y[0, cols], want, torch.bfloat16) is None
+        del y
+
+
 # ---------------------------------------------------------------- more than one GPU
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2

@@ -287,15 +287,20 @@ bool plain(std::initializer_list<const Tensor*> tensors) {
   return true;
 }
 
+// The kernels take rows and row lengths as int32 (their element offsets are 64-bit): a larger one goes to torch's
+// ops (Python's layernorm.kernels_cannot_read).
+constexpr int64_t INT32_LIMIT = 2147483647;
+
 // What the C++ route takes: non-empty contiguous CUDA tensors of one supported dtype on one device, weight and
-// bias [H] with H x's last dim (Python's layernorm._valid), and a positive eps; not under CUDA autocast (Python
-// follows torch's autocast policy there). With any_layout, x may be strided (see dense).
+// bias [H] with H x's last dim (Python's layernorm._valid), rows and H in int32, and a positive eps; not under CUDA
+// autocast (Python follows torch's autocast policy there). With any_layout, x may be strided (see dense).
 bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool any_layout = false) {
   if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0) || at::autocast::is_autocast_enabled(at::kCUDA) ||
       !plain({&x, &w, &b}))
     return false;
   const auto dtype = x.scalar_type();
   const int64_t h = x.size(-1);
+  if (h > INT32_LIMIT || x.numel() / h > INT32_LIMIT) return false;
   return supported(dtype) && w.scalar_type() == dtype && b.scalar_type() == dtype && w.device() == x.device() &&
          b.device() == x.device() && w.dim() == 1 && b.dim() == 1 && w.size(0) == h && b.size(0) == h &&
          (any_layout || x.is_contiguous()) && w.is_contiguous() && b.is_contiguous();
@@ -305,7 +310,7 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
 bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
   const auto dtype = x.scalar_type();
   if (!plain({&x, &w, bias.has_value() ? &*bias : &w}) || w.scalar_type() != dtype || w.device() != x.device() ||
-      w.dim() != 2 || w.size(1) != x.size(-1) || w.size(0) == 0 || !w.is_contiguous())
+      w.dim() != 2 || w.size(1) != x.size(-1) || w.size(0) == 0 || w.size(0) > INT32_LIMIT || !w.is_contiguous())
     return false;
   if (!bias.has_value() || !bias->defined()) return true;
   return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
@@ -636,7 +641,7 @@ void join(const c10::Stream& side, const c10::Stream& origin) {
 }
 
 constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
-constexpr int64_t INT32_LIMIT = 2147483647, GRID_YZ_LIMIT = 65535;
+constexpr int64_t GRID_YZ_LIMIT = 65535;
 
 // x [..., r, h] whose [r, h] matrices are column-major (stride(-2) 1, stride(-1) r; the leading dims one batch
 // stride apart), as a transposed view of a [..., h, r] tensor is, copied row-major by copy_transposed, which
