@@ -32,7 +32,15 @@ from ops import layernorm_config as config
 from ops.launch import bridge, direct
 from ops.launch.bridge import LIBRARY, GraphOp, Out
 from ops.layernorm_config import DTYPES, VARIANTS, Launch
-from ops.validate import beyond_int32, check_grad, check_int32_rows, check_param, check_same, check_tensor
+from ops.validate import (
+    beyond_int32,
+    check_cuda_rows,
+    check_grad,
+    check_int32_rows,
+    check_param,
+    check_same,
+    check_tensor,
+)
 
 __all__ = ["VARIANTS", "LayerNorm", "layer_norm", "layernorm", "layernorm_bwd", "layernorm_fwd"]
 
@@ -381,6 +389,8 @@ def check_torch_call(x: object, weight: object, bias: object, eps: float, activa
     bias None: absent, else 1-D of ``h`` elements: x's last dim where None), and eps and the activation."""
     nx, nw, nb = names
     check_tensor(nx, x, min_ndim=1, layout=False, **TORCH_TAKES)
+    if x.is_cuda and not x.is_nested:
+        check_cuda_rows(nx, x, x.shape[-1] if h is None else h)
     what = f"{nx}'s last dim" if h is None else "the normalized dims' elements"
     for name, p in ((nw, weight), (nb, bias)):
         if p is not None:

@@ -67,11 +67,18 @@ def beyond_int32(t: torch.Tensor) -> bool:
 
 def check_int32_rows(name: str, t: torch.Tensor) -> None:
     """A kernel entry's check: ``t``'s rows and last dim each fit int32 (``beyond_int32``); the drop-in entries
-    answer larger ones by torch's ops instead."""
+    answer larger ones by torch's ops instead, where torch can (``check_cuda_rows``)."""
     if beyond_int32(t):
         rows = t.numel() // max(t.shape[-1], 1)
-        raise ValueError(f"{name}: {rows} rows of {t.shape[-1]}; the kernels take at most {INT32_MAX} of each "
-                         "(the modules and layernorm / layernorm_linear answer it by torch's ops)")
+        raise ValueError(f"{name}: {rows} rows of {t.shape[-1]}; the kernels take at most {INT32_MAX} of each")
+
+
+def check_cuda_rows(name: str, t: torch.Tensor, row_len: int) -> None:
+    """A CUDA call that torch's ops answer: at most ``INT32_MAX`` rows of ``row_len``, as torch's CUDA LayerNorm
+    takes (more get its raw error: a CUDA grid's limit)."""
+    rows = t.numel() // max(row_len, 1)
+    if rows > INT32_MAX:
+        raise ValueError(f"{name}: {rows} rows; a LayerNorm on a CUDA GPU takes at most {INT32_MAX} (torch's too)")
 
 
 def check_same(args: dict[str, torch.Tensor]) -> None:
