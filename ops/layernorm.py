@@ -366,7 +366,6 @@ def kernels_cannot_read(t: object) -> bool:
                                             or _is_legacy_batched(t) or beyond_int32(t))
 
 
-
 def trailing_sizes(x: torch.Tensor, n: int = 1) -> tuple[int, ...]:
     """x's last ``n`` dims; for a nested tensor, those its tensors share (a named error where they differ)."""
     if not x.is_nested:

@@ -57,9 +57,10 @@ INT32_MAX = 2**31 - 1
 
 def beyond_int32(t: torch.Tensor) -> bool:
     """Whether ``t``'s last dim or its number of rows (elements over the last dim) exceeds int32, as the kernels
-    take them (their element offsets are 64-bit, so more than 2**31 elements in all is fine)."""
+    take them (their element offsets are 64-bit, so more than 2**31 elements in all is fine). Symbolic sizes
+    (torch.compile, torch.export) are not asked: a guard on them would constrain the traced program."""
     n = t.numel()
-    if n <= INT32_MAX:
+    if not isinstance(n, int) or n <= INT32_MAX:
         return False
     last = t.shape[-1] if t.dim() else 1
     return last > INT32_MAX or n // max(last, 1) > INT32_MAX
@@ -75,9 +76,10 @@ def check_int32_rows(name: str, t: torch.Tensor) -> None:
 
 def check_cuda_rows(name: str, t: torch.Tensor, row_len: int) -> None:
     """A CUDA call that torch's ops answer: at most ``INT32_MAX`` rows of ``row_len``, as torch's CUDA LayerNorm
-    takes (more get its raw error: a CUDA grid's limit)."""
-    rows = t.numel() // max(row_len, 1)
-    if rows > INT32_MAX:
+    takes (more get its raw error: a CUDA grid's limit). Symbolic sizes are not asked (``beyond_int32``)."""
+    n = t.numel()
+    if isinstance(n, int) and isinstance(row_len, int) and n // max(row_len, 1) > INT32_MAX:
+        rows = n // max(row_len, 1)
         raise ValueError(f"{name}: {rows} rows; a LayerNorm on a CUDA GPU takes at most {INT32_MAX} (torch's too)")
 
 

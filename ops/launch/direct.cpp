@@ -287,8 +287,8 @@ bool plain(std::initializer_list<const Tensor*> tensors) {
   return true;
 }
 
-// The kernels take rows and row lengths as int32 (their element offsets are 64-bit): a larger one goes to torch's
-// ops (Python's layernorm.kernels_cannot_read).
+// The kernels take rows and row lengths as int32 (their element offsets are 64-bit): a call with a larger one goes
+// back to Python (layernorm.kernels_cannot_read), which names it or has torch's ops answer it.
 constexpr int64_t INT32_LIMIT = 2147483647;
 
 // What the C++ route takes: non-empty contiguous CUDA tensors of one supported dtype on one device, weight and
