@@ -116,10 +116,12 @@ def _negative_views(device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 
 def test_negative_and_zero_views_read_as_their_values(device: str) -> None:
-    """A view whose memory holds the negated values (``z.conj().imag``: the negative bit) or none (an efficient zero
+    """A view whose memory holds the negated values (the negative bit: ``z.conj().imag``) or none (an efficient zero
     tensor) is read as its values, as torch's ops read it, on every entry (x, a parameter, an upstream gradient):
     the modules' outputs and gradients are the float64 model's on the resolved values. Our kernels read memory, so
-    these take torch's ops (before: the negated values, silently; a zero tensor's null address on a GPU)."""
+    these take torch's ops. Before: a contiguous negative view (torch's private ``_neg_view``; a one-element
+    ``.imag``) was read as the negated values, silently (a strided one was right: the copy that made it contiguous
+    resolved it), and a zero tensor crashed the CPU route (its null address)."""
     for dtype in _dtypes(device):
         theirs, ours = _pair(device, dtype)
         ref = copy.deepcopy(theirs).double()
