@@ -1356,6 +1356,50 @@ def test_gpu_rows_or_rows_length_past_int32() -> None:
         del y
 
 
+# ---------------------------------------------------------------- threads
+
+@pytest.mark.gpu
+def test_gpu_threads_each_on_its_own_stream() -> None:
+    """A threaded server's pattern: 8 threads, each on its own CUDA stream, call the same modules at once, forward
+    and backward, with row counts that make new plans while the others run (the C++ and Python plan caches are
+    shared). Every output and gradient equals the float64 model's, on its thread's inputs."""
+    import threading
+
+    torch.manual_seed(0)
+    theirs, ours = _pair("cuda", torch.bfloat16)
+    ref = copy.deepcopy(theirs).double()
+    params = list(ours.parameters())
+    results: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            g = torch.Generator(device="cuda").manual_seed(t)
+            with torch.cuda.stream(torch.cuda.Stream()):
+                for i in range(12):
+                    x = torch.randn(1 + 37 * t + 5 * i, 12, device="cuda", dtype=torch.bfloat16, generator=g)
+                    y = ours(x)
+                    results[t, i] = (x, y, *torch.autograd.grad(y.float().square().sum(), params))
+                torch.cuda.current_stream().synchronize()
+        except BaseException as e:   # reported below, from the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert len(results) == 96
+    for (t, i), (x, y, *grads) in results.items():
+        want = ref(x.double())
+        assert (m := compare(y, want, torch.bfloat16, reduction=4)) is None, f"thread {t} call {i}: {m}"
+        wants = torch.autograd.grad(want.square().sum(), list(ref.parameters()))
+        for g, w in zip(grads, wants, strict=True):
+            scale = w.abs().max().clamp_min(1)
+            assert (m := compare(g / scale, w / scale, torch.bfloat16, reduction=64)) is None, f"{t} {i} grad: {m}"
+
+
 # ---------------------------------------------------------------- more than one GPU
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
