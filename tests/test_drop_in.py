@@ -5,10 +5,12 @@ samples for layer_norm, torch.compile with dynamic shapes, and a second GPU. Val
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -1358,15 +1360,13 @@ def test_gpu_rows_or_rows_length_past_int32() -> None:
 
 # ---------------------------------------------------------------- threads
 
-@pytest.mark.gpu
-def test_gpu_threads_each_on_its_own_stream() -> None:
-    """A threaded server's pattern: 8 threads, each on its own CUDA stream, call the same modules at once, forward
-    and backward, with row counts that make new plans while the others run (the C++ and Python plan caches are
-    shared). Every output and gradient equals the float64 model's, on its thread's inputs."""
-    import threading
-
+def test_threads_each_on_its_own_stream(device: str) -> None:
+    """A threaded server's pattern: 8 threads call the same modules at once (on a GPU each on its own CUDA stream),
+    forward and backward, with row counts that make new plans while the others run (the C++ and Python plan caches,
+    and on the CPU MAX's models, are shared). Every output and gradient equals the float64 model's, on its thread's
+    inputs."""
     torch.manual_seed(0)
-    theirs, ours = _pair("cuda", torch.bfloat16)
+    theirs, ours = _pair(device, torch.bfloat16)
     ref = copy.deepcopy(theirs).double()
     params = list(ours.parameters())
     results: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
@@ -1374,17 +1374,22 @@ def test_gpu_threads_each_on_its_own_stream() -> None:
 
     def work(t: int) -> None:
         try:
-            g = torch.Generator(device="cuda").manual_seed(t)
-            with torch.cuda.stream(torch.cuda.Stream()):
+            g = torch.Generator(device=device).manual_seed(t)
+            cuda = device == "cuda"
+            with torch.cuda.stream(torch.cuda.Stream()) if cuda else contextlib.nullcontext():
                 for i in range(12):
-                    x = torch.randn(1 + 37 * t + 5 * i, 12, device="cuda", dtype=torch.bfloat16, generator=g)
-                    dy = torch.randn(x.shape[0], 5, device="cuda", dtype=torch.bfloat16, generator=g)
+                    x = torch.randn(1 + 37 * t + 5 * i, 12, device=device, dtype=torch.bfloat16, generator=g)
+                    dy = torch.randn(x.shape[0], 5, device=device, dtype=torch.bfloat16, generator=g)
                     y = ours(x)
                     results[t, i] = (x, dy, y, *torch.autograd.grad(y, params, dy))
-                torch.cuda.current_stream().synchronize()
+                if cuda:
+                    torch.cuda.current_stream().synchronize()
         except BaseException as e:   # reported below, from the main thread
             errors.append(e)
 
+    # warm up in the main thread, as a server does (MAX enters its MLIR context in the thread that first imports it
+    # and exits it from the main thread: first imported in a worker, it prints an error at exit)
+    ours(torch.randn(2, 12, device=device, dtype=torch.bfloat16))
     threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
     for th in threads:
         th.start()
