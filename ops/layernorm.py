@@ -944,7 +944,7 @@ class LayerNorm(nn.LayerNorm):
     def from_torch(cls, ln: nn.LayerNorm, activation: str | None = None) -> LayerNorm:
         """Ours in place of ``ln``, with its parameters themselves (the same ``nn.Parameter`` objects, as
         ``nn.SyncBatchNorm.convert_sync_batchnorm`` shares them): a tied weight stays tied, a frozen one frozen, and
-        an optimizer made before the swap trains ours.
+        an optimizer made before the swap trains ours. Weights held as buffers stay the same buffers.
 
         Args:
             ln: an ``nn.LayerNorm`` (ours too); its hooks are not carried over.
@@ -969,7 +969,13 @@ class LayerNorm(nn.LayerNorm):
         if state.keys() != m.state_dict().keys():
             raise TypeError(f"ln: its state dict holds {sorted(state)}, not a LayerNorm's {sorted(m.state_dict())} "
                             "(a parametrized or pruned LayerNorm); remove those first")
-        m.weight, m.bias = ln.weight, ln.bias
+        for name in ("weight", "bias"):
+            p = getattr(ln, name)
+            if p is None or isinstance(p, nn.Parameter):
+                setattr(m, name, p)
+            else:   # a buffer (a LayerNorm frozen into constants): ours holds the same tensor as one
+                delattr(m, name)
+                m.register_buffer(name, p)
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -442,6 +442,14 @@ def test_from_torch_shares_the_parameters(device: str) -> None:
             o.step()
         for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
             assert (m := compare(a, b, torch.float32, reduction=64)) is None, f"{name}: {m}"
+    frozen = nn.LayerNorm(12, device=device)   # parameters made buffers (constants): ours holds the same buffers
+    weight = frozen.weight.detach() * 2
+    del frozen.weight
+    frozen.register_buffer("weight", weight)
+    ours = L.LayerNorm.from_torch(frozen)
+    assert ours.weight is weight and "weight" in dict(ours.named_buffers())
+    x = torch.randn(3, 12, device=device)
+    assert compare(ours(x), copy.deepcopy(frozen).double()(x.double()), torch.float32) is None
 
 
 def test_fused_module_slices_are_sequentials(device: str) -> None:
