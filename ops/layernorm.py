@@ -905,6 +905,18 @@ def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tenso
     return module.weight, module.bias
 
 
+def share_affine(dst: nn.LayerNorm, src: nn.LayerNorm) -> None:
+    """``dst`` takes ``src``'s weight and bias themselves: parameters as parameters, buffers (a LayerNorm frozen into
+    constants) as buffers, absent ones absent."""
+    for name in ("weight", "bias"):
+        p = getattr(src, name)
+        if p is None or isinstance(p, nn.Parameter):
+            setattr(dst, name, p)
+        else:
+            delattr(dst, name)
+            dst.register_buffer(name, p)
+
+
 class LayerNorm(nn.LayerNorm):
     """Drop-in for ``nn.LayerNorm`` on our kernels: a subclass (``isinstance(m, nn.LayerNorm)`` holds, so code that
     picks LayerNorms by type, such as weight-decay groups, treats it as one), with the same arguments, parameters
@@ -969,13 +981,7 @@ class LayerNorm(nn.LayerNorm):
         if state.keys() != m.state_dict().keys():
             raise TypeError(f"ln: its state dict holds {sorted(state)}, not a LayerNorm's {sorted(m.state_dict())} "
                             "(a parametrized or pruned LayerNorm); remove those first")
-        for name in ("weight", "bias"):
-            p = getattr(ln, name)
-            if p is None or isinstance(p, nn.Parameter):
-                setattr(m, name, p)
-            else:   # a buffer (a LayerNorm frozen into constants): ours holds the same tensor as one
-                delattr(m, name)
-                m.register_buffer(name, p)
+        share_affine(m, ln)
         return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

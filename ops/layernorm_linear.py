@@ -887,7 +887,7 @@ class FusedLayerNormLinear(nn.Sequential):
                 elementwise_affine=ln.elementwise_affine, norm_bias=ln.bias is not None,
                 normalized_shape=ln.normalized_shape)
         if type(ln) is layernorm.LayerNorm and runs_as_its_class(ln):
-            m[0].weight, m[0].bias = ln.weight, ln.bias
+            layernorm.share_affine(m[0], ln)
         else:
             m[0] = ln
         m[1] = lin

@@ -450,6 +450,10 @@ def test_from_torch_shares_the_parameters(device: str) -> None:
     assert ours.weight is weight and "weight" in dict(ours.named_buffers())
     x = torch.randn(3, 12, device=device)
     assert compare(ours(x), copy.deepcopy(frozen).double()(x.double()), torch.float32) is None
+    seq = nn.Sequential(ours, nn.Linear(12, 3, device=device))   # our LayerNorm child: an nn.LayerNorm on its tensors
+    fused = LL.FusedLayerNormLinear.from_torch(seq)
+    assert type(fused[0]) is nn.LayerNorm and fused[0].weight is weight and fused[1] is seq[1]
+    assert compare(fused(x), copy.deepcopy(seq).double()(x.double()), torch.float32, reduction=12) is None
 
 
 def test_fused_module_slices_are_sequentials(device: str) -> None:
