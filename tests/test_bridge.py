@@ -39,6 +39,19 @@ def test_edited_kernel_is_what_runs_next(tmp_path: Path) -> None:
     assert out.stdout.strip().splitlines()[-1] == "[-1.0, -1.0, -1.0]"
 
 
+def test_max_first_used_from_a_worker_thread_exits_cleanly() -> None:
+    """A server's worker thread making the process's first MAX call (the CPU route): the right answer, and an exit
+    with nothing printed (MAX enters its MLIR context in the importing thread and exits it from the main thread:
+    before, "Unbalanced Context enter/exit" at exit)."""
+    code = ("import threading, torch; from ops.layernorm import LayerNorm; out = []; x = torch.randn(3, 8);"
+            "t = threading.Thread(target=lambda: out.append(LayerNorm(8)(x))); t.start(); t.join();"
+            "want = torch.nn.functional.layer_norm(x, (8,));"
+            "print(bool((out[0] - want).abs().max() < 1e-5))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert "Unbalanced" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
 def test_weight_cache_sees_in_place_writes() -> None:
     k = P22Kernels(SOLUTIONS)
     c, bias = torch.randn(2, 3, 5), torch.randn(5)

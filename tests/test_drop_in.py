@@ -1399,9 +1399,7 @@ def test_threads_each_on_its_own_stream(device: str) -> None:
         except BaseException as e:   # reported below, from the main thread
             errors.append(e)
 
-    # warm up in the main thread, as a server does (MAX enters its MLIR context in the thread that first imports it
-    # and exits it from the main thread: first imported in a worker, it prints an error at exit)
-    ours(torch.randn(2, 12, device=device, dtype=torch.bfloat16))
+    ours(torch.randn(2, 12, device=device, dtype=torch.bfloat16))   # warmed up in the main thread, as a server does
     threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
     for th in threads:
         th.start()

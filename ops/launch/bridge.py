@@ -22,8 +22,10 @@ results/bench_dispatch.md).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -252,10 +254,25 @@ def device_kind(device: torch.device) -> str:
 
 @cache
 def _session(kind: str, index: int) -> Any:
+    first_import = "max._mlir_context" not in sys.modules
     from max.driver import CPU, Accelerator
     from max.engine import InferenceSession
 
+    if first_import and threading.current_thread() is not threading.main_thread():
+        _balance_max_context_at_exit()
     return InferenceSession(devices=[Accelerator(index) if kind == "gpu" else CPU()])
+
+
+def _balance_max_context_at_exit() -> None:
+    """For MAX first imported off the main thread (a server's worker calling us first). ``max.engine``'s import
+    enters MAX's default MLIR context in the importing thread, and MAX exits it from the main thread at interpreter
+    exit, where nothing was entered: "Unbalanced Context enter/exit" is printed. The main thread enters it once
+    at exit, just before MAX's own handler (atexit runs the later registration first)."""
+    try:
+        from max._mlir_context import default_mlir_context
+    except ImportError:   # another MAX: nothing to balance
+        return
+    atexit.register(default_mlir_context().__enter__)
 
 
 @cache
