@@ -365,10 +365,8 @@ def process_medians(runs: list[list[dict]]) -> list[dict]:
 def write_ab(rows: list[dict], mode: str, impl: str, out: Path, title: str, contenders: str,
              processes: int = 1, repeats: int = REPEATS) -> None:
     """The ``mode`` rows of torch, ours and the A/B contender ``impl`` side by side: the evidence for a default."""
-    spread = f"; medians over {processes} processes" if processes > 1 else ""
     write_report(out, [only(r, FIELDS) for r in rows if r["mode"] == mode and r["impl"] in ("torch", "ours", impl)],
-                 FIELDS,
-                 f"GPU: {gpu_name()}; commit {commit()}{spread}", title,
+                 FIELDS, run_stamp(processes), title,
                  f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {repeats} "
                  f"runs; vs_torch = the contender's time over torch's ({RATIO_NOTE}).")
 
@@ -396,11 +394,16 @@ def only(row: dict, fields: tuple[str, ...]) -> dict:
     return {k: row[k] for k in fields}
 
 
+def run_stamp(processes: int = 1) -> str:
+    """A report's stamp: the GPU, the commit, and the number of processes a --processes run took medians over."""
+    spread = f"; medians over {processes} processes" if processes > 1 else ""
+    return f"GPU: {gpu_name()}; commit {commit()}{spread}"
+
+
 def write_control(rows: list[dict], processes: int, repeats: int = REPEATS) -> None:
     """torch, ours and CONTROL_IMPL side by side: how far the ratio of two copies of one model strays from 1."""
     fields = (*FIELDS, *SPREAD_FIELDS) if processes > 1 else FIELDS
-    spread = f"; medians over {processes} processes" if processes > 1 else ""
-    write_report(CONTROL_OUT, [only(r, fields) for r in rows], fields, f"GPU: {gpu_name()}; commit {commit()}{spread}",
+    write_report(CONTROL_OUT, [only(r, fields) for r in rows], fields, run_stamp(processes),
                  "GPT-2-small: torch's model against a copy of itself (the noise floor of vs_torch)",
                  f"bf16, as bench_transformer.md. {CONTROL_IMPL}: a second torch model with the same weights, built, "
                  "compiled or captured and timed like a contender, interleaved with torch and ours; its vs_torch "
@@ -414,8 +417,7 @@ def write(rows: list[dict], modes: list[str], processes: int = 1, repeats: int =
     rows = [only(r, FIELDS) for r in rows if r["impl"] in ("torch", "ours")]
     rows, kept = appended(OUT.with_suffix(".csv"), ",".join(modes), rows, column="mode")
     rows = sorted(rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
-    spread = f"; medians over {processes} processes" if processes > 1 else ""
-    stamp = f"GPU: {gpu_name()}; commit {commit()}{spread}{kept}"
+    stamp = run_stamp(processes) + kept
     write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
                  f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {repeats} runs: "
                  "torch's and ours interleaved in eager and compile, timed one after the other in a CUDA graph; a run "
@@ -470,7 +472,7 @@ def main() -> None:
                    help=f"rewrite {BREAKDOWN_OUT.name}.md from an earlier run's {BREAKDOWN_OUT.name}_kernels.csv")
     args = p.parse_args()
     if args.breakdown:
-        write_breakdown(breakdown(), f"GPU: {gpu_name()}; commit {commit()}")
+        write_breakdown(breakdown(), run_stamp())
         return
     if args.breakdown_from:   # the kernels of an earlier --breakdown, their kinds as KINDS says now
         lines = Path(args.breakdown_from).read_text().splitlines()
