@@ -78,8 +78,10 @@ def check_cuda_rows(name: str, t: torch.Tensor, row_len: int) -> None:
     """A CUDA call that torch's ops answer: at most ``INT32_MAX`` rows of ``row_len``, as torch's CUDA LayerNorm
     takes (more get its raw error: a CUDA grid's limit). Symbolic sizes are not asked (``beyond_int32``)."""
     n = t.numel()
-    if isinstance(n, int) and isinstance(row_len, int) and n // max(row_len, 1) > INT32_MAX:
-        rows = n // max(row_len, 1)
+    if not (isinstance(n, int) and isinstance(row_len, int)):
+        return
+    rows = n // max(row_len, 1)
+    if rows > INT32_MAX:
         raise ValueError(f"{name}: {rows} rows; a LayerNorm on a CUDA GPU takes at most {INT32_MAX} (torch's too)")
 
 
