@@ -450,6 +450,36 @@ def plot(rows: list[dict], stamp: str) -> None:
     plt.close(fig)
 
 
+def parsed_modes(arg: str) -> list[str]:
+    """--modes' list, each one of MODES."""
+    modes = arg.split(",")
+    if any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: each of {MODES}")
+    return modes
+
+
+def parsed_sizes(arg: str) -> tuple[tuple[int, int], ...]:
+    """--sizes' (batch, tokens) pairs, each one of SIZES."""
+    named = {f"{b}x{t}": (b, t) for b, t in SIZES}
+    if any(size not in named for size in arg.split(",")):
+        raise SystemExit(f"--sizes: each of {', '.join(named)}")
+    return tuple(named[size] for size in arg.split(","))
+
+
+def write_reports(rows: list[dict], args: argparse.Namespace, modes: list[str],
+                  sizes: tuple[tuple[int, int], ...]) -> None:
+    """The reports the run's flags ask for: the control's, the main one (all sizes), the A/Bs'."""
+    if args.control:
+        write_control(rows, args.processes, args.repeats)
+    if set(sizes) == set(SIZES):
+        write(rows, modes, args.processes, args.repeats)
+    if "compile" in modes:
+        for impl in args.compile_abs:
+            write_compile_ab(rows, impl, args.processes, args.repeats)
+    if args.capture_overlap_ab and "cuda_graph" in modes:
+        write_overlap_ab(rows, args.processes, args.repeats)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
@@ -478,14 +508,8 @@ def main() -> None:
         lines = Path(args.breakdown_from).read_text().splitlines()
         write_breakdown(list(csv.DictReader(lines[1:])), lines[0].lstrip("# "))
         return
-    modes = args.modes.split(",")
-    if any(m not in MODES for m in modes):
-        raise SystemExit(f"--modes: each of {MODES}")
+    modes, sizes = parsed_modes(args.modes), parsed_sizes(args.sizes)
     compile_abs = tuple(args.compile_abs)
-    named = {f"{b}x{t}": (b, t) for b, t in SIZES}
-    if any(size not in named for size in args.sizes.split(",")):
-        raise SystemExit(f"--sizes: each of {', '.join(named)}")
-    sizes = tuple(named[size] for size in args.sizes.split(","))
     if args.processes > 1:
         flags = [*(COMPILE_ABS[impl].flag for impl in compile_abs),
                  *(["--capture-overlap-ab"] if args.capture_overlap_ab else []),
@@ -496,15 +520,7 @@ def main() -> None:
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps(rows))
         return
-    if args.control:
-        write_control(rows, args.processes, args.repeats)
-    if set(sizes) == set(SIZES):
-        write(rows, modes, args.processes, args.repeats)
-    if "compile" in modes:
-        for impl in compile_abs:
-            write_compile_ab(rows, impl, args.processes, args.repeats)
-    if args.capture_overlap_ab and "cuda_graph" in modes:
-        write_overlap_ab(rows, args.processes, args.repeats)
+    write_reports(rows, args, modes, sizes)
 
 
 if __name__ == "__main__":
