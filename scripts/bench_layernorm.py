@@ -112,9 +112,30 @@ def checked(fn: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act
         raise SystemExit(f"{what} is wrong at M={x.shape[0]} H={x.shape[1]} {x.dtype}: {bad}")
 
 
+def forward_contenders(sets: list, activation: str, torch_fn: Callable, compiled: Callable | None,
+                       with_copy: bool, variants: list[str], iters: int) -> list[tuple]:
+    """The forward's contenders on one shape's input sets: torch, the copy ceiling (no activation), torch.compile,
+    ours, Liger (no activation) and each of our kernel ``variants`` (the slow ones timed 5 times)."""
+    contenders: list[tuple] = [("torch", torch_fn, sets)]
+    if with_copy and activation == "none":  # the ceiling at this size: a plain copy of the same bytes
+        contenders.append(timing.copy_contender("copy", sets))
+    if compiled is not None:
+        contenders.append(("torch.compile", compiled, sets))
+    contenders.append(("ours", lambda x, w, b: L.layernorm(x, w, b, activation=activation), sets))
+    if (lg := liger()) is not None and activation == "none":
+        contenders.append(("liger", lambda x, w, b: lg.LigerLayerNormFunction.apply(x, w, b, 1e-5), sets))
+    for v in variants:
+        def variant(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: str = v) -> torch.Tensor:
+            return L.layernorm_fwd(x, w, b, variant=v, activation=activation)[0]
+        contenders.append((f"ours:{v}", variant, sets, iters if v in ("vector", "fast") else 5))
+    return contenders
+
+
 def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: list[str], copy: float,
                   activation: str = "none", with_compile: bool = True, with_copy: bool = True,
                   iters: int = 50) -> list[dict]:
+    """Forward (with ``activation``) rows per shape: every contender of ``forward_contenders``, checked against
+    the float64 reference first, then timed side by side."""
     act = {"none": lambda t: t, "gelu": F.gelu}[activation]
     kind = "fwd" if activation == "none" else "fwd+gelu"
 
@@ -125,18 +146,7 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int]], variants: l
     rows = []
     for m, h in shapes:
         sets = input_sets(m, h, dtype)
-        contenders: list[tuple] = [("torch", torch_fn, sets)]
-        if with_copy and activation == "none":  # the ceiling at this size: a plain copy of the same bytes
-            contenders.append(timing.copy_contender("copy", sets))
-        if compiled is not None:
-            contenders.append(("torch.compile", compiled, sets))
-        contenders.append(("ours", lambda x, w, b: L.layernorm(x, w, b, activation=activation), sets))
-        if (lg := liger()) is not None and activation == "none":
-            contenders.append(("liger", lambda x, w, b: lg.LigerLayerNormFunction.apply(x, w, b, 1e-5), sets))
-        for v in variants:
-            def variant(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: str = v) -> torch.Tensor:
-                return L.layernorm_fwd(x, w, b, variant=v, activation=activation)[0]
-            contenders.append((f"ours:{v}", variant, sets, iters if v in ("vector", "fast") else 5))
+        contenders = forward_contenders(sets, activation, torch_fn, compiled, with_copy, variants, iters)
         for name, fn, *_ in contenders[1:]:
             if not name.startswith("copy"):
                 checked(fn, *sets[0], activation, name)

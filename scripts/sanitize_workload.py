@@ -32,6 +32,14 @@ SHAPES = [(7, 37), (2050, 64), (64, 1024), (5, 4097), (3, 8192), (3, 16384), (2,
 
 
 def main() -> int:
+    bad = layernorm_kernels() + fused_kernels() + hopper_kernels() + transposed_copies() + p22_kernels()
+    torch.cuda.synchronize()
+    print(f"sanitize workload done: {bad} wrong results")
+    return 1 if bad else 0
+
+
+def layernorm_kernels() -> int:
+    """Every LayerNorm forward variant (the fast one with GELU too) and the backward, over SHAPES."""
     bad = 0
     for dtype in (torch.float32, torch.bfloat16):
         for m, h in SHAPES:
@@ -44,8 +52,14 @@ def main() -> int:
                         print(f"wrong: fwd {variant} {act} {dtype} {m}x{h}")
                         bad += 1
             L.layernorm_bwd(torch.randn_like(x), x, w, b, mean, rstd)
-    # Rows, columns and k off the tiles and the 16-byte vectors; 3 splits of k = 70 (bf16: chunks of 64, so
-    # the third lies past the end of k), the picked split count, several column tiles, a long odd k.
+    return bad
+
+
+def fused_kernels() -> int:
+    """The fused LayerNorm+Linear forward: rows, columns and k off the tiles and the 16-byte vectors; 3 splits of
+    k = 70 (bf16: chunks of 64, so the third lies past the end of k), the picked split count, several column
+    tiles, a long odd k."""
+    bad = 0
     for dtype in (torch.float32, torch.bfloat16):
         for m, kk, n, splits in ((33, 70, 45, 3), (4100, 100, 768, None), (300, 1000, 64, 5)):
             x, g, b = (torch.randn(*s, device="cuda", dtype=dtype) for s in ((m, kk), (kk,), (kk,)))
@@ -54,20 +68,24 @@ def main() -> int:
             if compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=kk) is not None:
                 print(f"wrong: layernorm_linear fused {dtype} {m}x{kk}->{n}")
                 bad += 1
-    # The Hopper kernel (TMA, mbarriers, wgmma): rows, columns and k off its 128 x 256 x 64 tiles.
-    if LL.is_sm90(torch.device("cuda")):
-        for m, kk, n in ((37, 200, 264), (300, 776, 520)):
-            x, g, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((m, kk), (kk,), (kk,)))
-            w = torch.randn(n, kk, device="cuda", dtype=torch.bfloat16) / kk ** 0.5
-            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            y = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0]
-            if compare(y, layernorm_linear_ref(x, g, b, w, bias), torch.bfloat16, reduction=kk) is not None:
-                print(f"wrong: layernorm_linear sm90 {m}x{kk}->{n}")
-                bad += 1
-    bad += transposed_copies() + p22_kernels()
-    torch.cuda.synchronize()
-    print(f"sanitize workload done: {bad} wrong results")
-    return 1 if bad else 0
+    return bad
+
+
+def hopper_kernels() -> int:
+    """The Hopper kernel (TMA, mbarriers, wgmma), on an sm_90 GPU: rows, columns and k off its 128 x 256 x 64
+    tiles."""
+    bad = 0
+    if not LL.is_sm90(torch.device("cuda")):
+        return bad
+    for m, kk, n in ((37, 200, 264), (300, 776, 520)):
+        x, g, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((m, kk), (kk,), (kk,)))
+        w = torch.randn(n, kk, device="cuda", dtype=torch.bfloat16) / kk ** 0.5
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        y = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")[0]
+        if compare(y, layernorm_linear_ref(x, g, b, w, bias), torch.bfloat16, reduction=kk) is not None:
+            print(f"wrong: layernorm_linear sm90 {m}x{kk}->{n}")
+            bad += 1
+    return bad
 
 
 def transposed_copies() -> int:
