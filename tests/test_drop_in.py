@@ -703,12 +703,18 @@ def test_eps_values_torch_takes(device: str, eps: float) -> None:
 
 # ---------------------------------------------------------------- what torch's ops answer (ops.layernorm.torch_answers)
 
+# _pair's Linear outputs, normalized by its last LayerNorm. Not fewer: over 5 GELU outputs that LayerNorm is ill
+# conditioned, and torch's own bf16 model put 5 of 1,000,000 elements past the table's bound on the CPU (2.4 times
+# it at most over 200000 rows on the H100, ours the same); over 16 its worst was 0.44 of the bound (ad hoc).
+PAIR_OUT = 16
+
+
 def _pair(device: str, dtype: torch.dtype = torch.float32, affine: bool = True) -> tuple[nn.Module, nn.Module]:
     """A torch model (LayerNorm then Linear, GELU, LayerNorm) and ours with its weights (FusedLayerNormLinear,
     GELU, our LayerNorm)."""
     torch.manual_seed(0)
-    theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(12, elementwise_affine=affine), nn.Linear(12, 5)), nn.GELU(),
-                           nn.LayerNorm(5, bias=affine)).to(device, dtype)
+    theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(12, elementwise_affine=affine), nn.Linear(12, PAIR_OUT)),
+                           nn.GELU(), nn.LayerNorm(PAIR_OUT, bias=affine)).to(device, dtype)
     mine = copy.deepcopy(theirs)   # from_torch shares its source's parameters; theirs stays a separate model
     ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(mine[0]), nn.GELU(), L.LayerNorm.from_torch(mine[2]))
     return theirs, ours
@@ -912,7 +918,7 @@ def test_fake_tensors_get_torchs_shapes_and_nothing_fake_is_kept(device: str, af
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fx = mode.from_tensor(x).requires_grad_()
         y = ours(fx)
-        assert isinstance(y, FakeTensor) and y.shape == (3, 4, 5)
+        assert isinstance(y, FakeTensor) and y.shape == (3, 4, PAIR_OUT)
         y.sum().backward()
         assert fx.grad.shape == fx.shape
         w, b = torch.ones(12, device=device), torch.zeros(12, device=device)
@@ -962,7 +968,7 @@ def test_batched_backward_matches_torch(device: str, dtype: torch.dtype) -> None
     x = torch.randn(3, 12, device=device, dtype=dtype)
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     for a, b in ((ours[0], theirs[0]), (ours[2], theirs[2])):   # FusedLayerNormLinear, LayerNorm
-        inp = x if a is ours[0] else torch.randn(3, 5, device=device, dtype=dtype)
+        inp = x if a is ours[0] else torch.randn(3, PAIR_OUT, device=device, dtype=dtype)
         torch.testing.assert_close(jacobian(a, inp, vectorize=True), jacobian(b, inp, vectorize=True), **tol)
         xs = [inp.clone().requires_grad_() for _ in range(2)]
         ys = [m(t) for m, t in zip((a, b), xs, strict=True)]
@@ -970,7 +976,7 @@ def test_batched_backward_matches_torch(device: str, dtype: torch.dtype) -> None
         got, want = (torch.autograd.grad(y, t, eye, is_grads_batched=True)[0] for y, t in zip(ys, xs, strict=True))
         torch.testing.assert_close(got, want, **tol)
     w, b = ours[2].weight, ours[2].bias
-    inp = torch.randn(4, 3, 5, device=device, dtype=dtype)
+    inp = torch.randn(4, 3, PAIR_OUT, device=device, dtype=dtype)
     y, mean, rstd = torch.vmap(lambda t: L.layernorm_fwd(t, w, b))(inp)   # the kernel entries under torch.vmap
     grads = torch.vmap(lambda dy, t, m, r: L.layernorm_bwd(dy, t, w, b, m, r))(inp, inp, mean, rstd)
     for i in range(inp.shape[0]):
@@ -1163,7 +1169,7 @@ def test_nested_tensors_as_torch(device: str, layout: torch.layout) -> None:
         calls = [(ours[0], theirs[0]), (ours[2], theirs[2])]   # FusedLayerNormLinear, LayerNorm
         for _ in range(2):
             for mine, torchs in calls:
-                k = 12 if mine is ours[0] else 5
+                k = 12 if mine is ours[0] else PAIR_OUT
                 x = nested((3, k), (5, k), dtype=dtype)
                 ys = [m(x) for m in (mine, torchs)]
                 assert ys[0].is_nested and ys[0].layout == layout
