@@ -1051,11 +1051,16 @@ def _step(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor | None]:
 
 
 def _check_step(got: list[torch.Tensor | None], want: list[torch.Tensor | None], dtype: torch.dtype) -> None:
-    """``_step``'s results against the float64 torch model's: the same gradients None, the rest within the table."""
+    """``_step``'s results against the float64 torch model's: the same gradients None, the rest within the table;
+    gradients relative to their largest value (the table's bound is for O(1) results; these reach about 80, and
+    where weight_norm's projection cancels, torch's own bf16 model missed the absolute bound: its worst error was
+    0.026 of the largest value over 5 seeds, ad hoc on the CPU, against the 0.064 allowed here)."""
     assert [t is None for t in got] == [t is None for t in want], "which gradients exist"
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        if a is not None:
-            assert (m := compare(a, b, dtype, reduction=4 if i == 0 else 64)) is None, f"result {i}: {m}"
+        if a is None:
+            continue
+        scale = 1 if i == 0 else b.abs().max().clamp_min(1)
+        assert (m := compare(a / scale, b / scale, dtype, reduction=4 if i == 0 else 16)) is None, f"result {i}: {m}"
 
 
 def _dtypes(device: str) -> list[torch.dtype]:
