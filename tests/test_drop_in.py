@@ -1387,9 +1387,10 @@ def test_threads_each_on_its_own_stream(device: str) -> None:
     """A threaded server's pattern: 8 threads call the same modules at once (on a GPU each on its own CUDA stream),
     forward and backward, with row counts that make new plans while the others run (the C++ and Python plan caches,
     and on the CPU MAX's models, are shared). Every output and gradient equals the float64 model's, on its thread's
-    inputs. The model is well conditioned: with _pair's, whose last LayerNorm over 5 GELU outputs amplifies bf16's
-    rounding, one element of 15168 rows was past the table on the H100, and torch's bf16 model was far off there too
-    (0.73 of the table's bound; ours 1.08). This model's worst is 0.13 of the bound over six seeds (ad hoc, H100)."""
+    inputs. The model is well conditioned: with _pair's as it was then, whose last LayerNorm over 5 GELU outputs
+    amplified bf16's rounding, one element of 15168 rows was past the table on the H100, and torch's bf16 model was far
+    off there too (0.73 of the table's bound; ours 1.08). This model's worst is 0.13 of the bound over six seeds (ad
+    hoc, H100)."""
     torch.manual_seed(0)
     theirs = nn.Sequential(nn.LayerNorm(12), nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 16)))
     with torch.no_grad():
