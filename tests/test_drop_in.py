@@ -1395,7 +1395,8 @@ def test_threads_each_on_its_own_stream(device: str) -> None:
     theirs = nn.Sequential(nn.LayerNorm(12), nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 16)))
     with torch.no_grad():
         for ln in (theirs[0], theirs[1][0]):
-            ln.weight.normal_(1, 0.2), ln.bias.normal_(0, 0.2)
+            ln.weight.normal_(1, 0.2)
+            ln.bias.normal_(0, 0.2)
     theirs.to(device, torch.bfloat16)
     mine = copy.deepcopy(theirs)
     ours = nn.Sequential(L.LayerNorm.from_torch(mine[0]), LL.FusedLayerNormLinear.from_torch(mine[1]))
