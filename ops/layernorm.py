@@ -977,9 +977,9 @@ class LayerNorm(nn.LayerNorm):
             raise TypeError(f"ln: expected an nn.LayerNorm, got {type(ln).__name__}")
         m = cls(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None, device="meta",
                 activation=getattr(ln, "activation", "none") if activation is None else activation)
-        state = ln.state_dict()
-        if state.keys() != m.state_dict().keys():
-            raise TypeError(f"ln: its state dict holds {sorted(state)}, not a LayerNorm's {sorted(m.state_dict())} "
+        have, want = ln.state_dict().keys(), m.state_dict().keys()
+        if have != want:
+            raise TypeError(f"ln: its state dict holds {sorted(have)}, not a LayerNorm's {sorted(want)} "
                             "(a parametrized or pruned LayerNorm); remove those first")
         share_affine(m, ln)
         return m

@@ -27,7 +27,7 @@ from ops import layernorm as L
 from ops import layernorm_linear as LL
 from ops.reference import layernorm_grads_ref
 from ops.timing import captured
-from ops.tolerance import compare
+from ops.tolerance import Mismatch, compare
 
 HALF = [torch.float16, torch.bfloat16]
 
@@ -386,9 +386,8 @@ def test_fused_module_from_torch_keeps_what_the_children_do(device: str, change:
     each, or hooks dropped silently. Our LayerNorm's ``from_torch`` names a parametrized source."""
     torch.manual_seed(0)
     seq = nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 5)).to(device)
-    changes = {"forward hook": lambda m: m[1].register_forward_hook(lambda mod, inp, out: out * 2),
-               "weight_norm": lambda m: torch.nn.utils.parametrizations.weight_norm(m[1]),
-               "pruned": lambda m: torch.nn.utils.prune.l1_unstructured(m[1], "weight", amount=0.5)}
+    changes = {"weight_norm": lambda m: torch.nn.utils.parametrizations.weight_norm(m[1]),
+               **{name: _CHILD_CHANGES[name] for name in ("forward hook", "pruned")}}
     ref = copy.deepcopy(seq).double()   # changed alike (torch cannot deep-copy a pruned module)
     for m in (seq, ref):
         changes[change](m)
@@ -492,14 +491,27 @@ def test_mixed_precision_layernorm_linear(device: str, dtype: torch.dtype) -> No
     _check_against_float64(LL.layernorm_linear, _lnl_ref, [x, g, b, w, bias], dtype, reduction=512)
 
 
+def _ours_of(theirs: nn.Sequential, algo: str = "auto") -> nn.Sequential:
+    """Ours for a torch model of LayerNorm then Linear, GELU, LayerNorm, built from a deep copy of it (``from_torch``
+    shares its source's parameters; ``theirs`` stays a separate model)."""
+    mine = copy.deepcopy(theirs)
+    return nn.Sequential(LL.FusedLayerNormLinear.from_torch(mine[0], algo=algo), nn.GELU(),
+                         L.LayerNorm.from_torch(mine[2]))
+
+
+def _compare_to_scale(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, reduction: int) -> Mismatch | None:
+    """``compare`` relative to ``want``'s largest magnitude (at least 1): the table's bound is for O(1) results, and
+    sums such as gradients grow past that."""
+    scale = want.abs().max().clamp_min(1)
+    return compare(got / scale, want / scale, dtype, reduction=reduction)
+
+
 def _autocast_pair(device: str) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
     theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 32)), nn.GELU(), nn.LayerNorm(32)).to(device)
     for p in theirs.parameters():
         nn.init.normal_(p, std=0.5)
-    mine = copy.deepcopy(theirs)   # from_torch shares its source's parameters; theirs stays a separate model
-    ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(mine[0]), nn.GELU(), L.LayerNorm.from_torch(mine[2]))
-    return theirs, ours
+    return theirs, _ours_of(theirs)
 
 
 def test_autocast_parity(device: str) -> None:
@@ -715,9 +727,7 @@ def _pair(device: str, dtype: torch.dtype = torch.float32, affine: bool = True) 
     torch.manual_seed(0)
     theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(12, elementwise_affine=affine), nn.Linear(12, PAIR_OUT)),
                            nn.GELU(), nn.LayerNorm(PAIR_OUT, bias=affine)).to(device, dtype)
-    mine = copy.deepcopy(theirs)   # from_torch shares its source's parameters; theirs stays a separate model
-    ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(mine[0]), nn.GELU(), L.LayerNorm.from_torch(mine[2]))
-    return theirs, ours
+    return theirs, _ours_of(theirs)
 
 
 def test_layernorm_is_an_nn_layernorm() -> None:
@@ -827,9 +837,7 @@ def test_onnx_export_records_torchs_ops(device: str, algo: str, tmp_path: Path,
     torch model's outputs. The export itself runs where ``onnxscript`` is installed."""
     torch.manual_seed(0)
     theirs = nn.Sequential(nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 8)), nn.GELU(), nn.LayerNorm(8)).to(device)
-    mine = copy.deepcopy(theirs)
-    ours = nn.Sequential(LL.FusedLayerNormLinear.from_torch(mine[0], algo=algo), nn.GELU(),
-                         L.LayerNorm.from_torch(mine[2]))
+    ours = _ours_of(theirs, algo)
     x = torch.randn(4, 16, device=device)
     with monkeypatch.context() as m:
         m.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
@@ -1033,9 +1041,8 @@ def test_double_backward_matches_torch(device: str, wrt: str) -> None:
         penalty = sum(g.square().sum() for g in first)
         penalty.backward()
         results.append([*first, *(t.grad for t in inputs)])
-    for i, (a, b) in enumerate(zip(*results, strict=True)):
-        scale = b.abs().max().clamp_min(1)   # second-order terms reach 1e4: the table's O(1) bound, relative
-        assert (m := compare(a / scale, b / scale, torch.float32, reduction=64)) is None, f"result {i}: {m}"
+    for i, (a, b) in enumerate(zip(*results, strict=True)):   # second-order terms reach 1e4
+        assert (m := _compare_to_scale(a, b, torch.float32, 64)) is None, f"result {i}: {m}"
 
 
 # ---------------------------------------------------------------- what training and serving code does with modules
@@ -1059,8 +1066,8 @@ def _check_step(got: list[torch.Tensor | None], want: list[torch.Tensor | None],
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if a is None:
             continue
-        scale = 1 if i == 0 else b.abs().max().clamp_min(1)
-        assert (m := compare(a / scale, b / scale, dtype, reduction=4 if i == 0 else 16)) is None, f"result {i}: {m}"
+        m = compare(a, b, dtype, reduction=4) if i == 0 else _compare_to_scale(a, b, dtype, 16)
+        assert m is None, f"result {i}: {m}"
 
 
 def _dtypes(device: str) -> list[torch.dtype]:
@@ -1432,9 +1439,8 @@ def test_threads_each_on_its_own_stream(device: str) -> None:
         want = ref(x.double())
         assert (m := compare(y, want, torch.bfloat16, reduction=12)) is None, f"thread {t} call {i}: {m}"
         wants = torch.autograd.grad(want, list(ref.parameters()), dy.double())
-        for g, w in zip(grads, wants, strict=True):   # sums over up to 320 rows: the bound relative to their size
-            scale = w.abs().max().clamp_min(1)
-            assert (m := compare(g / scale, w / scale, torch.bfloat16, reduction=64)) is None, f"{t} {i} grad: {m}"
+        for g, w in zip(grads, wants, strict=True):   # sums over up to 320 rows
+            assert (m := _compare_to_scale(g, w, torch.bfloat16, 64)) is None, f"{t} {i} grad: {m}"
 
 
 # ---------------------------------------------------------------- more than one GPU
