@@ -1,0 +1,248 @@
+"""Two probes of the GEMMs in GPT-2-small's captured 1x128 training step (issue 33's target 0.95), for the
+fused modules' shapes (ln_1 + qkv: 768 -> 2304; ln_2 + fc1: 768 -> 3072; 128 rows, bf16), in a CUDA graph:
+
+* ``lt_candidates``: every algorithm cuBLASLt's heuristics offer for the forward (with bias), dgrad and wgrad (with
+  the bias gradient) GEMMs of our unfused route, against the first (what our plans take) and torch's ops;
+* ``cold_weights``: LayerNorm then the GEMM over 24 distinct weights (each cold in L2, as in the model), over one
+  weight (warm), and with a kernel that reads the weight into L2 on a side stream beside the LayerNorm.
+
+us: per GEMM (lt_candidates) or per module (cold_weights), median of 7 replays. Writes
+results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
+
+    python scripts/probe_captured_gemms.py      (needs a CUDA GPU, and triton for the L2-warming kernel)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ops.timing import commit, gpu_name, write_report  # noqa: E402
+
+FIELDS = ("probe", "module", "gemm", "variant", "us", "note")
+ROWS, K = 128, 768
+MODULES = (("qkv", 2304), ("fc1", 3072))
+COPIES = 24            # distinct weights per cold_weights pass: 24 x 4.7 MB is past the H100's 50 MB of L2
+WARM_PROGRAMS = (132, 264, 528)
+BF16, F32, COMPUTE_32F = 14, 0, 68            # cudaDataType / cublasComputeType_t
+DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS = 3, 4, 7, 8
+PREF_WORKSPACE, PREF_REDUCTION_MASK = 1, 3
+EPILOGUE = {"fwd_bias": 4, "dgrad": 1, "wgrad_bgrad": 512}
+LT_WORKSPACE = 32 << 20   # ops/launch/direct.cpp: the backward's GEMMs (the forward's, here k <= 2n, ask for none)
+
+
+class Heuristic(ctypes.Structure):
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspace", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def graph_us(body: Callable[[], object], per: int = 1, reps: int = 7) -> float:
+    """``body`` captured once (after a warm-up on a side stream), replayed twice per timing: us per ``per``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / (2 * per))
+    return statistics.median(times)
+
+
+class Lt:
+    """cuBLASLt by ctypes: one GEMM of our unfused route's three, and its heuristics' candidates."""
+
+    def __init__(self) -> None:
+        self.lib = next(lib for lib in map(_load, ("libcublasLt.so.13", "libcublasLt.so.12")) if lib is not None)
+        self.handle = ctypes.c_void_p()
+        self._ok(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "create")
+
+    @staticmethod
+    def _ok(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"cublasLt {what}: status {status}")
+
+    def _set(self, fn: Callable, obj: ctypes.c_void_p, attr: int, value: object) -> None:
+        self._ok(fn(obj, attr, ctypes.byref(value), ctypes.sizeof(value)), f"attribute {attr}")
+
+    def candidates(self, gemm: str, n_out: int) -> tuple[list[Callable[[], None]], list]:
+        """One call per heuristic candidate (first: the heuristics' choice) of ``gemm`` for the module of
+        ``n_out`` outputs, on tensors it keeps; and those tensors."""
+        # cuBLAS's column-major terms, as direct.cpp's make_gemm_plan: fwd D[N, M] = W^T xn; dgrad dxn[K, M] = W dy;
+        # wgrad dW[K, N] = xn dy^T
+        m, n, k, ta, tb = {"fwd_bias": (n_out, ROWS, K, 1, 0), "dgrad": (K, ROWS, n_out, 0, 0),
+                           "wgrad_bgrad": (K, n_out, ROWS, 0, 1)}[gemm]
+        desc = ctypes.c_void_p()
+        self._ok(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, F32), "desc")
+        set_desc = self.lib.cublasLtMatmulDescSetAttribute
+        self._set(set_desc, desc, DESC_TRANSA, ctypes.c_int32(ta))
+        self._set(set_desc, desc, DESC_TRANSB, ctypes.c_int32(tb))
+        self._set(set_desc, desc, DESC_EPILOGUE, ctypes.c_uint32(EPILOGUE[gemm]))
+        bias = torch.zeros(max(m, n), device="cuda", dtype=torch.bfloat16)
+        if EPILOGUE[gemm] != 1:
+            self._set(set_desc, desc, DESC_BIAS, ctypes.c_void_p(bias.data_ptr()))
+        layouts = []
+        for r, c in ((k, m) if ta else (m, k), (n, k) if tb else (k, n), (m, n)):
+            layout = ctypes.c_void_p()
+            self._ok(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), BF16, ctypes.c_uint64(r),
+                                                         ctypes.c_uint64(c), ctypes.c_int64(r)), "layout")
+            layouts.append(layout)
+        workspace = 0 if gemm == "fwd_bias" else LT_WORKSPACE
+        pref = ctypes.c_void_p()
+        self._ok(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
+        self._set(self.lib.cublasLtMatmulPreferenceSetAttribute, pref, PREF_WORKSPACE, ctypes.c_uint64(workspace))
+        self._set(self.lib.cublasLtMatmulPreferenceSetAttribute, pref, PREF_REDUCTION_MASK, ctypes.c_uint32(7))
+        found, count = (Heuristic * 32)(), ctypes.c_int()
+        self._ok(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, *layouts, layouts[2], pref, 32, found,
+                                                         ctypes.byref(count)), "heuristic")
+        a = torch.randn(m * k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k * n, device="cuda", dtype=torch.bfloat16)
+        d = torch.empty(m * n, device="cuda", dtype=torch.bfloat16)
+        ws = torch.empty(max(workspace, 1), device="cuda", dtype=torch.uint8)
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+
+        def call(i: int) -> Callable[[], None]:
+            def run() -> None:
+                stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+                self._ok(self.lib.cublasLtMatmul(
+                    self.handle, desc, ctypes.byref(one), ctypes.c_void_p(a.data_ptr()), layouts[0],
+                    ctypes.c_void_p(b.data_ptr()), layouts[1], ctypes.byref(zero), ctypes.c_void_p(d.data_ptr()),
+                    layouts[2], ctypes.c_void_p(d.data_ptr()), layouts[2], ctypes.byref(found[i].algo),
+                    ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(found[i].workspace), stream), "matmul")
+            return run
+        return [call(i) for i in range(count.value)], [a, b, d, ws, bias]
+
+
+def _load(name: str) -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+
+
+def torch_gemm(gemm: str, n_out: int) -> Callable[[], object]:
+    """torch's ops for ``gemm`` (the bias gradient as torch's Linear backward makes it: a column sum)."""
+    x = torch.randn(ROWS, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n_out, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n_out, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(ROWS, n_out, device="cuda", dtype=torch.bfloat16)
+    return {"fwd_bias": lambda: F.linear(x, w, b), "dgrad": lambda: dy @ w,
+            "wgrad_bgrad": lambda: (dy.t() @ x, dy.sum(0))}[gemm]
+
+
+def lt_candidates() -> list[dict]:
+    lt, rows = Lt(), []
+    for module, n_out in MODULES:
+        for gemm in EPILOGUE:
+            calls, _keep = lt.candidates(gemm, n_out)
+            times = [graph_us(call, per=1) for call in calls]
+            best = min(range(len(times)), key=times.__getitem__)
+            note = f"{len(times)} candidates: " + " ".join(f"{t:.2f}" for t in times)
+            for variant, us in (("torch", graph_us(torch_gemm(gemm, n_out))), ("lt_first", times[0]),
+                                (f"lt_best (candidate {best})", times[best])):
+                rows.append({"probe": "lt_candidates", "module": module, "gemm": gemm, "variant": variant,
+                             "us": round(us, 2), "note": note if variant == "lt_first" else ""})
+    return rows
+
+
+class ModulePasses:
+    """COPIES calls of LayerNorm then the GEMM of one module's shape, over distinct weights or one, optionally with
+    the next weight read into L2 on a side stream beside the LayerNorm (``read_into_l2``: a triton kernel)."""
+
+    def __init__(self, n_out: int, read_into_l2: Callable, cdiv: Callable[[int, int], int]) -> None:
+        self.ws = [torch.randn(n_out, K, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        self.bs = [torch.randn(n_out, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        self.x = torch.randn(ROWS, K, device="cuda", dtype=torch.bfloat16)
+        self.g = torch.ones(K, device="cuda", dtype=torch.bfloat16)
+        self.b = torch.zeros(K, device="cuda", dtype=torch.bfloat16)
+        self.sink = torch.empty(max(WARM_PROGRAMS), device="cuda", dtype=torch.int32)
+        self.side = torch.cuda.Stream()
+        self.read_into_l2, self.cdiv = read_into_l2, cdiv
+
+    def warm(self, i: int, programs: int) -> None:
+        words = self.ws[i].view(torch.int32).view(-1)
+        self.read_into_l2[(programs,)](words, self.sink, words.numel(), BLOCK=1024,
+                                       ITERS=self.cdiv(words.numel(), programs * 1024))
+
+    def warm_all(self) -> None:
+        for i in range(COPIES):
+            self.warm(i, WARM_PROGRAMS[1])
+
+    def run(self, distinct: bool, programs: int = 0) -> Callable[[], None]:
+        def body() -> None:
+            for i in range(COPIES):
+                j = i if distinct else 0
+                main = torch.cuda.current_stream()
+                if programs:
+                    self.side.wait_stream(main)
+                    with torch.cuda.stream(self.side):
+                        self.warm(j, programs)
+                xn = F.layer_norm(self.x, (K,), self.g, self.b)
+                if programs:
+                    main.wait_stream(self.side)
+                F.linear(xn, self.ws[j], self.bs[j])
+        return body
+
+
+def cold_weights() -> list[dict]:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_into_l2(w_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):  # noqa: N803
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for i in range(ITERS):
+            offs = (pid * ITERS + i) * BLOCK + tl.arange(0, BLOCK)
+            acc = acc | tl.load(w_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_last")
+        tl.store(out_ptr + pid, tl.max(acc, 0))
+
+    rows = []
+    for module, n_out in MODULES:
+        passes = ModulePasses(n_out, read_into_l2, triton.cdiv)
+        variants = {"layernorm + GEMM, 24 weights (cold)": passes.run(True),
+                    "layernorm + GEMM, one weight (warm)": passes.run(False),
+                    "L2-warming kernel alone": passes.warm_all}
+        for p in WARM_PROGRAMS:
+            variants[f"warming kernel ({p} programs) beside layernorm, then GEMM"] = passes.run(True, p)
+        for variant, body in variants.items():
+            rows.append({"probe": "cold_weights", "module": module, "gemm": "fwd_bias", "variant": variant,
+                         "us": round(graph_us(body, per=COPIES), 2), "note": ""})
+    return rows
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("probe_captured_gemms: needs a CUDA GPU")
+        return 1
+    rows = lt_candidates() + cold_weights()
+    for r in rows:
+        print(f"{r['probe']:14s} {r['module']:4s} {r['gemm']:12s} {r['variant']:58s} {r['us']:7.2f}", flush=True)
+    stamp = f"GPU: {gpu_name()}; commit {commit()}; torch {torch.__version__}"
+    out = Path(os.environ.get("OUT_DIR") or ROOT / "results") / "probe_captured_gemms"
+    write_report(out, rows, FIELDS, stamp, "GPT-2-small's captured 1x128 step: two probes of the fused modules' GEMMs",
+                 " ".join(__doc__.split("\n\n")[:3]).replace("\n", " "))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
