@@ -43,6 +43,14 @@ EPILOGUE = {"fwd_bias": 4, "dgrad": 1, "wgrad_bgrad": 512}
 LT_WORKSPACE = 32 << 20   # ops/launch/direct.cpp: the backward's GEMMs (the forward's, here k <= 2n, ask for none)
 
 
+NOTE = ("bf16, 128 rows, the fused modules' shapes (qkv: 768 -> 2304; fc1: 768 -> 3072), in a CUDA graph. "
+        "lt_candidates: 20 back-to-back GEMMs a graph (operands warm in L2) by each algorithm cuBLASLt's heuristics "
+        "offer (lt_first: the heuristics' choice, which our plans take; note: every candidate's us), and torch's ops "
+        "(wgrad_bgrad: dy^T xn and dy.sum(0)). cold_weights: LayerNorm then the GEMM, 24 times a graph, over 24 "
+        "distinct weights (cold in L2, as in the model) or one (warm), and with a triton kernel that reads the next "
+        "weight into L2 on a side stream beside the LayerNorm. us: per GEMM or per module, median of 7 replays.")
+
+
 class Heuristic(ctypes.Structure):
     _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspace", ctypes.c_size_t), ("state", ctypes.c_int),
                 ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
@@ -251,7 +259,7 @@ def main() -> int:
     stamp = f"GPU: {gpu_name()}; commit {commit()}; torch {torch.__version__}"
     out = Path(os.environ.get("OUT_DIR") or ROOT / "results") / "probe_captured_gemms"
     write_report(out, rows, FIELDS, stamp, "GPT-2-small's captured 1x128 step: two probes of the fused modules' GEMMs",
-                 " ".join(__doc__.split("\n\n")[:3]).replace("\n", " "))
+                 NOTE)
     return 0
 
 
