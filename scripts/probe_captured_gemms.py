@@ -1,11 +1,13 @@
-"""Two probes of the GEMMs in GPT-2-small's captured 1x128 training step (issue 33's target 0.95), for the
+"""Three probes of the GEMMs in GPT-2-small's captured 1x128 training step (issue 33's target 0.95), for the
 fused modules' shapes (ln_1 + qkv: 768 -> 2304; ln_2 + fc1: 768 -> 3072; 128 rows, bf16), in a CUDA graph:
 
 * ``lt_candidates``: 20 back-to-back GEMMs a graph (same operands: warm in L2), by every algorithm cuBLASLt's
   heuristics offer for the forward (with bias), dgrad and wgrad (with the bias gradient) GEMMs of our unfused
   route, against the first (what our plans take) and torch's ops;
 * ``cold_weights``: LayerNorm then the GEMM over 24 distinct weights (each cold in L2, as in the model), over one
-  weight (warm), and with a kernel that reads the weight into L2 on a side stream beside the LayerNorm.
+  weight (warm), and with a kernel that reads the weight into L2 on a side stream beside the LayerNorm;
+* ``triton_gemm``: the forward GEMM by cuBLAS and by a plain triton kernel (one output tile a program, no split-K)
+  at its fastest of TRITON_CONFIGS, cold and warm: whether a GEMM of our own could be faster at 128 rows.
 
 us: per GEMM (lt_candidates) or per module (cold_weights), median of 7 replays. Writes
 results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
@@ -48,7 +50,9 @@ NOTE = ("bf16, 128 rows, the fused modules' shapes (qkv: 768 -> 2304; fc1: 768 -
         "offer (lt_first: the heuristics' choice, which our plans take; note: every candidate's us), and torch's ops "
         "(wgrad_bgrad: dy^T xn and dy.sum(0)). cold_weights: LayerNorm then the GEMM, 24 times a graph, over 24 "
         "distinct weights (cold in L2, as in the model) or one (warm), and with a triton kernel that reads the next "
-        "weight into L2 on a side stream beside the LayerNorm. us: per GEMM or per module, median of 7 replays.")
+        "weight into L2 on a side stream beside the LayerNorm. triton_gemm: the forward GEMM with bias, 24 a graph, by "
+        "cuBLAS and by a plain triton kernel (one output tile a program, no split-K) at its fastest of 24 configs on "
+        "the cold weights. us: per GEMM or per module, median of 7 replays.")
 
 
 class Heuristic(ctypes.Structure):
@@ -249,17 +253,88 @@ def cold_weights() -> list[dict]:
     return rows
 
 
+TRITON_CONFIGS = [(bm, bn, bk, stages) for bm in (64, 128) for bn in (16, 32, 64) for bk in (64, 128)
+                  for stages in (3, 4)]   # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages), 4 warps
+
+
+class GemmPasses:
+    """COPIES forward GEMMs (y = xn W^T + b) of one module's shape a graph, over distinct weights or one, by cuBLAS
+    (F.linear) or by ``kernel`` (a triton kernel) at one of TRITON_CONFIGS."""
+
+    def __init__(self, n_out: int, kernel: object) -> None:
+        self.n_out, self.kernel = n_out, kernel
+        self.ws = [torch.randn(n_out, K, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        self.bs = [torch.randn(n_out, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        self.x = torch.randn(ROWS, K, device="cuda", dtype=torch.bfloat16)
+        self.y = torch.empty(ROWS, n_out, device="cuda", dtype=torch.bfloat16)
+
+    def by_triton(self, i: int, cfg: tuple[int, int, int, int]) -> torch.Tensor:
+        bm, bn, bk, stages = cfg
+        self.kernel[(ROWS // bm, self.n_out // bn)](self.x, self.ws[i], self.bs[i], self.y, self.n_out, K, BM=bm,
+                                                    BN=bn, BK=bk, num_warps=4, num_stages=stages)
+        return self.y
+
+    def by_cublas(self, i: int) -> torch.Tensor:
+        return F.linear(self.x, self.ws[i], self.bs[i])
+
+    def run(self, distinct: bool, cfg: tuple[int, int, int, int] | None = None) -> Callable[[], None]:
+        def body() -> None:
+            for i in range(COPIES):
+                j = i if distinct else 0
+                if cfg is None:
+                    self.by_cublas(j)
+                else:
+                    self.by_triton(j, cfg)
+        return body
+
+
+def triton_gemm() -> list[dict]:
+    """The forward GEMM by a plain triton kernel at its fastest of TRITON_CONFIGS on cold weights, against cuBLAS."""
+    import triton.language as tl
+    from triton import jit
+
+    @jit
+    def linear_bias(x_ptr, w_ptr, b_ptr, y_ptr, n, k, BM: tl.constexpr, BN: tl.constexpr,  # noqa: N803
+                    BK: tl.constexpr):  # noqa: N803
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, k, BK):
+            a = tl.load(x_ptr + rm[:, None] * k + (k0 + rk)[None, :])
+            w = tl.load(w_ptr + rn[:, None] * k + (k0 + rk)[None, :])
+            acc += tl.dot(a, tl.trans(w))
+        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+        tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(tl.bfloat16))
+
+    rows = []
+    for module, n_out in MODULES:
+        passes = GemmPasses(n_out, linear_bias)
+        for cfg in TRITON_CONFIGS:   # the kernel is right before it is timed
+            torch.testing.assert_close(passes.by_triton(1, cfg), passes.by_cublas(1), rtol=2e-2, atol=0.5)
+        cold = {cfg: graph_us(passes.run(True, cfg), per=COPIES) for cfg in TRITON_CONFIGS}
+        best = min(cold, key=cold.__getitem__)
+        for variant, us in (("cuBLAS (F.linear), 24 weights (cold)", graph_us(passes.run(True), per=COPIES)),
+                            ("cuBLAS (F.linear), one weight (warm)", graph_us(passes.run(False), per=COPIES)),
+                            ("triton, best config, 24 weights (cold)", cold[best]),
+                            ("triton, best config, one weight (warm)", graph_us(passes.run(False, best), per=COPIES))):
+            rows.append({"probe": "triton_gemm", "module": module, "gemm": "fwd_bias", "variant": variant,
+                         "us": round(us, 2), "note": f"best (BLOCK_M, BLOCK_N, BLOCK_K, stages): {best}"
+                         if variant.startswith("triton, best config, 24") else ""})
+    return rows
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("probe_captured_gemms: needs a CUDA GPU")
         return 1
-    rows = lt_candidates() + cold_weights()
+    rows = lt_candidates() + cold_weights() + triton_gemm()
     for r in rows:
         print(f"{r['probe']:14s} {r['module']:4s} {r['gemm']:12s} {r['variant']:58s} {r['us']:7.2f}", flush=True)
     stamp = f"GPU: {gpu_name()}; commit {commit()}; torch {torch.__version__}"
     out = Path(os.environ.get("OUT_DIR") or ROOT / "results") / "probe_captured_gemms"
-    write_report(out, rows, FIELDS, stamp, "GPT-2-small's captured 1x128 step: two probes of the fused modules' GEMMs",
-                 NOTE)
+    write_report(out, rows, FIELDS, stamp,
+                 "GPT-2-small's captured 1x128 step: three probes of the fused modules' GEMMs", NOTE)
     return 0
 
 
