@@ -1,4 +1,4 @@
-"""Three probes of the GEMMs in GPT-2-small's captured 1x128 training step (issue 33's target 0.95), for the
+"""Four probes of the GEMMs in GPT-2-small's captured 1x128 training step (issue 33's target 0.95), for the
 fused modules' shapes (ln_1 + qkv: 768 -> 2304; ln_2 + fc1: 768 -> 3072; 128 rows, bf16), in a CUDA graph:
 
 * ``lt_candidates``: 20 back-to-back GEMMs a graph (same operands: warm in L2), by every algorithm cuBLASLt's
@@ -7,7 +7,9 @@ fused modules' shapes (ln_1 + qkv: 768 -> 2304; ln_2 + fc1: 768 -> 3072; 128 row
 * ``cold_weights``: LayerNorm then the GEMM over 24 distinct weights (each cold in L2, as in the model), over one
   weight (warm), and with a kernel that reads the weight into L2 on a side stream beside the LayerNorm;
 * ``triton_gemm``: the forward GEMM by cuBLAS and by a plain triton kernel (one output tile a program, no split-K)
-  at its fastest of TRITON_CONFIGS, cold and warm: whether a GEMM of our own could be faster at 128 rows.
+  at its fastest of TRITON_CONFIGS, cold and warm: whether a GEMM of our own could be faster at 128 rows;
+* ``layernorm_prologue``: our LayerNorm + cuBLASLt (the unfused route) against a triton kernel with the LayerNorm
+  in the GEMM's prologue, cold weights: what that fusion would save a module.
 
 us: per GEMM (lt_candidates) or per module (cold_weights), median of 7 replays. Writes
 results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
@@ -52,7 +54,10 @@ NOTE = ("bf16, 128 rows, the fused modules' shapes (qkv: 768 -> 2304; fc1: 768 -
         "distinct weights (cold in L2, as in the model) or one (warm), and with a triton kernel that reads the next "
         "weight into L2 on a side stream beside the LayerNorm. triton_gemm: the forward GEMM with bias, 24 a graph, by "
         "cuBLAS and by a plain triton kernel (one output tile a program, no split-K) at its fastest of 24 configs on "
-        "the cold weights. us: per GEMM or per module, median of 7 replays.")
+        "the cold weights. layernorm_prologue: our unfused route's forward (our LayerNorm kernel, then cuBLASLt) "
+        "against a triton kernel that takes each row's statistics from x, then normalizes x's tiles as they load "
+        "(fastest of the same configs), 24 distinct weights a graph. us: per GEMM or per module, median of 7 "
+        "replays.")
 
 
 class Heuristic(ctypes.Structure):
@@ -324,17 +329,85 @@ def triton_gemm() -> list[dict]:
     return rows
 
 
+def layernorm_prologue() -> list[dict]:
+    """LayerNorm + GEMM as our unfused route runs it (our LayerNorm kernel, then cuBLASLt: ``layernorm_linear``
+    under no_grad) against one triton kernel with the LayerNorm in the GEMM's prologue: each program first takes
+    its rows' mean and rstd from x (in L2), then normalizes x's tiles as they load; 24 distinct weights a graph."""
+    import triton.language as tl
+    from triton import jit
+
+    from ops.layernorm_linear import layernorm_linear
+
+    @jit
+    def ln_linear_bias(x_ptr, g_ptr, be_ptr, w_ptr, b_ptr, y_ptr, n, k, eps, BM: tl.constexpr,  # noqa: N803
+                       BN: tl.constexpr, BK: tl.constexpr):  # noqa: N803
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        s1 = tl.zeros((BM,), dtype=tl.float32)
+        s2 = tl.zeros((BM,), dtype=tl.float32)
+        for k0 in range(0, k, BK):
+            a = tl.load(x_ptr + rm[:, None] * k + (k0 + rk)[None, :]).to(tl.float32)
+            s1 += tl.sum(a, 1)
+            s2 += tl.sum(a * a, 1)
+        mean = s1 / k
+        rstd = 1.0 / tl.sqrt(s2 / k - mean * mean + eps)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, k, BK):
+            a = tl.load(x_ptr + rm[:, None] * k + (k0 + rk)[None, :]).to(tl.float32)
+            gk = tl.load(g_ptr + k0 + rk).to(tl.float32)
+            bk = tl.load(be_ptr + k0 + rk).to(tl.float32)
+            a = ((a - mean[:, None]) * rstd[:, None] * gk[None, :] + bk[None, :]).to(tl.bfloat16)
+            w = tl.load(w_ptr + rn[:, None] * k + (k0 + rk)[None, :])
+            acc += tl.dot(a, tl.trans(w))
+        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+        tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(tl.bfloat16))
+
+    rows = []
+    for module, n_out in MODULES:
+        p = GemmPasses(n_out, ln_linear_bias)
+        g = 1 + 0.1 * torch.randn(K, device="cuda", dtype=torch.bfloat16)
+        be = 0.1 * torch.randn(K, device="cuda", dtype=torch.bfloat16)
+
+        def fused(i: int, cfg: tuple[int, int, int, int], p: GemmPasses = p, g: torch.Tensor = g,
+                  be: torch.Tensor = be) -> torch.Tensor:
+            bm, bn, bk, stages = cfg
+            p.kernel[(ROWS // bm, p.n_out // bn)](p.x, g, be, p.ws[i], p.bs[i], p.y, p.n_out, K, 1e-5, BM=bm,
+                                                  BN=bn, BK=bk, num_warps=4, num_stages=stages)
+            return p.y
+
+        def ours(i: int, p: GemmPasses = p, g: torch.Tensor = g, be: torch.Tensor = be) -> torch.Tensor:
+            with torch.no_grad():
+                return layernorm_linear(p.x, g, be, p.ws[i], p.bs[i])
+
+        def passes(call: Callable[[int], object]) -> Callable[[], None]:
+            def body() -> None:
+                for i in range(COPIES):
+                    call(i)
+            return body
+        for cfg in TRITON_CONFIGS:   # right before it is timed
+            torch.testing.assert_close(fused(1, cfg), ours(1), rtol=2e-2, atol=0.5)
+        times = {cfg: graph_us(passes(lambda i, c=cfg: fused(i, c)), per=COPIES) for cfg in TRITON_CONFIGS}
+        best = min(times, key=times.__getitem__)
+        for variant, us in (("ours: our LayerNorm, then cuBLASLt (cold)", graph_us(passes(ours), per=COPIES)),
+                            ("triton: LayerNorm in the GEMM's prologue (cold)", times[best])):
+            rows.append({"probe": "layernorm_prologue", "module": module, "gemm": "fwd_bias", "variant": variant,
+                         "us": round(us, 2),
+                         "note": f"best (BLOCK_M, BLOCK_N, BLOCK_K, stages): {best}" if "triton" in variant else ""})
+    return rows
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("probe_captured_gemms: needs a CUDA GPU")
         return 1
-    rows = lt_candidates() + cold_weights() + triton_gemm()
+    rows = lt_candidates() + cold_weights() + triton_gemm() + layernorm_prologue()
     for r in rows:
         print(f"{r['probe']:14s} {r['module']:4s} {r['gemm']:12s} {r['variant']:58s} {r['us']:7.2f}", flush=True)
     stamp = f"GPU: {gpu_name()}; commit {commit()}; torch {torch.__version__}"
     out = Path(os.environ.get("OUT_DIR") or ROOT / "results") / "probe_captured_gemms"
     write_report(out, rows, FIELDS, stamp,
-                 "GPT-2-small's captured 1x128 step: three probes of the fused modules' GEMMs", NOTE)
+                 "GPT-2-small's captured 1x128 step: four probes of the fused modules' GEMMs", NOTE)
     return 0
 
 
