@@ -11,10 +11,11 @@ fused modules' shapes (ln_1 + qkv: 768 -> 2304; ln_2 + fc1: 768 -> 3072; 128 row
 * ``layernorm_prologue``: our LayerNorm + cuBLASLt (the unfused route) against a triton kernel with the LayerNorm
   in the GEMM's prologue, cold weights: what that fusion would save a module.
 
-us: per GEMM (lt_candidates) or per module (cold_weights), median of 7 replays. Writes
+us: per GEMM (lt_candidates, triton_gemm) or per module (cold_weights, layernorm_prologue), median of 7
+replays. Writes
 results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
 
-    python scripts/probe_captured_gemms.py      (needs a CUDA GPU, and triton for the L2-warming kernel)
+    python scripts/probe_captured_gemms.py      (needs a CUDA GPU and triton)
 """
 
 from __future__ import annotations
