@@ -12,8 +12,7 @@ fused modules' shapes (ln_1 + qkv: 768 -> 2304; ln_2 + fc1: 768 -> 3072; 128 row
   in the GEMM's prologue, cold weights: what that fusion would save a module.
 
 us: per GEMM (lt_candidates, triton_gemm) or per module (cold_weights, layernorm_prologue), median of 7
-replays. Writes
-results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
+replays. Writes results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
 
     python scripts/probe_captured_gemms.py      (needs a CUDA GPU and triton)
 """
