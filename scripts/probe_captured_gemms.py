@@ -315,7 +315,7 @@ def triton_gemm() -> list[dict]:
     rows = []
     for module, n_out in MODULES:
         passes = GemmPasses(n_out, linear_bias)
-        for cfg in TRITON_CONFIGS:   # the kernel is right before it is timed
+        for cfg in TRITON_CONFIGS:   # each config checked before it is timed
             torch.testing.assert_close(passes.by_triton(1, cfg), passes.by_cublas(1), rtol=2e-2, atol=0.5)
         cold = {cfg: graph_us(passes.run(True, cfg), per=COPIES) for cfg in TRITON_CONFIGS}
         best = min(cold, key=cold.__getitem__)
@@ -385,7 +385,7 @@ def layernorm_prologue() -> list[dict]:
                 for i in range(COPIES):
                     call(i)
             return body
-        for cfg in TRITON_CONFIGS:   # right before it is timed
+        for cfg in TRITON_CONFIGS:   # each config checked before it is timed
             torch.testing.assert_close(fused(1, cfg), ours(1), rtol=2e-2, atol=0.5)
         times = {cfg: graph_us(passes(lambda i, c=cfg: fused(i, c)), per=COPIES) for cfg in TRITON_CONFIGS}
         best = min(times, key=times.__getitem__)
