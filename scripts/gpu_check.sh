@@ -31,8 +31,8 @@
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   transformer-control:MODE  torch's model against a copy of itself in MODE at 1x128, 5 processes of 31 rounds (the
 #               noise floor of the ratios) -> bench_transformer_control.{md,csv}
-#   probe-captured-gemms  the fused modules' GEMMs at 1x128 in a CUDA graph: cuBLASLt's candidates, cold weights
-#               -> probe_captured_gemms.{md,csv}
+#   probe-captured-gemms  the fused modules' GEMMs at 1x128 in a CUDA graph: cuBLASLt's candidates, cold weights,
+#               a triton GEMM and one with the LayerNorm in its prologue -> probe_captured_gemms.{md,csv}
 #   profile-host  host time per call and torch.profiler's CPU table, torch against ours -> profile_host.md
 #   ab-kernels  LayerNorm forward kernels against 0306017's on this GPU -> kernel_ab_vs_0306017.{md,csv}; needs
 #               build/ab_0306017 from `python scripts/ab_kernels.py 0306017 --build` (a machine with Mojo) first
@@ -130,7 +130,7 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
       [ "$out" = results ] || cp results/bench_transformer_breakdown.* results/bench_transformer_breakdown_kernels.* "$out"/ ;;
-    probe-captured-gemms)  # about 20 s
+    probe-captured-gemms)  # about 75 s (triton compiles)
       OUT_DIR="$out" run probe_captured_gemms_log python scripts/probe_captured_gemms.py ;;
     profile-host)  # where the host's time goes per call, torch against ours (about a minute)
       OUT_DIR="$out" run profile_host_log python scripts/profile_host.py ;;
