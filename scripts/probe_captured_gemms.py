@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,67 +263,104 @@ TRITON_CONFIGS = [(bm, bn, bk, stages) for bm in (64, 128) for bn in (16, 32, 64
                   for stages in (3, 4)]   # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages), 4 warps
 
 
-class GemmPasses:
-    """COPIES forward GEMMs (y = xn W^T + b) of one module's shape a graph, over distinct weights or one, by cuBLAS
-    (F.linear) or by ``kernel`` (a triton kernel) at one of TRITON_CONFIGS."""
-
-    def __init__(self, n_out: int, kernel: object) -> None:
-        self.n_out, self.kernel = n_out, kernel
-        self.ws = [torch.randn(n_out, K, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
-        self.bs = [torch.randn(n_out, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
-        self.x = torch.randn(ROWS, K, device="cuda", dtype=torch.bfloat16)
-        self.y = torch.empty(ROWS, n_out, device="cuda", dtype=torch.bfloat16)
-
-    def by_triton(self, i: int, cfg: tuple[int, int, int, int]) -> torch.Tensor:
-        bm, bn, bk, stages = cfg
-        self.kernel[(ROWS // bm, self.n_out // bn)](self.x, self.ws[i], self.bs[i], self.y, self.n_out, K, BM=bm,
-                                                    BN=bn, BK=bk, num_warps=4, num_stages=stages)
-        return self.y
-
-    def by_cublas(self, i: int) -> torch.Tensor:
-        return F.linear(self.x, self.ws[i], self.bs[i])
-
-    def run(self, distinct: bool, cfg: tuple[int, int, int, int] | None = None) -> Callable[[], None]:
-        def body() -> None:
-            for i in range(COPIES):
-                j = i if distinct else 0
-                if cfg is None:
-                    self.by_cublas(j)
-                else:
-                    self.by_triton(j, cfg)
-        return body
-
-
-def triton_gemm() -> list[dict]:
-    """The forward GEMM by a plain triton kernel at its fastest of TRITON_CONFIGS on cold weights, against cuBLAS."""
+@cache
+def triton_linear() -> object:
+    """y = xn W^T + b, one [BM, BN] output tile a program, no split-K; with NORM, xn = LayerNorm(x) in the
+    prologue: the program first takes its rows' mean and rstd from x (which L2 holds), then normalizes x's tiles
+    as they load."""
     import triton.language as tl
     from triton import jit
 
     @jit
-    def linear_bias(x_ptr, w_ptr, b_ptr, y_ptr, n, k, BM: tl.constexpr, BN: tl.constexpr,  # noqa: N803
-                    BK: tl.constexpr):  # noqa: N803
+    def linear_bias(x_ptr, g_ptr, be_ptr, w_ptr, b_ptr, y_ptr, n, k, eps, BM: tl.constexpr,  # noqa: N803
+                    BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):  # noqa: N803
         rm = tl.program_id(0) * BM + tl.arange(0, BM)
         rn = tl.program_id(1) * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
+        mean = tl.zeros((BM,), dtype=tl.float32)
+        rstd = tl.zeros((BM,), dtype=tl.float32)
+        if NORM:
+            s1 = tl.zeros((BM,), dtype=tl.float32)
+            s2 = tl.zeros((BM,), dtype=tl.float32)
+            for k0 in range(0, k, BK):
+                a = tl.load(x_ptr + rm[:, None] * k + (k0 + rk)[None, :]).to(tl.float32)
+                s1 += tl.sum(a, 1)
+                s2 += tl.sum(a * a, 1)
+            mean = s1 / k
+            rstd = 1.0 / tl.sqrt(s2 / k - mean * mean + eps)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, k, BK):
             a = tl.load(x_ptr + rm[:, None] * k + (k0 + rk)[None, :])
+            if NORM:
+                gk = tl.load(g_ptr + k0 + rk).to(tl.float32)
+                bk = tl.load(be_ptr + k0 + rk).to(tl.float32)
+                a = ((a.to(tl.float32) - mean[:, None]) * rstd[:, None] * gk[None, :] + bk[None, :]).to(tl.bfloat16)
             w = tl.load(w_ptr + rn[:, None] * k + (k0 + rk)[None, :])
             acc += tl.dot(a, tl.trans(w))
         acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
         tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(tl.bfloat16))
 
+    return linear_bias
+
+
+class GemmPasses:
+    """COPIES forward calls of one module's shape a graph, over distinct weights or one: the GEMM by cuBLAS
+    (F.linear) or by ``triton_linear`` at one of TRITON_CONFIGS, or LayerNorm + GEMM by ours (``layernorm_linear``
+    under no_grad: our LayerNorm kernel, then cuBLASLt) or by ``triton_linear`` with NORM."""
+
+    def __init__(self, n_out: int) -> None:
+        self.n_out = n_out
+        self.ws = [torch.randn(n_out, K, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        self.bs = [torch.randn(n_out, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        self.x = torch.randn(ROWS, K, device="cuda", dtype=torch.bfloat16)
+        self.g = 1 + 0.1 * torch.randn(K, device="cuda", dtype=torch.bfloat16)
+        self.be = 0.1 * torch.randn(K, device="cuda", dtype=torch.bfloat16)
+        self.y = torch.empty(ROWS, n_out, device="cuda", dtype=torch.bfloat16)
+
+    def by_triton(self, i: int, cfg: tuple[int, int, int, int], norm: bool = False) -> torch.Tensor:
+        bm, bn, bk, stages = cfg
+        triton_linear()[(ROWS // bm, self.n_out // bn)](self.x, self.g, self.be, self.ws[i], self.bs[i], self.y,
+                                                        self.n_out, K, 1e-5, BM=bm, BN=bn, BK=bk, NORM=norm,
+                                                        num_warps=4, num_stages=stages)
+        return self.y
+
+    def by_cublas(self, i: int) -> torch.Tensor:
+        return F.linear(self.x, self.ws[i], self.bs[i])
+
+    def by_ours(self, i: int) -> torch.Tensor:
+        from ops.layernorm_linear import layernorm_linear
+
+        with torch.no_grad():
+            return layernorm_linear(self.x, self.g, self.be, self.ws[i], self.bs[i])
+
+    def run(self, distinct: bool, call: Callable[..., torch.Tensor], *args: object) -> Callable[[], None]:
+        def body() -> None:
+            for i in range(COPIES):
+                call(i if distinct else 0, *args)
+        return body
+
+    def fastest(self, norm: bool) -> tuple[tuple[int, int, int, int], float]:
+        """The TRITON_CONFIGS entry fastest on cold weights, and its us; each checked against cuBLAS (or ours)
+        first."""
+        want = self.by_ours(1) if norm else self.by_cublas(1)
+        for cfg in TRITON_CONFIGS:
+            torch.testing.assert_close(self.by_triton(1, cfg, norm), want, rtol=2e-2, atol=0.5)
+        times = {cfg: graph_us(self.run(True, self.by_triton, cfg, norm), per=COPIES) for cfg in TRITON_CONFIGS}
+        best = min(times, key=times.__getitem__)
+        return best, times[best]
+
+
+def triton_gemm() -> list[dict]:
+    """The forward GEMM by ``triton_linear`` at its fastest of TRITON_CONFIGS on cold weights, against cuBLAS."""
     rows = []
     for module, n_out in MODULES:
-        passes = GemmPasses(n_out, linear_bias)
-        for cfg in TRITON_CONFIGS:   # each config checked before it is timed
-            torch.testing.assert_close(passes.by_triton(1, cfg), passes.by_cublas(1), rtol=2e-2, atol=0.5)
-        cold = {cfg: graph_us(passes.run(True, cfg), per=COPIES) for cfg in TRITON_CONFIGS}
-        best = min(cold, key=cold.__getitem__)
-        for variant, us in (("cuBLAS (F.linear), 24 weights (cold)", graph_us(passes.run(True), per=COPIES)),
-                            ("cuBLAS (F.linear), one weight (warm)", graph_us(passes.run(False), per=COPIES)),
-                            ("triton, best config, 24 weights (cold)", cold[best]),
-                            ("triton, best config, one weight (warm)", graph_us(passes.run(False, best), per=COPIES))):
+        p = GemmPasses(n_out)
+        best, cold_us = p.fastest(norm=False)
+        for variant, us in (("cuBLAS (F.linear), 24 weights (cold)", graph_us(p.run(True, p.by_cublas), per=COPIES)),
+                            ("cuBLAS (F.linear), one weight (warm)", graph_us(p.run(False, p.by_cublas), per=COPIES)),
+                            ("triton, best config, 24 weights (cold)", cold_us),
+                            ("triton, best config, one weight (warm)",
+                             graph_us(p.run(False, p.by_triton, best), per=COPIES))):
             rows.append({"probe": "triton_gemm", "module": module, "gemm": "fwd_bias", "variant": variant,
                          "us": round(us, 2), "note": f"best (BLOCK_M, BLOCK_N, BLOCK_K, stages): {best}"
                          if variant.startswith("triton, best config, 24") else ""})
@@ -330,69 +368,16 @@ def triton_gemm() -> list[dict]:
 
 
 def layernorm_prologue() -> list[dict]:
-    """LayerNorm + GEMM as our unfused route runs it (our LayerNorm kernel, then cuBLASLt: ``layernorm_linear``
-    under no_grad) against one triton kernel with the LayerNorm in the GEMM's prologue: each program first takes
-    its rows' mean and rstd from x (in L2), then normalizes x's tiles as they load; 24 distinct weights a graph."""
-    import triton.language as tl
-    from triton import jit
-
-    from ops.layernorm_linear import layernorm_linear
-
-    @jit
-    def ln_linear_bias(x_ptr, g_ptr, be_ptr, w_ptr, b_ptr, y_ptr, n, k, eps, BM: tl.constexpr,  # noqa: N803
-                       BN: tl.constexpr, BK: tl.constexpr):  # noqa: N803
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        s1 = tl.zeros((BM,), dtype=tl.float32)
-        s2 = tl.zeros((BM,), dtype=tl.float32)
-        for k0 in range(0, k, BK):
-            a = tl.load(x_ptr + rm[:, None] * k + (k0 + rk)[None, :]).to(tl.float32)
-            s1 += tl.sum(a, 1)
-            s2 += tl.sum(a * a, 1)
-        mean = s1 / k
-        rstd = 1.0 / tl.sqrt(s2 / k - mean * mean + eps)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, k, BK):
-            a = tl.load(x_ptr + rm[:, None] * k + (k0 + rk)[None, :]).to(tl.float32)
-            gk = tl.load(g_ptr + k0 + rk).to(tl.float32)
-            bk = tl.load(be_ptr + k0 + rk).to(tl.float32)
-            a = ((a - mean[:, None]) * rstd[:, None] * gk[None, :] + bk[None, :]).to(tl.bfloat16)
-            w = tl.load(w_ptr + rn[:, None] * k + (k0 + rk)[None, :])
-            acc += tl.dot(a, tl.trans(w))
-        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-        tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(tl.bfloat16))
-
+    """Our unfused forward (our LayerNorm kernel, then cuBLASLt) against ``triton_linear`` with the LayerNorm in the
+    GEMM's prologue, at its fastest of TRITON_CONFIGS; 24 distinct weights a graph."""
     rows = []
     for module, n_out in MODULES:
-        p = GemmPasses(n_out, ln_linear_bias)
-        g = 1 + 0.1 * torch.randn(K, device="cuda", dtype=torch.bfloat16)
-        be = 0.1 * torch.randn(K, device="cuda", dtype=torch.bfloat16)
-
-        def fused(i: int, cfg: tuple[int, int, int, int], p: GemmPasses = p, g: torch.Tensor = g,
-                  be: torch.Tensor = be) -> torch.Tensor:
-            bm, bn, bk, stages = cfg
-            p.kernel[(ROWS // bm, p.n_out // bn)](p.x, g, be, p.ws[i], p.bs[i], p.y, p.n_out, K, 1e-5, BM=bm,
-                                                  BN=bn, BK=bk, num_warps=4, num_stages=stages)
-            return p.y
-
-        def ours(i: int, p: GemmPasses = p, g: torch.Tensor = g, be: torch.Tensor = be) -> torch.Tensor:
-            with torch.no_grad():
-                return layernorm_linear(p.x, g, be, p.ws[i], p.bs[i])
-
-        def passes(call: Callable[[int], object]) -> Callable[[], None]:
-            def body() -> None:
-                for i in range(COPIES):
-                    call(i)
-            return body
-        for cfg in TRITON_CONFIGS:   # each config checked before it is timed
-            torch.testing.assert_close(fused(1, cfg), ours(1), rtol=2e-2, atol=0.5)
-        times = {cfg: graph_us(passes(lambda i, c=cfg: fused(i, c)), per=COPIES) for cfg in TRITON_CONFIGS}
-        best = min(times, key=times.__getitem__)
-        for variant, us in (("ours: our LayerNorm, then cuBLASLt (cold)", graph_us(passes(ours), per=COPIES)),
-                            ("triton: LayerNorm in the GEMM's prologue (cold)", times[best])):
+        p = GemmPasses(n_out)
+        best, us = p.fastest(norm=True)
+        for variant, t in (("ours: our LayerNorm, then cuBLASLt (cold)", graph_us(p.run(True, p.by_ours), per=COPIES)),
+                           ("triton: LayerNorm in the GEMM's prologue (cold)", us)):
             rows.append({"probe": "layernorm_prologue", "module": module, "gemm": "fwd_bias", "variant": variant,
-                         "us": round(us, 2),
+                         "us": round(t, 2),
                          "note": f"best (BLOCK_M, BLOCK_N, BLOCK_K, stages): {best}" if "triton" in variant else ""})
     return rows
 
