@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ops.timing import commit, gpu_name, write_report  # noqa: E402
+from ops.timing import captured, commit, gpu_name, write_report  # noqa: E402
 
 FIELDS = ("probe", "module", "gemm", "variant", "us", "note")
 ROWS, K = 128, 768
@@ -67,15 +67,9 @@ class Heuristic(ctypes.Structure):
 
 
 def graph_us(body: Callable[[], object], per: int = 1, reps: int = 7) -> float:
-    """``body`` captured once (after a warm-up on a side stream), replayed twice per timing: us per ``per``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        body()
+    """``body`` captured once (``ops.timing.captured``, after one warm-up call), replayed twice per timing: us per
+    ``per``."""
+    g, _ = captured(body, warmup=1)
     times = []
     for _ in range(reps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -193,72 +187,6 @@ def lt_candidates() -> list[dict]:
     return rows
 
 
-class ModulePasses:
-    """COPIES calls of LayerNorm then the GEMM of one module's shape, over distinct weights or one, optionally with
-    the next weight read into L2 on a side stream beside the LayerNorm (``read_into_l2``: a triton kernel)."""
-
-    def __init__(self, n_out: int, read_into_l2: Callable, cdiv: Callable[[int, int], int]) -> None:
-        self.ws = [torch.randn(n_out, K, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
-        self.bs = [torch.randn(n_out, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
-        self.x = torch.randn(ROWS, K, device="cuda", dtype=torch.bfloat16)
-        self.g = torch.ones(K, device="cuda", dtype=torch.bfloat16)
-        self.b = torch.zeros(K, device="cuda", dtype=torch.bfloat16)
-        self.sink = torch.empty(max(WARM_PROGRAMS), device="cuda", dtype=torch.int32)
-        self.side = torch.cuda.Stream()
-        self.read_into_l2, self.cdiv = read_into_l2, cdiv
-
-    def warm(self, i: int, programs: int) -> None:
-        words = self.ws[i].view(torch.int32).view(-1)
-        self.read_into_l2[(programs,)](words, self.sink, words.numel(), BLOCK=1024,
-                                       ITERS=self.cdiv(words.numel(), programs * 1024))
-
-    def warm_all(self) -> None:
-        for i in range(COPIES):
-            self.warm(i, WARM_PROGRAMS[1])
-
-    def run(self, distinct: bool, programs: int = 0) -> Callable[[], None]:
-        def body() -> None:
-            for i in range(COPIES):
-                j = i if distinct else 0
-                main = torch.cuda.current_stream()
-                if programs:
-                    self.side.wait_stream(main)
-                    with torch.cuda.stream(self.side):
-                        self.warm(j, programs)
-                xn = F.layer_norm(self.x, (K,), self.g, self.b)
-                if programs:
-                    main.wait_stream(self.side)
-                F.linear(xn, self.ws[j], self.bs[j])
-        return body
-
-
-def cold_weights() -> list[dict]:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def read_into_l2(w_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):  # noqa: N803
-        pid = tl.program_id(0)
-        acc = tl.zeros([BLOCK], dtype=tl.int32)
-        for i in range(ITERS):
-            offs = (pid * ITERS + i) * BLOCK + tl.arange(0, BLOCK)
-            acc = acc | tl.load(w_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_last")
-        tl.store(out_ptr + pid, tl.max(acc, 0))
-
-    rows = []
-    for module, n_out in MODULES:
-        passes = ModulePasses(n_out, read_into_l2, triton.cdiv)
-        variants = {"layernorm + GEMM, 24 weights (cold)": passes.run(True),
-                    "layernorm + GEMM, one weight (warm)": passes.run(False),
-                    "L2-warming kernel alone": passes.warm_all}
-        for p in WARM_PROGRAMS:
-            variants[f"warming kernel ({p} programs) beside layernorm, then GEMM"] = passes.run(True, p)
-        for variant, body in variants.items():
-            rows.append({"probe": "cold_weights", "module": module, "gemm": "fwd_bias", "variant": variant,
-                         "us": round(graph_us(body, per=COPIES), 2), "note": ""})
-    return rows
-
-
 TRITON_CONFIGS = [(bm, bn, bk, stages) for bm in (64, 128) for bn in (16, 32, 64) for bk in (64, 128)
                   for stages in (3, 4)]   # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages), 4 warps
 
@@ -348,6 +276,68 @@ class GemmPasses:
         times = {cfg: graph_us(self.run(True, self.by_triton, cfg, norm), per=COPIES) for cfg in TRITON_CONFIGS}
         best = min(times, key=times.__getitem__)
         return best, times[best]
+
+
+class ModulePasses(GemmPasses):
+    """``GemmPasses``' tensors, as LayerNorm (torch's) then the GEMM (cuBLAS), optionally with the next weight read
+    into L2 on a side stream beside the LayerNorm (``read_into_l2``: a triton kernel)."""
+
+    def __init__(self, n_out: int, read_into_l2: Callable, cdiv: Callable[[int, int], int]) -> None:
+        super().__init__(n_out)
+        self.sink = torch.empty(max(WARM_PROGRAMS), device="cuda", dtype=torch.int32)
+        self.side = torch.cuda.Stream()
+        self.read_into_l2, self.cdiv = read_into_l2, cdiv
+
+    def warm(self, i: int, programs: int) -> None:
+        words = self.ws[i].view(torch.int32).view(-1)
+        self.read_into_l2[(programs,)](words, self.sink, words.numel(), BLOCK=1024,
+                                       ITERS=self.cdiv(words.numel(), programs * 1024))
+
+    def warm_all(self) -> None:
+        for i in range(COPIES):
+            self.warm(i, WARM_PROGRAMS[1])
+
+    def layernorm_gemm(self, distinct: bool, programs: int = 0) -> Callable[[], None]:
+        def body() -> None:
+            for i in range(COPIES):
+                j = i if distinct else 0
+                main = torch.cuda.current_stream()
+                if programs:
+                    self.side.wait_stream(main)
+                    with torch.cuda.stream(self.side):
+                        self.warm(j, programs)
+                xn = F.layer_norm(self.x, (K,), self.g, self.be)
+                if programs:
+                    main.wait_stream(self.side)
+                F.linear(xn, self.ws[j], self.bs[j])
+        return body
+
+
+def cold_weights() -> list[dict]:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_into_l2(w_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):  # noqa: N803
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for i in range(ITERS):
+            offs = (pid * ITERS + i) * BLOCK + tl.arange(0, BLOCK)
+            acc = acc | tl.load(w_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_last")
+        tl.store(out_ptr + pid, tl.max(acc, 0))
+
+    rows = []
+    for module, n_out in MODULES:
+        passes = ModulePasses(n_out, read_into_l2, triton.cdiv)
+        variants = {"layernorm + GEMM, 24 weights (cold)": passes.layernorm_gemm(True),
+                    "layernorm + GEMM, one weight (warm)": passes.layernorm_gemm(False),
+                    "L2-warming kernel alone": passes.warm_all}
+        for p in WARM_PROGRAMS:
+            variants[f"warming kernel ({p} programs) beside layernorm, then GEMM"] = passes.layernorm_gemm(True, p)
+        for variant, body in variants.items():
+            rows.append({"probe": "cold_weights", "module": module, "gemm": "fwd_bias", "variant": variant,
+                         "us": round(graph_us(body, per=COPIES), 2), "note": ""})
+    return rows
 
 
 def triton_gemm() -> list[dict]:
