@@ -228,6 +228,15 @@ LT_NO_WORKSPACE_MAX_K_PER_N = 2
 # 8x512, against 0.985 and 0.944 captured on one stream; inference, which has no backward, unchanged.
 CAPTURED_WEIGHT_GRADS_BESIDE = True
 
+# Under CUDA graph capture, the C++ route's forwards (LayerNorm+Linear unfused, and LayerNorm) of at most this many
+# rows make their parameters' AccumulateGrad nodes on four streams of their own, so that the graph runs the
+# gradients' accumulation into .grad (one add per parameter) beside the rest of the backward instead of in its chain
+# (ops/launch/direct.cpp: accumulate_beside; 0 turns it off). Eager calls never do (an event per parameter costs
+# host time). Evidence: GPT-2-small's captured training step on the H100, results/bench_transformer_capture_overlap.md
+# (ours against ours_accumulate_in_chain, the same model with this at 0): faster at 128 rows, slower at 4096; the
+# limit sits between the two sizes measured.
+CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS = 1024
+
 # Under torch.compile, the unfused LayerNorm+Linear of a training forward holds its Linear as "inductor": F.linear,
 # which inductor runs as addmm, and two mm and a column sum (fused with its neighbours) in the backward; or as
 # "ours": the C++ op mojo_direct.traced_linear (the eager route's cuBLASLt plan), whose C++ autograd kernel's

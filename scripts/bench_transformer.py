@@ -13,7 +13,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
     python scripts/bench_transformer.py --modes compile --linear-ab   (+ our C++ Linear in compiled training)
-    python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours captured on one stream)
+    python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours with less beside the chain)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
     python scripts/bench_transformer.py --modes compile --control --sizes 1x128 --processes 5
@@ -63,6 +63,10 @@ KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|Layer
          ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
 KERNEL_FIELDS = ("phase", "tokens", "impl", "kind", "kernel", "launches", "us")
 ONE_STREAM_IMPL = "ours_one_stream"   # --capture-overlap-ab: ours captured with CAPTURED_WEIGHT_GRADS_BESIDE off
+IN_CHAIN_IMPL = "ours_accumulate_in_chain"   # and with CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS 0
+# --capture-overlap-ab's contenders: the C++ setter each calls while it is captured, its value, and the default's
+CAPTURE_ABS = {ONE_STREAM_IMPL: ("set_capture_overlap", False, "CAPTURED_WEIGHT_GRADS_BESIDE"),
+               IN_CHAIN_IMPL: ("set_accumulate_beside", 0, "CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS")}
 CONTROL_IMPL = "torch_again"   # --control: a second copy of torch's model; its vs_torch is an A/A ratio
 CONTROL_OUT = ROOT / "results" / "bench_transformer_control"
 SPREAD_FIELDS = ("vs_torch_min", "vs_torch_max")   # over the processes of a --processes run
@@ -215,19 +219,23 @@ def with_compile_knobs(impl: str, fn: Callable[[], object]) -> Callable[[], obje
 
 
 @contextlib.contextmanager
-def weight_grads_beside(on: bool) -> Iterator[None]:
-    """Our C++ backward's CAPTURED_WEIGHT_GRADS_BESIDE set to ``on`` while a contender is captured (read at
-    capture: the graph keeps what it recorded)."""
+def capture_knob(impl: str) -> Iterator[None]:
+    """The C++ launcher's knob of ``CAPTURE_ABS[impl]`` at that contender's value while it is captured (read at
+    capture: the graph keeps what it recorded), then back at layernorm_linear_config's; nothing for the others."""
+    if impl not in CAPTURE_ABS:
+        yield
+        return
     from ops.launch import direct
 
     ops = direct.load_native().ops
     if ops is None:
         raise SystemExit("--capture-overlap-ab: the C++ launcher is not available")
-    ops.set_capture_overlap(on)
+    setter, value, default = CAPTURE_ABS[impl]
+    getattr(ops, setter)(value)
     try:
         yield
     finally:
-        ops.set_capture_overlap(layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE)
+        getattr(ops, setter)(getattr(layernorm_linear_config, default))
 
 
 def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = False, control: bool = False,
@@ -245,11 +253,11 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
                 calls = 50 if phase == "infer" else 10
                 fns, runs = {}, {}
                 impls = ("torch", "ours", *(compile_abs if mode == "compile" else ()),
-                         *((ONE_STREAM_IMPL,) if overlap_ab and mode == "cuda_graph" else ()),
+                         *(CAPTURE_ABS if overlap_ab and mode == "cuda_graph" else ()),
                          *((CONTROL_IMPL,) if control else ()))
                 for impl in impls:
                     model = contender(ref_model, impl)
-                    with weight_grads_beside(False) if impl == ONE_STREAM_IMPL else contextlib.nullcontext():
+                    with capture_knob(impl):
                         fn = (infer_call if phase == "infer" else train_call)(model, x, mode)
                     if mode == "compile" and compile_abs and impl not in ("torch", CONTROL_IMPL):   # ours' knobs
                         fn = with_compile_knobs(impl, fn)
@@ -362,10 +370,11 @@ def process_medians(runs: list[list[dict]]) -> list[dict]:
     return out
 
 
-def write_ab(rows: list[dict], mode: str, impl: str, out: Path, title: str, contenders: str,
+def write_ab(rows: list[dict], mode: str, impls: tuple[str, ...], out: Path, title: str, contenders: str,
              processes: int = 1, repeats: int = REPEATS) -> None:
-    """The ``mode`` rows of torch, ours and the A/B contender ``impl`` side by side: the evidence for a default."""
-    write_report(out, [only(r, FIELDS) for r in rows if r["mode"] == mode and r["impl"] in ("torch", "ours", impl)],
+    """The ``mode`` rows of torch, ours and the A/B contenders ``impls`` side by side: the evidence for defaults."""
+    keep = ("torch", "ours", *impls)
+    write_report(out, [only(r, FIELDS) for r in rows if r["mode"] == mode and r["impl"] in keep],
                  FIELDS, run_stamp(processes), title,
                  f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {repeats} "
                  f"runs; vs_torch = the contender's time over torch's ({RATIO_NOTE}).")
@@ -375,19 +384,24 @@ def write_compile_ab(rows: list[dict], impl: str, processes: int = 1, repeats: i
     """Evidence for a compile-mode knob's default: ours with it against the contender ``impl``."""
     ab = COMPILE_ABS[impl]
     module = ab.config.__name__.rsplit(".", 1)[-1]
-    write_ab(rows, "compile", impl, ab.report, ab.title,
+    write_ab(rows, "compile", (impl,), ab.report, ab.title,
              f"ours: the default ({module}.{ab.knob} = {ab.default!r}); {impl}: {ab.says} ({ab.knob} = "
              f"{ab.value!r}), interleaved with the others.", processes, repeats)
 
 
 def write_overlap_ab(rows: list[dict], processes: int = 1, repeats: int = REPEATS) -> None:
-    """Evidence for CAPTURED_WEIGHT_GRADS_BESIDE: ours with it against ONE_STREAM_IMPL, in a CUDA graph."""
-    write_ab(rows, "cuda_graph", ONE_STREAM_IMPL, OVERLAP_AB_OUT,
-             "GPT-2-small in a CUDA graph: the weights' gradients beside the input's, or on one stream",
-             f"ours: the default (layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE = "
-             f"{layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE}: the unfused backward forks dW and db onto a "
-             f"side stream under capture); {ONE_STREAM_IMPL}: the same model captured with it off. One graph at a "
-             "time, each contender captured and timed in turn.", processes, repeats)
+    """Evidence for CAPTURED_WEIGHT_GRADS_BESIDE and CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS: ours with both
+    against CAPTURE_ABS' contenders, each with one off, in a CUDA graph."""
+    c = layernorm_linear_config
+    write_ab(rows, "cuda_graph", tuple(CAPTURE_ABS), OVERLAP_AB_OUT,
+             "GPT-2-small in a CUDA graph: gradient work beside the backward's chain, or in it",
+             f"ours: the defaults (layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE = "
+             f"{c.CAPTURED_WEIGHT_GRADS_BESIDE}: the unfused backward forks dW and db onto a side stream under "
+             f"capture; CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS = {c.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS}: "
+             "under capture, forwards of at most that many rows make their parameters' AccumulateGrad nodes on "
+             f"streams of their own); {ONE_STREAM_IMPL}: the same model captured with the first off; "
+             f"{IN_CHAIN_IMPL}: with the second at 0. One graph at a time, each contender captured and timed in "
+             "turn.", processes, repeats)
 
 
 def only(row: dict, fields: tuple[str, ...]) -> dict:
@@ -487,7 +501,8 @@ def main() -> None:
         p.add_argument(ab.flag, action="append_const", const=impl, dest="compile_abs", default=[],
                        help=f"compile mode: also ours with {ab.says} ({ab.report.name}.md)")
     p.add_argument("--capture-overlap-ab", action="store_true",
-                   help=f"cuda_graph mode: also ours captured on one stream ({OVERLAP_AB_OUT.name}.md)")
+                   help=f"cuda_graph mode: also ours captured with dW and db on the captured stream, and with "
+                        f"the parameters' gradients accumulated on it ({OVERLAP_AB_OUT.name}.md)")
     p.add_argument("--control", action="store_true",
                    help=f"also a second copy of torch's model, timed as a contender ({CONTROL_OUT.name}.md)")
     p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES),

@@ -676,17 +676,66 @@ def test_gpu_cuda_graph_backward_runs_weight_grads_beside(rows: int, k: int, n: 
     want = tuple(t.grad.clone() for t in (x, *m.parameters()))
     assert lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE
     got = {}
+    torch.ops.mojo_direct.set_accumulate_beside(0)   # only this fork in the graph
     try:
         for beside in (True, False):
             torch.ops.mojo_direct.set_capture_overlap(beside)
             got[beside] = _captured_train_step(m, x, tmp_path / f"{beside}.dot")
     finally:
         torch.ops.mojo_direct.set_capture_overlap(lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE)
+        torch.ops.mojo_direct.set_accumulate_beside(lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS)
     assert _forks(tmp_path / "True.dot") >= 1
     assert _forks(tmp_path / "False.dot") == 0
     for beside, grads in got.items():
         for i, (a, b) in enumerate(zip(grads, want, strict=True)):
             assert torch.equal(a, b), f"beside={beside}: gradient {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("module_kind", ["layernorm_linear", "layernorm"])
+def test_gpu_cuda_graph_accumulates_param_grads_beside(module_kind: str, tmp_path: Path) -> None:
+    """Under capture, a forward of at most CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS rows makes its parameters'
+    AccumulateGrad nodes on streams of their own: the graph forks more than with the limit at 0, both give eager's
+    gradients bitwise, and torch's stream-mismatch warning is off while the captured backward accumulates and on
+    again after it."""
+    from ops.layernorm import LayerNorm
+    from ops.layernorm_linear import FusedLayerNormLinear
+
+    rows = 128
+    assert rows <= lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS
+    torch.manual_seed(0)
+    m = FusedLayerNormLinear(768, 2304) if module_kind == "layernorm_linear" else LayerNorm(768)
+    m = m.to("cuda", torch.bfloat16)
+    x = torch.randn(rows, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(2):   # the first call makes the plans; the second runs the C++ entry, as the graph does
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        m(x).float().sum().backward()
+    want = tuple(t.grad.clone() for t in (x, *m.parameters()))
+    warn_on = torch._C._warn_on_accumulate_grad_stream_mismatch
+    assert warn_on()
+    seen: list[bool] = []   # the warning's switch as each parameter's gradient is accumulated
+    hooks = [p.register_post_accumulate_grad_hook(lambda _: seen.append(warn_on())) for p in m.parameters()]
+    got = {}
+    torch.ops.mojo_direct.set_capture_overlap(False)   # only the accumulators' forks in the graph
+    try:
+        for max_rows in (lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS, 0):
+            torch.ops.mojo_direct.set_accumulate_beside(max_rows)
+            seen.clear()
+            got[max_rows] = _captured_train_step(m, x, tmp_path / f"{max_rows}.dot")
+            assert warn_on()
+            # the captured step's accumulations (after the warm-up's) ran with the warning off only when beside
+            assert seen[-len(hooks):] == [max_rows == 0] * len(hooks)
+    finally:
+        torch.ops.mojo_direct.set_capture_overlap(lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE)
+        torch.ops.mojo_direct.set_accumulate_beside(lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS)
+        for h in hooks:
+            h.remove()
+    assert _forks(tmp_path / "0.dot") == 0
+    assert _forks(tmp_path / f"{lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS}.dot") >= 1
+    for max_rows, grads in got.items():
+        for i, (a, b) in enumerate(zip(grads, want, strict=True)):
+            assert torch.equal(a, b), f"limit {max_rows}: gradient {i}"
 
 
 @pytest.mark.gpu

@@ -26,6 +26,8 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <dlfcn.h>
@@ -640,6 +642,70 @@ void join(const c10::Stream& side, const c10::Stream& origin) {
   done.block(origin);
 }
 
+// Under CUDA graph capture, our modules' parameters get their AccumulateGrad nodes (param.grad += g) made on
+// streams of their own, so that the graph runs each parameter's accumulation as a branch beside the rest of the
+// backward instead of in its chain (torch's engine runs an AccumulateGrad node on the stream current when the node
+// was made, syncs it with the gradient's producer by an event, and joins it back at the end of the backward).
+// Forwards of more than `accumulate_beside_max_rows` rows keep the capture stream (layernorm_linear_config.py's
+// CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS, handed over at loading; 0: never). Eager calls never do: the events
+// cost host time per parameter.
+std::atomic<int64_t> accumulate_beside_max_rows{0};
+
+void set_accumulate_beside(int64_t max_rows) { accumulate_beside_max_rows = max_rows; }
+
+constexpr size_t ACCUMULATION_STREAMS = 4;
+
+// ACCUMULATION_STREAMS streams of torch's high-priority pool for `device`, taken once (captures and fork_from take
+// the low-priority pool, so these are never the captured stream or a backward's side stream).
+const std::vector<c10::Stream>& accumulation_streams(const at::Device& device) {
+  static std::mutex mutex;
+  static std::unordered_map<int64_t, std::vector<c10::Stream>> by_device;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& streams = by_device[device.index()];
+  const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+  while (streams.size() < ACCUMULATION_STREAMS)
+    streams.push_back(impl->getStreamFromGlobalPool(device, /*isHighPriority=*/true));
+  return streams;
+}
+
+// torch warns (once) when an AccumulateGrad node's stream is not its gradient's producer's, which here is the
+// point. accumulate_beside turns that warning off while its capture's backward runs, and the backward puts it back
+// at its end (restore_accumulate_grad_warning, queued by accumulated_beside), if it was on.
+std::atomic<bool> accumulate_grad_warning_off{false};
+
+void restore_accumulate_grad_warning() {
+  if (accumulate_grad_warning_off.exchange(false)) at::globalContext().setWarnOnAccumulateGradStreamMismatch(true);
+}
+
+using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const Tensor&>()));
+
+// The AccumulateGrad nodes of `params` (the leaves that need a gradient), made on the accumulation streams in turn
+// when `rows` rows are captured with a gradient to come; the caller holds them until its autograd node does. A
+// parameter whose node is alive already (used before in this forward, or held by DDP) keeps it.
+std::vector<Accumulator> accumulate_beside(const at::Device& device, int64_t rows,
+                                           std::initializer_list<const Tensor*> params) {
+  std::vector<Accumulator> held;
+  if (rows > accumulate_beside_max_rows || !at::GradMode::is_enabled() || !capturing(device)) return held;
+  const auto& streams = accumulation_streams(device);
+  static std::atomic<size_t> turn{0};
+  for (const Tensor* p : params) {
+    if (!p->defined() || !p->requires_grad() || !p->is_leaf()) continue;
+    c10::StreamGuard on(streams[turn++ % streams.size()]);
+    held.push_back(torch::autograd::impl::grad_accumulator(*p));
+  }
+  if (!held.empty() && at::globalContext().warnOnAccumulateGradStreamMismatch()) {
+    at::globalContext().setWarnOnAccumulateGradStreamMismatch(false);
+    accumulate_grad_warning_off = true;
+  }
+  return held;
+}
+
+// In a backward whose forward made its accumulators beside (saved as "beside"): the warning back at its end.
+void accumulated_beside(AutogradContext* ctx) {
+  if (ctx->saved_data["beside"].toBool())
+    torch::autograd::Engine::get_default_engine().queue_callback(&restore_accumulate_grad_warning);
+}
+
 constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
 constexpr int64_t GRID_YZ_LIMIT = 65535;
 
@@ -846,26 +912,28 @@ variable_list differentiable_grads(AutogradContext* ctx, const Tensor& y, const 
 
 struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, const Tensor& b, double eps,
-                        int64_t act, const FwdPlan* plan) {
+                        int64_t act, const FwdPlan* plan, bool beside) {
     Tensor stats = stats_for(x);
     Tensor y = ln_fwd(*plan, x, w, b, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, w, b, stats});
     ctx->saved_data["act"] = act;
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["beside"] = beside;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    accumulated_beside(ctx);
     auto saved = ctx->get_saved_variables();
     const int64_t act = ctx->saved_data["act"].toInt();
     if (at::GradMode::is_enabled()) {
       variable_list g = differentiable_grads(
           ctx, aten_layernorm(saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble(), act),
           {saved[0], saved[1], saved[2]}, grads[0]);
-      return {g[0], g[1], g[2], Tensor(), Tensor(), Tensor()};
+      return {g[0], g[1], g[2], Tensor(), Tensor(), Tensor(), Tensor()};
     }
     auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3], act);
-    return {dx, dw, db, Tensor(), Tensor(), Tensor()};
+    return {dx, dw, db, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -876,30 +944,33 @@ Tensor layernorm(const Tensor& x_in, const Tensor& w, const Tensor& b, double ep
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
   if (!grad_to_come({&x, &w, &b})) return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
-  return LayerNormFn::apply(x, w, b, eps, act, &*plan);
+  const auto beside = accumulate_beside(x.device(), x.numel() / x.size(-1), {&w, &b});
+  return LayerNormFn::apply(x, w, b, eps, act, &*plan, !beside.empty());
 }
 
 // ---------------------------------------------------------------- LayerNorm + Linear (unfused)
 
 struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
-                        const std::optional<Tensor>& bias, double eps, const FwdPlan* plan) {
+                        const std::optional<Tensor>& bias, double eps, const FwdPlan* plan, bool beside) {
     Tensor stats = stats_for(x);
     Tensor xn = ln_fwd(*plan, x, lnw, lnb, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, xn, lnw, lnb, w, stats});
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["beside"] = beside;
     return linear_forward(xn, w, bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    accumulated_beside(ctx);
     auto s = ctx->get_saved_variables();
     const bool bias_grad = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(4);
     if (at::GradMode::is_enabled()) {   // as in LayerNormFn; db = dy's column sums
       const Tensor y = at::linear(aten_layernorm(s[0], s[2], s[3], ctx->saved_data["eps"].toDouble(), 0), s[4]);
       variable_list g = differentiable_grads(ctx, y, {s[0], s[2], s[3], s[4]}, grads[0]);
       Tensor db = bias_grad ? grads[0].reshape({-1, grads[0].size(-1)}).sum(0) : Tensor();
-      return {g[0], g[1], g[2], g[3], db, Tensor(), Tensor()};
+      return {g[0], g[1], g[2], g[3], db, Tensor(), Tensor(), Tensor()};
     }
     const Tensor dy = grads[0].contiguous();
     c10::DeviceGuard guard(dy.device());
@@ -915,7 +986,7 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
     if (!side) linear.weights();
     auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0);
     if (side) join(*side, *captured);
-    return {dx, dlnw, dlnb, linear.dw, linear.db, Tensor(), Tensor()};
+    return {dx, dlnw, dlnb, linear.dw, linear.db, Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -1079,7 +1150,10 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
   if (!grad) return linear_forward(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
-  return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan);
+  const Tensor no_bias;
+  const auto beside = accumulate_beside(x.device(), x.numel() / x.size(-1),
+                                        {&lnw, &lnb, &w, bias.has_value() ? &*bias : &no_bias});
+  return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan, !beside.empty());
 }
 
 // ---------------------------------------------------------------- the ops torch.compile's graphs call
@@ -1288,6 +1362,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("gemm_plan_count() -> int", &gemm_plan_count);
   m.def("set_gemm_tuning(int no_workspace_k_per_n) -> ()", &set_gemm_tuning);
   m.def("set_capture_overlap(bool on) -> ()", &set_capture_overlap);
+  m.def("set_accumulate_beside(int max_rows) -> ()", &set_accumulate_beside);
   m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   // linear's kernel under its own name, for torch.compile's training graphs: its autograd kernel (TracedLinearFn,
   // whose backward is linear_grads) is one that eager calls of linear (no gradient to come) do not pass through.

@@ -422,6 +422,7 @@ def load_native() -> NativeOps:
 
         ops.set_gemm_tuning(layernorm_linear_config.LT_NO_WORKSPACE_MAX_K_PER_N)
         ops.set_capture_overlap(layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE)
+        ops.set_accumulate_beside(layernorm_linear_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS)
         # the overloads' own callables: no OpOverload.__call__ frame per call
         NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
         NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
