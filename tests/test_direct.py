@@ -739,6 +739,43 @@ def test_gpu_cuda_graph_accumulates_param_grads_beside(module_kind: str, tmp_pat
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("module_kind", ["layernorm_linear", "layernorm"])
+@pytest.mark.parametrize("held", [False, True])
+def test_gpu_cuda_graph_autograd_grad_with_accumulators_beside(module_kind: str, held: bool) -> None:
+    """torch.autograd.grad of a captured forward whose parameters' AccumulateGrad nodes were made beside (the
+    LayerNorm's column sums then left on their stream) gives eager's gradients bitwise, as does a capture whose
+    parameters' nodes were held from before (as DDP holds them, made on a stream of its own: they keep it)."""
+    from ops.layernorm import LayerNorm
+    from ops.layernorm_linear import FusedLayerNormLinear
+
+    torch.manual_seed(0)
+    m = FusedLayerNormLinear(768, 2304) if module_kind == "layernorm_linear" else LayerNorm(768)
+    m = m.to("cuda", torch.bfloat16)
+    params = tuple(m.parameters())
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn_like(p), alpha=0.2)
+    x = torch.randn(128, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(128, m(x).shape[-1], device="cuda", dtype=torch.bfloat16)
+
+    def grads() -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(m(x), (x, *params), dy)
+    for _ in range(2):   # the first call makes the plans
+        before = [t.clone() for t in grads()]
+    with torch.cuda.stream(torch.cuda.Stream()):   # held nodes run on the stream current when they were made
+        nodes = [p.view_as(p).grad_fn.next_functions[0][0] for p in params] if held else []   # noqa: F841
+    graph, out = captured(grads, warmup=2)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    x_now = x.detach().clone().requires_grad_()
+    want = torch.autograd.grad(m(x_now), (x_now, *params), dy)
+    for i, (a, b) in enumerate(zip(out, want, strict=True)):
+        assert torch.equal(a, b), f"gradient {i}"
+    assert not torch.equal(before[0], want[0])   # the replay read the new x
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_compile_fullgraph(mode: str, compiled_layernorm: str) -> None:
     """``torch.compile(fullgraph=True)`` of a model with our modules (no graph break: the device queries are

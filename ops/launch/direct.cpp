@@ -679,31 +679,80 @@ void restore_accumulate_grad_warning() {
 
 using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const Tensor&>()));
 
-// The AccumulateGrad nodes of `params` (the leaves that need a gradient), made on the accumulation streams in turn
-// when `rows` rows are captured with a gradient to come; the caller holds them until its autograd node does. A
-// parameter whose node is alive already (used before in this forward, or held by DDP) keeps it.
-std::vector<Accumulator> accumulate_beside(const at::Device& device, int64_t rows,
-                                           std::initializer_list<const Tensor*> params) {
+int64_t address(const Accumulator& node) { return reinterpret_cast<int64_t>(node.get()); }
+
+// What accumulate_beside made for a forward: the AccumulateGrad nodes, which its caller holds until its autograd
+// node does, and, where the LayerNorm weight's and bias' nodes (the first group) both run on one stream, that
+// stream and the two nodes: the backward may run their column sums there (sums_stream).
+struct Beside {
   std::vector<Accumulator> held;
-  if (rows > accumulate_beside_max_rows || !at::GradMode::is_enabled() || !capturing(device)) return held;
+  std::optional<c10::Stream> norm_stream;
+  std::vector<int64_t> norm_nodes;   // by address
+};
+
+// The AccumulateGrad nodes of each group of parameters (the leaves among them that need a gradient), a group on each
+// accumulation stream in turn, when `rows` rows are captured with a gradient to come. A parameter whose node is
+// alive already (used before in this forward, or held by DDP) keeps it and its stream.
+Beside accumulate_beside(const at::Device& device, int64_t rows,
+                         std::initializer_list<std::initializer_list<const Tensor*>> groups) {
+  Beside made;
+  if (rows > accumulate_beside_max_rows || !at::GradMode::is_enabled() || !capturing(device)) return made;
   const auto& streams = accumulation_streams(device);
   static std::atomic<size_t> turn{0};
-  for (const Tensor* p : params) {
-    if (!p->defined() || !p->requires_grad() || !p->is_leaf()) continue;
-    c10::StreamGuard on(streams[turn++ % streams.size()]);
-    held.push_back(torch::autograd::impl::grad_accumulator(*p));
+  bool norm_group = true;   // the first
+  for (const auto& group : groups) {
+    const c10::Stream stream = streams[turn++ % streams.size()];
+    c10::StreamGuard on(stream);
+    std::vector<int64_t> nodes;
+    for (const Tensor* p : group) {
+      if (!p->defined() || !p->requires_grad() || !p->is_leaf()) continue;
+      made.held.push_back(torch::autograd::impl::grad_accumulator(*p));
+      if (made.held.back()->stream() == stream) nodes.push_back(address(made.held.back()));
+    }
+    if (norm_group && nodes.size() == group.size()) {
+      made.norm_stream = stream;
+      made.norm_nodes = std::move(nodes);
+    }
+    norm_group = false;
   }
-  if (!held.empty() && at::globalContext().warnOnAccumulateGradStreamMismatch()) {
+  if (!made.held.empty() && at::globalContext().warnOnAccumulateGradStreamMismatch()) {
     at::globalContext().setWarnOnAccumulateGradStreamMismatch(false);
     accumulate_grad_warning_off = true;
   }
-  return held;
+  return made;
 }
 
-// In a backward whose forward made its accumulators beside (saved as "beside"): the warning back at its end.
+// A forward's record of what accumulate_beside made, for its backward.
+void save_beside(AutogradContext* ctx, const Beside& beside) {
+  ctx->saved_data["beside"] = !beside.held.empty();
+  if (!beside.norm_stream) return;
+  const auto s = beside.norm_stream->pack3();
+  ctx->saved_data["sums_stream"] = std::vector<int64_t>{s.stream_id, s.device_index, int64_t(s.device_type)};
+  ctx->saved_data["sums_nodes"] = beside.norm_nodes;
+}
+
+// In a backward whose forward made its accumulators beside: the warning back at its end.
 void accumulated_beside(AutogradContext* ctx) {
   if (ctx->saved_data["beside"].toBool())
     torch::autograd::Engine::get_default_engine().queue_callback(&restore_accumulate_grad_warning);
+}
+
+// The stream on which the LayerNorm weight's and bias' (w, b) gradients are accumulated, where the forward put both
+// nodes there (save_beside) and they are still the ones that take them: the backward may leave dweight and dbias
+// ready on that stream rather than its own, since their only consumers run there (torch's engine makes the
+// consumer's stream wait for the producer's, and joins it into the caller's stream at the backward's end, when it
+// accumulates into .grad and when torch.autograd.grad captures them alike).
+std::optional<c10::Stream> sums_stream(AutogradContext* ctx, const Tensor& w, const Tensor& b) {
+  const auto found = ctx->saved_data.find("sums_stream");
+  if (found == ctx->saved_data.end()) return std::nullopt;
+  const auto nodes = ctx->saved_data["sums_nodes"].toIntVector();
+  const Tensor* params[] = {&w, &b};
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    auto node = torch::autograd::impl::try_get_grad_accumulator(*params[i]);
+    if (!node || address(node) != nodes[i]) return std::nullopt;
+  }
+  const auto s = found->second.toIntVector();
+  return c10::Stream::unpack3(s[0], static_cast<c10::DeviceIndex>(s[1]), static_cast<c10::DeviceType>(s[2]));
 }
 
 constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
@@ -819,13 +868,13 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
   return find(bwd_plans, fwd_key(rows, h, x.scalar_type(), vec_ok(h, {&dy, &x, &w, &b}), act, x.get_device()));
 }
 
-// dx, dweight, dbias by the plan's two launches (the rows' groups, then the columns' sums of their partials).
+// dx, dweight, dbias by the plan's two launches (the rows' groups, then the columns' sums of their partials); with
+// `sums_on`, the sums run there, after the rows, and dweight and dbias are ready there (sums_stream).
 Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
-                  void* mean_p, void* rstd_p) {
+                  void* mean_p, void* rstd_p, const std::optional<c10::Stream>& sums_on = std::nullopt) {
   const int64_t h = x.size(-1);
   const int64_t rows = x.numel() / h;
   Tensor dx = empty(x.sizes(), x.options());
-  Tensor dw = empty(w.sizes(), w.options()), db = empty(b.sizes(), b.options());
   Tensor part = empty({2, plan.part_rows, h}, x.options().dtype(at::kFloat));
   void* dxp = dx.data_ptr();
   void* part_g = part.data_ptr();
@@ -839,6 +888,14 @@ Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const 
   void* row_params[] = {&dxp, &part_g, &part_b, &dyp, &xp, &wp, &bp, &mean_p, &rstd_p, &rows32, &h32, &parts32};
   c10::DeviceGuard guard(x.device());
   launch(x.device(), plan.rows_kernel, plan.grid, plan.block, 1, row_params);
+  std::optional<c10::StreamGuard> on_sums;
+  if (sums_on) {
+    const auto* impl = c10::impl::getDeviceGuardImpl(x.device().type());
+    join(impl->getStream(x.device()), *sums_on);   // the sums wait for the rows
+    impl->recordDataPtrOnStream(part.storage().data_ptr(), *sums_on);   // read there after the rows' stream moves on
+    on_sums.emplace(*sums_on);   // dw and db are allocated on, and the sums launched on, that stream
+  }
+  Tensor dw = empty(w.sizes(), w.options()), db = empty(b.sizes(), b.options());
   void* dwp = dw.data_ptr();
   void* dbp = db.data_ptr();
   void* reduce_params[] = {&dwp, &dbp, &part_g, &part_b, &part_rows32, &h32};
@@ -857,11 +914,11 @@ Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tenso
 
 // The same from the autograd forward's one float32 [2, rows] statistics buffer (mean, then rstd).
 Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& stats,
-              int64_t act) {
+              int64_t act, const std::optional<c10::Stream>& sums_on = std::nullopt) {
   const Tensor dy = dy_in.contiguous();
   auto plan = bwd_plan(dy, x, w, b, {&stats}, act);
   if (!plan) return ln_bwd_python(dy, x, w, b, stats[0], stats[1], act);
-  return ln_bwd_run(*plan, dy, x, w, b, stats.data_ptr(), stat_row(stats, 1));
+  return ln_bwd_run(*plan, dy, x, w, b, stats.data_ptr(), stat_row(stats, 1), sums_on);
 }
 
 // ops/layernorm.py's layernorm_bwd in eager: (dx, dweight, dbias), or none for a call Python takes (no plan yet,
@@ -912,13 +969,13 @@ variable_list differentiable_grads(AutogradContext* ctx, const Tensor& y, const 
 
 struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, const Tensor& b, double eps,
-                        int64_t act, const FwdPlan* plan, bool beside) {
+                        int64_t act, const FwdPlan* plan, const Beside* beside) {
     Tensor stats = stats_for(x);
     Tensor y = ln_fwd(*plan, x, w, b, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, w, b, stats});
     ctx->saved_data["act"] = act;
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["beside"] = beside;
+    save_beside(ctx, *beside);
     return y;
   }
 
@@ -932,7 +989,8 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
           {saved[0], saved[1], saved[2]}, grads[0]);
       return {g[0], g[1], g[2], Tensor(), Tensor(), Tensor(), Tensor()};
     }
-    auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3], act);
+    auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3], act,
+                               sums_stream(ctx, saved[1], saved[2]));
     return {dx, dw, db, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -944,21 +1002,21 @@ Tensor layernorm(const Tensor& x_in, const Tensor& w, const Tensor& b, double ep
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
   if (!grad_to_come({&x, &w, &b})) return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
-  const auto beside = accumulate_beside(x.device(), x.numel() / x.size(-1), {&w, &b});
-  return LayerNormFn::apply(x, w, b, eps, act, &*plan, !beside.empty());
+  const Beside beside = accumulate_beside(x.device(), x.numel() / x.size(-1), {{&w, &b}});
+  return LayerNormFn::apply(x, w, b, eps, act, &*plan, &beside);
 }
 
 // ---------------------------------------------------------------- LayerNorm + Linear (unfused)
 
 struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
-                        const std::optional<Tensor>& bias, double eps, const FwdPlan* plan, bool beside) {
+                        const std::optional<Tensor>& bias, double eps, const FwdPlan* plan, const Beside* beside) {
     Tensor stats = stats_for(x);
     Tensor xn = ln_fwd(*plan, x, lnw, lnb, eps, stats.data_ptr(), stat_row(stats, 1));
     ctx->save_for_backward({x, xn, lnw, lnb, w, stats});
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["beside"] = beside;
+    save_beside(ctx, *beside);
     return linear_forward(xn, w, bias);
   }
 
@@ -984,7 +1042,7 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
     }
     Tensor dxn = linear.input();
     if (!side) linear.weights();
-    auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0);
+    auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0, sums_stream(ctx, s[2], s[3]));
     if (side) join(*side, *captured);
     return {dx, dlnw, dlnb, linear.dw, linear.db, Tensor(), Tensor(), Tensor()};
   }
@@ -1151,9 +1209,9 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
   c10::DeviceGuard guard(x.device());
   if (!grad) return linear_forward(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
   const Tensor no_bias;
-  const auto beside = accumulate_beside(x.device(), x.numel() / x.size(-1),
-                                        {&lnw, &lnb, &w, bias.has_value() ? &*bias : &no_bias});
-  return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan, !beside.empty());
+  const Beside beside = accumulate_beside(x.device(), x.numel() / x.size(-1),
+                                          {{&lnw, &lnb}, {&w, bias.has_value() ? &*bias : &no_bias}});
+  return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan, &beside);
 }
 
 // ---------------------------------------------------------------- the ops torch.compile's graphs call
