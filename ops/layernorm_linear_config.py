@@ -231,8 +231,8 @@ CAPTURED_WEIGHT_GRADS_BESIDE = True
 # Under CUDA graph capture, the C++ route's forwards (LayerNorm+Linear unfused, and LayerNorm) of at most this many
 # rows make their parameters' AccumulateGrad nodes on four streams of their own, so that the graph runs the
 # gradients' accumulation into .grad (one add per parameter) beside the rest of the backward instead of in its chain,
-# and the LayerNorm backward's column sums (dweight, dbias) on the stream of those two parameters' accumulation
-# (ops/launch/direct.cpp: accumulate_beside, sums_stream; 0 turns it off). Eager calls never do (an event per
+# and the LayerNorm backward's column sums (dweight, dbias) beside it too, on the streams of those two parameters'
+# accumulation (ops/launch/direct.cpp: accumulate_beside, sums_streams; 0 turns both off). Eager calls never do (an event per
 # parameter costs host time). Evidence: GPT-2-small's captured training step on the H100, results/bench_transformer_capture_overlap.md
 # (ours against ours_accumulate_in_chain, the same model with this at 0): faster at 128 rows, slower at 4096; the
 # limit sits between the two sizes measured.

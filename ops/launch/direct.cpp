@@ -682,39 +682,36 @@ using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declva
 int64_t address(const Accumulator& node) { return reinterpret_cast<int64_t>(node.get()); }
 
 // What accumulate_beside made for a forward: the AccumulateGrad nodes, which its caller holds until its autograd
-// node does, and, where the LayerNorm weight's and bias' nodes (the first group) both run on one stream, that
-// stream and the two nodes: the backward may run their column sums there (sums_stream).
+// node does, and, where it made both the LayerNorm weight's and bias' nodes (its first two parameters), their
+// streams and the two nodes: the backward may then leave their column sums on those streams (sums_streams).
 struct Beside {
   std::vector<Accumulator> held;
-  std::optional<c10::Stream> norm_stream;
+  std::vector<c10::Stream> norm_streams;
   std::vector<int64_t> norm_nodes;   // by address
 };
 
-// The AccumulateGrad nodes of each group of parameters (the leaves among them that need a gradient), a group on each
-// accumulation stream in turn, when `rows` rows are captured with a gradient to come. A parameter whose node is
-// alive already (used before in this forward, or held by DDP) keeps it and its stream.
-Beside accumulate_beside(const at::Device& device, int64_t rows,
-                         std::initializer_list<std::initializer_list<const Tensor*>> groups) {
+// The AccumulateGrad nodes of `params` (the leaves among them that need a gradient), each made on the next
+// accumulation stream (one a parameter: with two parameters' adds in turn on one stream, the captured 1x128 step
+// of bench_transformer was slower in an ad hoc A/B), when `rows` rows are captured with a gradient to come. A parameter whose node is alive already
+// (used before in this forward, or held by DDP) keeps it and its stream.
+Beside accumulate_beside(const at::Device& device, int64_t rows, std::initializer_list<const Tensor*> params) {
   Beside made;
   if (rows > accumulate_beside_max_rows || !at::GradMode::is_enabled() || !capturing(device)) return made;
   const auto& streams = accumulation_streams(device);
   static std::atomic<size_t> turn{0};
-  bool norm_group = true;   // the first
-  for (const auto& group : groups) {
+  size_t position = 0;
+  for (const Tensor* p : params) {
+    const bool norm = position++ < 2;
+    if (!p->defined() || !p->requires_grad() || !p->is_leaf()) continue;
     const c10::Stream stream = streams[turn++ % streams.size()];
     c10::StreamGuard on(stream);
-    std::vector<int64_t> nodes;
-    for (const Tensor* p : group) {
-      if (!p->defined() || !p->requires_grad() || !p->is_leaf()) continue;
-      made.held.push_back(torch::autograd::impl::grad_accumulator(*p));
-      if (made.held.back()->stream() == stream) nodes.push_back(address(made.held.back()));
+    made.held.push_back(torch::autograd::impl::grad_accumulator(*p));
+    if (norm && made.held.back()->stream() == stream) {
+      made.norm_streams.push_back(stream);
+      made.norm_nodes.push_back(address(made.held.back()));
     }
-    if (norm_group && nodes.size() == group.size()) {
-      made.norm_stream = stream;
-      made.norm_nodes = std::move(nodes);
-    }
-    norm_group = false;
   }
+  if (made.norm_nodes.size() < 2) made.norm_streams.clear();
   if (!made.held.empty() && at::globalContext().warnOnAccumulateGradStreamMismatch()) {
     at::globalContext().setWarnOnAccumulateGradStreamMismatch(false);
     accumulate_grad_warning_off = true;
@@ -725,9 +722,13 @@ Beside accumulate_beside(const at::Device& device, int64_t rows,
 // A forward's record of what accumulate_beside made, for its backward.
 void save_beside(AutogradContext* ctx, const Beside& beside) {
   ctx->saved_data["beside"] = !beside.held.empty();
-  if (!beside.norm_stream) return;
-  const auto s = beside.norm_stream->pack3();
-  ctx->saved_data["sums_stream"] = std::vector<int64_t>{s.stream_id, s.device_index, int64_t(s.device_type)};
+  if (beside.norm_streams.empty()) return;
+  std::vector<int64_t> packed;
+  for (const auto& stream : beside.norm_streams) {
+    const auto s = stream.pack3();
+    packed.insert(packed.end(), {s.stream_id, s.device_index, static_cast<int64_t>(s.device_type)});
+  }
+  ctx->saved_data["sums_streams"] = packed;
   ctx->saved_data["sums_nodes"] = beside.norm_nodes;
 }
 
@@ -737,22 +738,27 @@ void accumulated_beside(AutogradContext* ctx) {
     torch::autograd::Engine::get_default_engine().queue_callback(&restore_accumulate_grad_warning);
 }
 
-// The stream on which the LayerNorm weight's and bias' (w, b) gradients are accumulated, where the forward put both
-// nodes there (save_beside) and they are still the ones that take them: the backward may leave dweight and dbias
-// ready on that stream rather than its own, since their only consumers run there (torch's engine makes the
-// consumer's stream wait for the producer's, and joins it into the caller's stream at the backward's end, when it
-// accumulates into .grad and when torch.autograd.grad captures them alike).
-std::optional<c10::Stream> sums_stream(AutogradContext* ctx, const Tensor& w, const Tensor& b) {
-  const auto found = ctx->saved_data.find("sums_stream");
-  if (found == ctx->saved_data.end()) return std::nullopt;
+// The streams on which the LayerNorm weight's and bias' (w, b) gradients are accumulated, where the forward made
+// both nodes there (save_beside) and they are still the ones that take them; else none. The backward may leave
+// dweight and dbias ready on those streams (the sums on the first, the second waiting for them) rather than on its
+// own, since their only consumers run there: torch's engine makes a consumer's stream wait for its producer's, and
+// joins it into the caller's stream at the backward's end, both when it accumulates into .grad and when
+// torch.autograd.grad captures the gradients.
+std::vector<c10::Stream> sums_streams(AutogradContext* ctx, const Tensor& w, const Tensor& b) {
+  const auto found = ctx->saved_data.find("sums_streams");
+  if (found == ctx->saved_data.end()) return {};
   const auto nodes = ctx->saved_data["sums_nodes"].toIntVector();
   const Tensor* params[] = {&w, &b};
-  for (size_t i = 0; i < nodes.size(); ++i) {
+  for (size_t i = 0; i < 2; ++i) {
     auto node = torch::autograd::impl::try_get_grad_accumulator(*params[i]);
-    if (!node || address(node) != nodes[i]) return std::nullopt;
+    if (!node || address(node) != nodes[i]) return {};
   }
   const auto s = found->second.toIntVector();
-  return c10::Stream::unpack3(s[0], static_cast<c10::DeviceIndex>(s[1]), static_cast<c10::DeviceType>(s[2]));
+  std::vector<c10::Stream> streams;
+  for (size_t i = 0; i + 2 < s.size(); i += 3)
+    streams.push_back(c10::Stream::unpack3(s[i], static_cast<c10::DeviceIndex>(s[i + 1]),
+                                           static_cast<c10::DeviceType>(s[i + 2])));
+  return streams;
 }
 
 constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
@@ -869,9 +875,9 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
 }
 
 // dx, dweight, dbias by the plan's two launches (the rows' groups, then the columns' sums of their partials); with
-// `sums_on`, the sums run there, after the rows, and dweight and dbias are ready there (sums_stream).
+// `sums_on` (sums_streams), the sums run on its first stream, after the rows, and the others wait for them.
 Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
-                  void* mean_p, void* rstd_p, const std::optional<c10::Stream>& sums_on = std::nullopt) {
+                  void* mean_p, void* rstd_p, const std::vector<c10::Stream>& sums_on = {}) {
   const int64_t h = x.size(-1);
   const int64_t rows = x.numel() / h;
   Tensor dx = empty(x.sizes(), x.options());
@@ -889,17 +895,18 @@ Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const 
   c10::DeviceGuard guard(x.device());
   launch(x.device(), plan.rows_kernel, plan.grid, plan.block, 1, row_params);
   std::optional<c10::StreamGuard> on_sums;
-  if (sums_on) {
+  if (!sums_on.empty()) {
     const auto* impl = c10::impl::getDeviceGuardImpl(x.device().type());
-    join(impl->getStream(x.device()), *sums_on);   // the sums wait for the rows
-    impl->recordDataPtrOnStream(part.storage().data_ptr(), *sums_on);   // read there after the rows' stream moves on
-    on_sums.emplace(*sums_on);   // dw and db are allocated on, and the sums launched on, that stream
+    join(impl->getStream(x.device()), sums_on[0]);   // the sums wait for the rows
+    impl->recordDataPtrOnStream(part.storage().data_ptr(), sums_on[0]);   // read there after the rows' stream moves on
+    on_sums.emplace(sums_on[0]);   // dw and db are allocated on, and the sums launched on, that stream
   }
   Tensor dw = empty(w.sizes(), w.options()), db = empty(b.sizes(), b.options());
   void* dwp = dw.data_ptr();
   void* dbp = db.data_ptr();
   void* reduce_params[] = {&dwp, &dbp, &part_g, &part_b, &part_rows32, &h32};
   launch(x.device(), plan.reduce_kernel, plan.reduce_grid, plan.reduce_block, 1, reduce_params);
+  for (size_t i = 1; i < sums_on.size(); ++i) join(sums_on[0], sums_on[i]);
   return {dx, dw, db};
 }
 
@@ -914,7 +921,7 @@ Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tenso
 
 // The same from the autograd forward's one float32 [2, rows] statistics buffer (mean, then rstd).
 Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& stats,
-              int64_t act, const std::optional<c10::Stream>& sums_on = std::nullopt) {
+              int64_t act, const std::vector<c10::Stream>& sums_on = {}) {
   const Tensor dy = dy_in.contiguous();
   auto plan = bwd_plan(dy, x, w, b, {&stats}, act);
   if (!plan) return ln_bwd_python(dy, x, w, b, stats[0], stats[1], act);
@@ -990,7 +997,7 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
       return {g[0], g[1], g[2], Tensor(), Tensor(), Tensor(), Tensor()};
     }
     auto [dx, dw, db] = ln_bwd(grads[0], saved[0], saved[1], saved[2], saved[3], act,
-                               sums_stream(ctx, saved[1], saved[2]));
+                               sums_streams(ctx, saved[1], saved[2]));
     return {dx, dw, db, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -1002,7 +1009,7 @@ Tensor layernorm(const Tensor& x_in, const Tensor& w, const Tensor& b, double ep
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());
   if (!grad_to_come({&x, &w, &b})) return ln_fwd(*plan, x, w, b, eps, nullptr, nullptr);
-  const Beside beside = accumulate_beside(x.device(), x.numel() / x.size(-1), {{&w, &b}});
+  const Beside beside = accumulate_beside(x.device(), x.numel() / x.size(-1), {&w, &b});
   return LayerNormFn::apply(x, w, b, eps, act, &*plan, &beside);
 }
 
@@ -1042,7 +1049,7 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
     }
     Tensor dxn = linear.input();
     if (!side) linear.weights();
-    auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0, sums_stream(ctx, s[2], s[3]));
+    auto [dx, dlnw, dlnb] = ln_bwd(dxn, s[0], s[2], s[3], s[5], 0, sums_streams(ctx, s[2], s[3]));
     if (side) join(*side, *captured);
     return {dx, dlnw, dlnb, linear.dw, linear.db, Tensor(), Tensor(), Tensor()};
   }
@@ -1210,7 +1217,7 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
   if (!grad) return linear_forward(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
   const Tensor no_bias;
   const Beside beside = accumulate_beside(x.device(), x.numel() / x.size(-1),
-                                          {{&lnw, &lnb}, {&w, bias.has_value() ? &*bias : &no_bias}});
+                                          {&lnw, &lnb, &w, bias.has_value() ? &*bias : &no_bias});
   return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan, &beside);
 }
 
