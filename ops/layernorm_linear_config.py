@@ -230,12 +230,14 @@ CAPTURED_WEIGHT_GRADS_BESIDE = True
 
 # Under CUDA graph capture, the C++ route's forwards (LayerNorm+Linear unfused, and LayerNorm) of at most this many
 # rows make their parameters' AccumulateGrad nodes on four streams of their own, so that the graph runs the
-# gradients' accumulation into .grad (one add per parameter) beside the rest of the backward instead of in its chain,
-# and the LayerNorm backward's column sums (dweight, dbias) beside it too, on the streams of those two parameters'
-# accumulation (ops/launch/direct.cpp: accumulate_beside, sums_streams; 0 turns both off). Eager calls never do (an event per
-# parameter costs host time). Evidence: GPT-2-small's captured training step on the H100, results/bench_transformer_capture_overlap.md
-# (ours against ours_accumulate_in_chain, the same model with this at 0): faster at 128 rows, slower at 4096; the
-# limit sits between the two sizes measured.
+# gradients' accumulation into .grad (one add per parameter) beside the rest of the backward instead of in its
+# chain, and the LayerNorm backward's column sums (dweight, dbias) beside it too, on the streams of those two
+# parameters' accumulation (ops/launch/direct.cpp: accumulate_beside, sums_streams; 0 turns both off). Eager calls
+# never do (an event per parameter costs host time). Evidence: results/bench_transformer_capture_overlap.md at
+# 949a327 (H100, medians over 5 processes): GPT-2-small's captured 1x128 training step 0.948 of torch's, against
+# 0.979 with this at 0 (ours_accumulate_in_chain). The limit keeps 8x512 (4096 rows) in the chain, where an ad hoc
+# A/B with every size beside read 0.002-0.006 slower; where it sits between 128 and 4096 rows is a guess
+# (docs/direct_launch.md).
 CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS = 1024
 
 # Under torch.compile, the unfused LayerNorm+Linear of a training forward holds its Linear as "inductor": F.linear,

@@ -117,7 +117,7 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_*.* "$out"/ ;;
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
-      ab=()   # the CUDA-graph rows also time ours captured on one stream (CAPTURED_WEIGHT_GRADS_BESIDE)
+      ab=()   # the CUDA-graph rows also time ours with each capture knob off (bench_transformer.py CAPTURE_ABS)
       [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}" \
         --repeats "${TRANSFORMER_REPEATS:-11}"
