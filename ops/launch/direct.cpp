@@ -27,6 +27,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
@@ -732,10 +733,12 @@ void save_beside(AutogradContext* ctx, const Beside& beside) {
   ctx->saved_data["sums_nodes"] = beside.norm_nodes;
 }
 
-// In a backward whose forward made its accumulators beside: the warning back at its end.
+// In a backward whose forward made its accumulators beside: the warning back at the engine's end of the backward
+// (or now, for a backward the engine does not run).
 void accumulated_beside(AutogradContext* ctx) {
-  if (ctx->saved_data["beside"].toBool())
-    torch::autograd::Engine::get_default_engine().queue_callback(&restore_accumulate_grad_warning);
+  if (!ctx->saved_data["beside"].toBool()) return;
+  if (torch::autograd::get_current_graph_task_id() == -1) restore_accumulate_grad_warning();
+  else torch::autograd::Engine::get_default_engine().queue_callback(&restore_accumulate_grad_warning);
 }
 
 // The streams on which the LayerNorm weight's and bias' (w, b) gradients are accumulated, where the forward made
