@@ -670,8 +670,8 @@ const std::vector<c10::Stream>& accumulation_streams(const at::Device& device) {
 }
 
 // torch warns (once) when an AccumulateGrad node's stream is not its gradient's producer's, which here is the
-// point. accumulate_beside turns that warning off while its capture's backward runs, and the backward puts it back
-// at its end (restore_accumulate_grad_warning, queued by accumulated_beside), if it was on.
+// point. A backward whose forward made its nodes beside turns that warning off, and puts it back when the engine
+// ends the backward (restore_accumulate_grad_warning, queued by accumulated_beside), if it was on.
 std::atomic<bool> accumulate_grad_warning_off{false};
 
 void restore_accumulate_grad_warning() {
@@ -692,9 +692,10 @@ struct Beside {
 };
 
 // The AccumulateGrad nodes of `params` (the leaves among them that need a gradient), each made on the next
-// accumulation stream (one a parameter: with two parameters' adds in turn on one stream, the captured 1x128 step
-// of bench_transformer was slower in an ad hoc A/B), when `rows` rows are captured with a gradient to come. A parameter whose node is alive already
-// (used before in this forward, or held by DDP) keeps it and its stream.
+// accumulation stream, when `rows` rows are captured with a gradient to come (one stream a parameter: with two
+// parameters' adds in turn on one stream, the captured 1x128 step of bench_transformer was slower in an ad hoc
+// A/B). A parameter whose node is alive already (used before in this forward, or held by DDP) keeps it and its
+// stream.
 Beside accumulate_beside(const at::Device& device, int64_t rows, std::initializer_list<const Tensor*> params) {
   Beside made;
   if (rows > accumulate_beside_max_rows || !at::GradMode::is_enabled() || !capturing(device)) return made;
@@ -713,10 +714,6 @@ Beside accumulate_beside(const at::Device& device, int64_t rows, std::initialize
     }
   }
   if (made.norm_nodes.size() < 2) made.norm_streams.clear();
-  if (!made.held.empty() && at::globalContext().warnOnAccumulateGradStreamMismatch()) {
-    at::globalContext().setWarnOnAccumulateGradStreamMismatch(false);
-    accumulate_grad_warning_off = true;
-  }
   return made;
 }
 
@@ -733,12 +730,15 @@ void save_beside(AutogradContext* ctx, const Beside& beside) {
   ctx->saved_data["sums_nodes"] = beside.norm_nodes;
 }
 
-// In a backward whose forward made its accumulators beside: the warning back at the engine's end of the backward
-// (or now, for a backward the engine does not run).
+// In a backward whose forward made its accumulators beside, run by the engine: the warning off until the engine
+// ends the backward (the engine hands our gradients to the nodes beside after this backward returns).
 void accumulated_beside(AutogradContext* ctx) {
-  if (!ctx->saved_data["beside"].toBool()) return;
-  if (torch::autograd::get_current_graph_task_id() == -1) restore_accumulate_grad_warning();
-  else torch::autograd::Engine::get_default_engine().queue_callback(&restore_accumulate_grad_warning);
+  if (!ctx->saved_data["beside"].toBool() || torch::autograd::get_current_graph_task_id() == -1) return;
+  if (at::globalContext().warnOnAccumulateGradStreamMismatch()) {
+    at::globalContext().setWarnOnAccumulateGradStreamMismatch(false);
+    accumulate_grad_warning_off = true;
+  }
+  torch::autograd::Engine::get_default_engine().queue_callback(&restore_accumulate_grad_warning);
 }
 
 // The streams on which the LayerNorm weight's and bias' (w, b) gradients are accumulated, where the forward made
