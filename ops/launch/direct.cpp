@@ -695,10 +695,12 @@ struct Beside {
 // accumulation stream, when `rows` rows are captured with a gradient to come (one stream a parameter: with two
 // parameters' adds in turn on one stream, the captured 1x128 step of bench_transformer was slower in an ad hoc
 // A/B). A parameter whose node is alive already (used before in this forward, or held by DDP) keeps it and its
-// stream.
-Beside accumulate_beside(const at::Device& device, int64_t rows, std::initializer_list<const Tensor*> params) {
+// stream. `captured`: capturing(device), where the caller has asked it already.
+Beside accumulate_beside(const at::Device& device, int64_t rows, std::initializer_list<const Tensor*> params,
+                         std::optional<bool> captured = std::nullopt) {
   Beside made;
-  if (rows > accumulate_beside_max_rows || !at::GradMode::is_enabled() || !capturing(device)) return made;
+  if (rows > accumulate_beside_max_rows || !at::GradMode::is_enabled() || !(captured ? *captured : capturing(device)))
+    return made;
   const auto& streams = accumulation_streams(device);
   static std::atomic<size_t> turn{0};
   size_t position = 0;
@@ -1202,7 +1204,8 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
                         const std::optional<Tensor>& bias, double eps, int64_t algo) {
   if (!takes(x_in, lnw, lnb, eps, true) || !linear_takes(x_in, w, bias)) return Tensor();
   const bool grad = grad_to_come({&x_in, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
-  const int64_t variant = int64_t(grad) | int64_t(capturing(x_in.device())) << 1;   // set_linear_algo's
+  const bool captured = capturing(x_in.device());
+  const int64_t variant = int64_t(grad) | int64_t(captured) << 1;   // set_linear_algo's
   auto unfused = find(linear_unfused, lnl_key(x_in, w, algo, variant));
   // No choice made for this variant yet (the Python route makes it), or the fused and Hopper forwards with a
   // gradient to come (Python's autograd).
@@ -1220,7 +1223,7 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
   if (!grad) return linear_forward(ln_fwd(*plan, x, lnw, lnb, eps, nullptr, nullptr), w, bias);
   const Tensor no_bias;
   const Beside beside = accumulate_beside(x.device(), x.numel() / x.size(-1),
-                                          {&lnw, &lnb, &w, bias.has_value() ? &*bias : &no_bias});
+                                          {&lnw, &lnb, &w, bias.has_value() ? &*bias : &no_bias}, captured);
   return LayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, &*plan, &beside);
 }
 
