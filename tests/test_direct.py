@@ -628,6 +628,16 @@ def test_gpu_make_graphed_callables() -> None:
             assert torch.equal(a, b), f"output {i}"
 
 
+def _eager_train_step(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x's and module's gradients of sum(module(x)) in eager, from the second call (the first makes the plans; the
+    second runs the C++ entry, as a captured graph does)."""
+    for _ in range(2):
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        module(x).float().sum().backward()
+    return tuple(t.grad.clone() for t in (x, *module.parameters()))
+
+
 def _captured_train_step(module: torch.nn.Module, x: torch.Tensor, dot: Path) -> tuple[torch.Tensor, ...]:
     """x's and module's gradients of sum(module(x)) from a captured forward and backward (``captured``: warm-up on a
     side stream first) replayed on x's values now, with the graph written to ``dot`` (cudaGraphDebugDotPrint)."""
@@ -669,11 +679,7 @@ def test_gpu_cuda_graph_backward_runs_weight_grads_beside(rows: int, k: int, n: 
     torch.nn.init.normal_(m[0].weight, 1.0, 0.2)
     torch.nn.init.normal_(m[0].bias, 0.0, 0.2)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    for _ in range(2):   # the first call makes the plans; the second runs the C++ entry, as the graph does
-        m.zero_grad(set_to_none=True)
-        x.grad = None
-        m(x).float().sum().backward()
-    want = tuple(t.grad.clone() for t in (x, *m.parameters()))
+    want = _eager_train_step(m, x)
     assert lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE
     got = {}
     torch.ops.mojo_direct.set_accumulate_beside(0)   # only this fork in the graph
@@ -691,6 +697,16 @@ def test_gpu_cuda_graph_backward_runs_weight_grads_beside(rows: int, k: int, n: 
             assert torch.equal(a, b), f"beside={beside}: gradient {i}"
 
 
+def _module_768(kind: str) -> torch.nn.Module:
+    """A seeded bf16 CUDA module of ours over 768 features: FusedLayerNormLinear(768, 2304) or LayerNorm(768)."""
+    from ops.layernorm import LayerNorm
+    from ops.layernorm_linear import FusedLayerNormLinear
+
+    torch.manual_seed(0)
+    m = FusedLayerNormLinear(768, 2304) if kind == "layernorm_linear" else LayerNorm(768)
+    return m.to("cuda", torch.bfloat16)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("module_kind", ["layernorm_linear", "layernorm"])
 def test_gpu_cuda_graph_accumulates_param_grads_beside(module_kind: str, tmp_path: Path) -> None:
@@ -698,20 +714,11 @@ def test_gpu_cuda_graph_accumulates_param_grads_beside(module_kind: str, tmp_pat
     AccumulateGrad nodes on streams of their own: the graph forks more than with the limit at 0, both give eager's
     gradients bitwise, and torch's stream-mismatch warning is off while the captured backward accumulates and on
     again after it."""
-    from ops.layernorm import LayerNorm
-    from ops.layernorm_linear import FusedLayerNormLinear
-
     rows = 128
     assert rows <= lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS
-    torch.manual_seed(0)
-    m = FusedLayerNormLinear(768, 2304) if module_kind == "layernorm_linear" else LayerNorm(768)
-    m = m.to("cuda", torch.bfloat16)
+    m = _module_768(module_kind)
     x = torch.randn(rows, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    for _ in range(2):   # the first call makes the plans; the second runs the C++ entry, as the graph does
-        m.zero_grad(set_to_none=True)
-        x.grad = None
-        m(x).float().sum().backward()
-    want = tuple(t.grad.clone() for t in (x, *m.parameters()))
+    want = _eager_train_step(m, x)
     warn_on = torch._C._warn_on_accumulate_grad_stream_mismatch
     assert warn_on()
     seen: list[bool] = []   # the warning's switch as each parameter's gradient is accumulated
@@ -745,12 +752,7 @@ def test_gpu_cuda_graph_autograd_grad_with_accumulators_beside(module_kind: str,
     """torch.autograd.grad of a captured forward whose parameters' AccumulateGrad nodes were made beside (the
     LayerNorm's column sums then left on their stream) gives eager's gradients bitwise, as does a capture whose
     parameters' nodes were held from before (as DDP holds them, made on a stream of its own: they keep it)."""
-    from ops.layernorm import LayerNorm
-    from ops.layernorm_linear import FusedLayerNormLinear
-
-    torch.manual_seed(0)
-    m = FusedLayerNormLinear(768, 2304) if module_kind == "layernorm_linear" else LayerNorm(768)
-    m = m.to("cuda", torch.bfloat16)
+    m = _module_768(module_kind)
     params = tuple(m.parameters())
     with torch.no_grad():
         for p in params:
