@@ -759,6 +759,8 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
         xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
         if x.is_cuda and _native_linear_traceable():
             if not grad:
+                if config.COMPILED_LINEAR_GELU:   # read here, so dynamo guards on it
+                    _install_gelu_epilogue_pass()
                 return torch.ops.mojo_direct.linear(xn, weight, bias)
             if config.COMPILED_TRAINING_LINEAR == "ours" and x.dtype != torch.float32:
                 return torch.ops.mojo_direct.traced_linear(xn, weight, bias)
@@ -779,7 +781,16 @@ def _native_linear_traceable() -> bool:
     LayerNorm's, which these graphs may hold too)."""
     return layernorm._native_ops_traceable() and direct.traceable(
         {"layernorm_linear_infer": _fake_infer, "linear": _fake_linear, "traced_linear": _fake_linear,
-         "linear_grads": _fake_linear_grads})
+         "linear_gelu": _fake_linear, "linear_grads": _fake_linear_grads})
+
+
+@torch.compiler.assume_constant_result
+def _install_gelu_epilogue_pass() -> bool:
+    """Install ``layernorm_linear_inductor``'s pass (a tanh GELU after ``mojo_direct.linear`` into its GEMM's
+    epilogue), run where dynamo traces the call, not traced."""
+    from ops import layernorm_linear_inductor
+
+    return layernorm_linear_inductor.install()
 
 
 def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,

@@ -255,6 +255,11 @@ CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS = 1024
 # per-process ratios spread over 0.83-1.15. No gain beyond the noise: torch's program stays.
 COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "inductor")
 
+# Under torch.compile, an inference graph's tanh GELU right after the unfused LayerNorm+Linear's C++ Linear goes into
+# that GEMM's cuBLASLt epilogue (ops/layernorm_linear_inductor.py: one launch and one pass over the activation fewer
+# per MLP). OPS_COMPILED_LINEAR_GELU=0 turns it off. Evidence: results/bench_transformer_compiled_gelu.md.
+COMPILED_LINEAR_GELU = os.environ.get("OPS_COMPILED_LINEAR_GELU", "1") != "0"
+
 
 def lt_without_workspace(k: int, n: int) -> bool:
     """Whether the unfused forward's GEMM of x [.., k] @ weight [n, k]^T asks cuBLASLt for no workspace (the rule

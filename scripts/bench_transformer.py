@@ -13,6 +13,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
     python scripts/bench_transformer.py --modes compile --linear-ab   (+ our C++ Linear in compiled training)
+    python scripts/bench_transformer.py --modes compile --gelu-ab   (+ ours with the MLP's GELU a kernel of its own)
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours with less beside the chain)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
@@ -83,11 +84,12 @@ class CompileAB:
     flag: str
     config: ModuleType
     knob: str
-    value: str
+    value: str | bool
     report: Path
     title: str
     says: str
-    default: str = field(init=False)
+    phases: tuple[str, ...] = ("infer", "train")   # where the knob can change the graph
+    default: str | bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default", getattr(self.config, self.knob))
@@ -103,6 +105,11 @@ COMPILE_ABS = {
                                  "GPT-2-small under torch.compile: whose Linear a training graph holds",
                                  "our C++ traced_linear in the unfused LayerNorm+Linear's training graph, "
                                  "linear_grads in its backward"),
+    "ours_no_gelu_epilogue": CompileAB("--gelu-ab", layernorm_linear_config, "COMPILED_LINEAR_GELU", False,
+                                       ROOT / "results" / "bench_transformer_compiled_gelu",
+                                       "GPT-2-small under torch.compile: the MLP's GELU in the GEMM's epilogue",
+                                       "the inference graph's tanh GELU a triton kernel after our C++ Linear "
+                                       "(the inductor pass ops/layernorm_linear_inductor.py off)", ("infer",)),
 }
 
 
@@ -252,7 +259,8 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
             for phase in ("infer", "train"):
                 calls = 50 if phase == "infer" else 10
                 fns, runs = {}, {}
-                impls = ("torch", "ours", *(compile_abs if mode == "compile" else ()),
+                impls = ("torch", "ours", *(ab for ab in compile_abs if mode == "compile" and phase in
+                                            COMPILE_ABS[ab].phases),
                          *(CAPTURE_ABS if overlap_ab and mode == "cuda_graph" else ()),
                          *((CONTROL_IMPL,) if control else ()))
                 for impl in impls:

@@ -25,7 +25,8 @@
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile, and the compile knobs' A/Bs
 #               -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
-#   transformer-compile  its compile rows only, likewise (host-bound too); TRANSFORMER_REPEATS: rounds per process
+#   transformer-compile  its compile rows only, likewise (host-bound too), and ours without the GELU epilogue
+#               -> bench_transformer_compiled_gelu.*; TRANSFORMER_REPEATS: rounds per process
 #               of these three steps (default 11)
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
@@ -113,16 +114,18 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       run bench_layernorm_linear_workspace_log python scripts/bench_layernorm_linear.py --workspace
       [ "$out" = results ] || cp results/bench_layernorm_linear_workspace.* "$out"/ ;;
     transformer)  # GPT-2-small, every mode, in one process, plus our LayerNorm ops and our Linear under compile
-      run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab --linear-ab
+      run bench_transformer_log python scripts/bench_transformer.py --layernorm-ab --linear-ab --gelu-ab
       [ "$out" = results ] || cp results/bench_transformer.* results/bench_transformer_compiled_*.* "$out"/ ;;
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
-      ab=()   # the CUDA-graph rows also time ours with each capture knob off (bench_transformer.py CAPTURE_ABS)
-      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)
+      ab=()   # the CUDA-graph rows also time ours with each capture knob off (bench_transformer.py CAPTURE_ABS),
+      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)   # the compile rows ours without the GELU epilogue
+      [ "$mode" = compile ] && ab=(--gelu-ab)
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}" \
         --repeats "${TRANSFORMER_REPEATS:-11}"
       [ "$out" = results ] || cp results/bench_transformer.* "$out"/
-      [ "$out" = results ] || [ -z "${ab[*]}" ] || cp results/bench_transformer_capture_overlap.* "$out"/ ;;
+      [ "$out" = results ] || [ "$mode" != cuda_graph ] || cp results/bench_transformer_capture_overlap.* "$out"/
+      [ "$out" = results ] || [ "$mode" != compile ] || cp results/bench_transformer_compiled_gelu.* "$out"/ ;;
     transformer-control:*)  # one mode at 1x128, with torch's second copy, medians over 5 fresh processes
       run bench_transformer_control_log python scripts/bench_transformer.py --modes "${step#transformer-control:}" \
         --control --sizes 1x128 --processes 5 --repeats 31

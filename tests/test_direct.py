@@ -215,6 +215,84 @@ def test_traced_linear_fake_and_autograd_kernel(with_bias: bool) -> None:
         assert torch.autograd.gradcheck(lambda b: torch.ops.mojo_direct.traced_linear(xn, w, b), (bias,))
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_gelu_fake_and_cpu_result(with_bias: bool) -> None:
+    """``mojo_direct.linear_gelu`` (what the inductor pass puts in place of linear and a tanh GELU): its fake passes
+    ``torch.library.opcheck``, and on the CPU (torch's ops) it is bitwise ``F.gelu(F.linear(..), "tanh")``."""
+    from ops import layernorm_linear as LL
+
+    assert direct.load_native().ops is not None, "the C++ launcher did not build (see the warning)"
+    assert LL._native_linear_traceable()
+    torch.manual_seed(0)
+    xn, w = torch.randn(2, 5, 8), torch.randn(3, 8)
+    bias = torch.randn(3) if with_bias else None
+    torch.library.opcheck(torch.ops.mojo_direct.linear_gelu.default, (xn, w, bias))
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(xn, w, bias), approximate="tanh")
+    assert torch.equal(torch.ops.mojo_direct.linear_gelu(xn, w, bias), want)
+
+
+def _gelu_after(linear: object, approximate: str = "tanh", second_user: bool = False) -> torch.fx.GraphModule:
+    """A graph of ``gelu(linear(xn, w, b))`` as dynamo records it (``torch._C._nn.gelu``), with the Linear's output
+    also returned where ``second_user``."""
+    def f(xn: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> object:
+        y = linear(xn, w, b)
+        out = torch._C._nn.gelu(y, approximate=approximate)
+        return (out, y) if second_user else out
+    return torch.fx.symbolic_trace(f)
+
+
+@pytest.mark.parametrize(("case", "fused"), [("ours", 1), ("ours_overload", 1), ("erf", 0),
+                                             ("second_user", 0), ("torch_linear", 0), ("switched_off", 0)])
+def test_gelu_epilogue_pass_rewrites_only_our_linears_tanh_gelu(case: str, fused: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """ops/layernorm_linear_inductor.py: a tanh GELU that is our Linear's only user becomes ``linear_gelu``, with the
+    graph's results unchanged (bitwise, on the CPU); the erf GELU, a Linear used twice, torch's own Linear, and
+    everything while COMPILED_LINEAR_GELU is off stay as they are."""
+    from ops import layernorm_linear as LL
+    from ops import layernorm_linear_config
+    from ops import layernorm_linear_inductor as LLI
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ours = torch.ops.mojo_direct.linear
+    gm = {"ours": lambda: _gelu_after(ours), "erf": lambda: _gelu_after(ours, "none"),
+          "second_user": lambda: _gelu_after(ours, second_user=True),
+          "torch_linear": lambda: _gelu_after(torch.nn.functional.linear),
+          "switched_off": lambda: _gelu_after(ours)}.get(case, lambda: None)()
+    if case == "ours_overload":
+        gm = _gelu_after(ours.default)
+    monkeypatch.setattr(layernorm_linear_config, "COMPILED_LINEAR_GELU", case != "switched_off")
+    torch.manual_seed(0)
+    args = (torch.randn(4, 8), torch.randn(3, 8), torch.randn(3))
+    before = gm(*args)
+    targets = lambda: [n.target for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
+    had = targets()
+    LLI.PASS(gm.graph)
+    gm.recompile()
+    after = targets()
+    assert after.count(torch.ops.mojo_direct.linear_gelu.default) == fused
+    assert after == had if not fused else len(after) == len(had) - 1
+    assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(gm(*args)),
+                                                 torch.utils._pytree.tree_leaves(before), strict=True))
+
+
+def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass takes inductor's pre-grad custom pass only where none is set, once; a user's pass is left alone. Its
+    cache key changes with the switch."""
+    from torch._inductor import config as inductor_config
+
+    from ops import layernorm_linear_config
+    from ops import layernorm_linear_inductor as LLI
+
+    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
+    assert LLI.install() and LLI.install() and inductor_config.pre_grad_custom_pass is LLI.PASS
+    theirs = lambda graph: None  # noqa: E731
+    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", theirs)
+    assert not LLI.install() and inductor_config.pre_grad_custom_pass is theirs
+    on = LLI.PASS.uuid()
+    monkeypatch.setattr(layernorm_linear_config, "COMPILED_LINEAR_GELU", False)
+    assert LLI.PASS.uuid() != on
+
+
 # ---------------------------------------------------------------- on the GPU: the C++ route
 
 GPU_SHAPES = [(1, 7), (37, 1000), (4, 768), (2, 64, 1023), (3, 4096), (5, 12288)]
@@ -918,3 +996,40 @@ def test_gpu_compiled_unfused_inference_calls_the_cpp_linear() -> None:
     assert not any("addmm" in code for code in codes)
     torch.testing.assert_close(first, want, rtol=2e-2, atol=2e-2)
     assert torch.equal(again, first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled inference of ``gelu(FusedLayerNormLinear-like call, approximate="tanh")``: the graph calls
+    ``mojo_direct.linear_gelu`` (GELU in the GEMM's epilogue, ops/layernorm_linear_inductor.py) and no separate
+    Linear, and matches the float64 reference on both calls; the erf GELU, and the tanh one with
+    COMPILED_LINEAR_GELU off, keep ``mojo_direct.linear`` and inductor's GELU."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from ops.layernorm_linear import layernorm_linear
+    from ops.reference import gelu_ref, layernorm_linear_ref
+    from ops.tolerance import compare
+
+    x, lnw, lnb, w, bias = _unfused_case(with_bias)
+    n, k = w.shape
+    ref_bias = bias if with_bias else torch.zeros(n, device="cuda", dtype=torch.bfloat16)
+    direct.load_native()
+    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
+    for approximate, switch, fused in (("tanh", True, True), ("none", True, False), ("tanh", False, False)):
+        monkeypatch.setattr(lnl_config, "COMPILED_LINEAR_GELU", switch)
+        torch._dynamo.reset()
+        fn = torch.compile(lambda x, a=approximate: torch.nn.functional.gelu(
+            layernorm_linear(x, lnw, lnb, w, bias, 1e-5, "unfused"), approximate=a), fullgraph=True)
+        want = gelu_ref(layernorm_linear_ref(*(t.double() for t in (x, lnw, lnb, w, ref_bias))),
+                        "gelu_tanh" if approximate == "tanh" else "gelu")
+        with torch.no_grad():
+            y, codes = run_and_get_code(fn, x)
+            again = fn(x)
+        code = "\n".join(codes)
+        case = f"{approximate}, switch {switch}"
+        assert ("mojo_direct.linear_gelu.default" in code) == fused, case
+        assert ("mojo_direct.linear.default" in code) == (not fused), case
+        for got in (y, again):
+            assert (bad := compare(got, want, torch.bfloat16, reduction=k)) is None, f"{case}: {bad}"

@@ -250,11 +250,16 @@ def test_transformer_compile_contenders_set_every_knob(monkeypatch: pytest.Monke
     for ab in bt.COMPILE_ABS.values():
         monkeypatch.setattr(ab.config, ab.knob, ab.default)
     seen = {}
+
+    def knobs() -> tuple[object, ...]:
+        return (layernorm_config.COMPILED_LAYERNORM, layernorm_linear_config.COMPILED_TRAINING_LINEAR,
+                layernorm_linear_config.COMPILED_LINEAR_GELU)
     for impl in (*bt.COMPILE_ABS, "ours"):
-        bt.with_compile_knobs(impl, lambda impl=impl: seen.__setitem__(impl, (
-            layernorm_config.COMPILED_LAYERNORM, layernorm_linear_config.COMPILED_TRAINING_LINEAR)))()
-    defaults = (layernorm_config.COMPILED_LAYERNORM, layernorm_linear_config.COMPILED_TRAINING_LINEAR)
-    assert seen == {"ours_ln_op": ("ours", defaults[1]), "ours_cpp_linear": (defaults[0], "ours"), "ours": defaults}
+        bt.with_compile_knobs(impl, lambda impl=impl: seen.__setitem__(impl, knobs()))()
+    ln, linear, gelu = knobs()
+    assert seen == {"ours_ln_op": ("ours", linear, gelu), "ours_cpp_linear": (ln, "ours", gelu),
+                    "ours_no_gelu_epilogue": (ln, linear, False), "ours": (ln, linear, gelu)}
+    assert gelu is True and bt.COMPILE_ABS["ours_no_gelu_epilogue"].phases == ("infer",)
 
 
 def test_ptx_fingerprint_sees_code_not_names() -> None:

@@ -336,7 +336,8 @@ struct LtHeuristic { LtAlgo algo; size_t workspace; int state; float waves; int 
 constexpr int CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68;
 constexpr int LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8;
 constexpr int LT_PREF_MAX_WORKSPACE = 1, LT_PREF_REDUCTION_MASK = 3;
-constexpr uint32_t LT_EPILOGUE_DEFAULT = 1, LT_EPILOGUE_BIAS = 4, LT_EPILOGUE_BGRADB = 512;
+constexpr uint32_t LT_EPILOGUE_DEFAULT = 1, LT_EPILOGUE_BIAS = 4, LT_EPILOGUE_GELU = 32, LT_EPILOGUE_GELU_BIAS = 36,
+                   LT_EPILOGUE_BGRADB = 512;
 constexpr uint64_t LT_MAX_WORKSPACE = 32ull << 20;
 constexpr uintptr_t LT_ALIGN = 256;
 
@@ -396,7 +397,21 @@ struct GemmPlan {
   std::mutex lock;
 };
 
-enum GemmKind : int64_t { GEMM_FWD = 0, GEMM_FWD_BIAS = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 3, GEMM_WGRAD_BGRAD = 4 };
+enum GemmKind : int64_t { GEMM_FWD = 0, GEMM_FWD_BIAS = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 3, GEMM_WGRAD_BGRAD = 4,
+                          GEMM_FWD_GELU = 5, GEMM_FWD_BIAS_GELU = 6 };
+
+bool forward_gemm(int64_t kind) { return kind <= GEMM_FWD_BIAS || kind >= GEMM_FWD_GELU; }
+
+// The cuBLASLt epilogue of a GEMM of `kind`: the bias added, GELU (its tanh form) applied, the bias gradient summed.
+uint32_t gemm_epilogue(int64_t kind) {
+  switch (kind) {
+    case GEMM_FWD_BIAS: return LT_EPILOGUE_BIAS;
+    case GEMM_FWD_GELU: return LT_EPILOGUE_GELU;
+    case GEMM_FWD_BIAS_GELU: return LT_EPILOGUE_GELU_BIAS;
+    case GEMM_WGRAD_BGRAD: return LT_EPILOGUE_BGRADB;
+    default: return LT_EPILOGUE_DEFAULT;
+  }
+}
 
 std::mutex gemm_lock;
 std::unordered_map<Key, std::unique_ptr<GemmPlan>, KeyHash> gemm_plans;   // null: torch's ops for that key
@@ -433,7 +448,7 @@ uint64_t lt_max_workspace(int64_t kind, int64_t n, int64_t k) {
     return v == nullptr ? int64_t(-1) : static_cast<int64_t>(std::stoull(v));
   }();
   if (forced >= 0) return static_cast<uint64_t>(forced);
-  return kind <= GEMM_FWD_BIAS && k <= n * lt_no_workspace_k_per_n.load() ? 0 : LT_MAX_WORKSPACE;
+  return forward_gemm(kind) && k <= n * lt_no_workspace_k_per_n.load() ? 0 : LT_MAX_WORKSPACE;
 }
 
 // The plan of a [rows x cols] D from A [k x rows] (or its transpose) and B, m/n/k in cuBLAS's terms, or none.
@@ -455,15 +470,15 @@ std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int
   plan->handle = lt_handle(device);
   if (plan->handle == nullptr || lt.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) return nullptr;
   // fwd: D[N, M] = W[K, N]^T xn[K, M]; dgrad: dxn[K, M] = W[K, N] dy[N, M]; wgrad: dW[K, N] = xn[K, M] dy[N, M]^T
-  const bool wgrad = kind >= GEMM_WGRAD;
-  const int32_t ta = kind <= GEMM_FWD_BIAS ? 1 : 0, tb = wgrad ? 1 : 0;
-  const uint32_t epilogue = kind == GEMM_FWD_BIAS ? LT_EPILOGUE_BIAS
-                            : kind == GEMM_WGRAD_BGRAD ? LT_EPILOGUE_BGRADB : LT_EPILOGUE_DEFAULT;
+  const bool wgrad = kind == GEMM_WGRAD || kind == GEMM_WGRAD_BGRAD;
+  const int32_t ta = forward_gemm(kind) ? 1 : 0, tb = wgrad ? 1 : 0;
+  const uint32_t epilogue = gemm_epilogue(kind);
   void* aligned = reinterpret_cast<void*>(LT_ALIGN);   // the heuristics read the bias pointer's alignment only
   lt.desc_set(plan->desc, LT_DESC_TRANSA, &ta, sizeof(ta));
   lt.desc_set(plan->desc, LT_DESC_TRANSB, &tb, sizeof(tb));
   lt.desc_set(plan->desc, LT_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
-  if (epilogue != LT_EPILOGUE_DEFAULT) lt.desc_set(plan->desc, LT_DESC_BIAS_POINTER, &aligned, sizeof(aligned));
+  if (epilogue == LT_EPILOGUE_BIAS || epilogue == LT_EPILOGUE_GELU_BIAS || epilogue == LT_EPILOGUE_BGRADB)
+    lt.desc_set(plan->desc, LT_DESC_BIAS_POINTER, &aligned, sizeof(aligned));
   // A is [k x m] stored (transposed: op(A) = A^T is m x k), B [k x n] (or [n x k] with tb), D [m x n]
   if (lt.layout_create(&plan->a, dtype, ta ? k : m, ta ? m : k, ta ? k : m) != 0 ||
       lt.layout_create(&plan->b, dtype, tb ? n : k, tb ? k : n, tb ? n : k) != 0 ||
@@ -542,22 +557,35 @@ void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias,
   TORCH_CHECK(err == 0, "mojo_direct: cublasLtMatmul failed with status ", err);
 }
 
-// y = xn W^T + bias, shaped [..., N] like xn [..., K]; at::linear where cuBLASLt does not take it.
-Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+// y = xn W^T + bias, shaped [..., N] like xn [..., K], with `gelu` GELU's tanh form applied to it (in the epilogue,
+// before y is rounded to its dtype); torch's ops where cuBLASLt does not take it.
+Tensor linear_act(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias, bool gelu) {
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t n = w.size(0), k = w.size(1);
+  auto by_torch = [&] { return gelu ? at::gelu(at::linear(xn, w, bias), "tanh") : at::linear(xn, w, bias); };
   if (!linear_takes(xn, w, bias) || !lt_takes({&xn, &w}) ||
       !lt_aligned({xn.data_ptr(), w.data_ptr(), has_bias ? bias->data_ptr() : nullptr}))
-    return at::linear(xn, w, bias);
+    return by_torch();
   const int64_t rows = xn.numel() / k;
   c10::DeviceGuard guard(xn.device());
-  GemmPlan* plan = gemm_plan(has_bias ? GEMM_FWD_BIAS : GEMM_FWD, xn.scalar_type(), n, rows, k, xn.get_device());
-  if (plan == nullptr) return at::linear(xn, w, bias);
+  const int64_t kind = gelu ? (has_bias ? GEMM_FWD_BIAS_GELU : GEMM_FWD_GELU) : (has_bias ? GEMM_FWD_BIAS : GEMM_FWD);
+  GemmPlan* plan = gemm_plan(kind, xn.scalar_type(), n, rows, k, xn.get_device());
+  if (plan == nullptr) return by_torch();
   std::vector<int64_t> shape(xn.sizes().begin(), xn.sizes().end());
   shape.back() = n;
   Tensor y = empty(shape, xn.options());
   run_gemm(*plan, w.data_ptr(), xn.data_ptr(), y.data_ptr(), has_bias ? bias->data_ptr() : nullptr, xn.device());
   return y;
+}
+
+Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+  return linear_act(xn, w, bias, false);
+}
+
+// gelu(linear(xn, W, bias), approximate="tanh") in one GEMM: what ops/layernorm_linear_inductor.py puts in an
+// inference graph in place of linear and the GELU after it.
+Tensor linear_gelu(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+  return linear_act(xn, w, bias, true);
 }
 
 // The Linear's backward from contiguous dy [..., N] and xn [..., K], in two parts that may run on different
@@ -1439,6 +1467,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   // whose backward is linear_grads) is one that eager calls of linear (no gradient to come) do not pass through.
   m.def("traced_linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
+  m.def("linear_gelu(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
 }
 
 // The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
@@ -1460,6 +1489,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("layernorm_linear_with_stats", &layernorm_linear_with_stats);
   m.impl("linear", &linear_forward);
   m.impl("traced_linear", &linear_forward);
+  m.impl("linear_gelu", &linear_gelu);
   m.impl("linear_grads", &linear_grads_op);
 }
 
