@@ -762,7 +762,9 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
                 if config.COMPILED_LINEAR_GELU:   # read here, so dynamo guards on it
                     _install_gelu_epilogue_pass()
                 return torch.ops.mojo_direct.linear(xn, weight, bias)
-            if config.COMPILED_TRAINING_LINEAR == "ours" and x.dtype != torch.float32:
+            if x.dtype != torch.float32 and (config.COMPILED_TRAINING_LINEAR == "ours" or (
+                    config.COMPILED_LINEAR_GELU and _install_gelu_epilogue_pass())):
+                # with the pass, a mark: gelu(traced_linear) becomes traced_linear_gelu, traced_linear F.linear
                 return torch.ops.mojo_direct.traced_linear(xn, weight, bias)
         return torch.nn.functional.linear(xn, weight, bias)
     if grad:
@@ -781,7 +783,8 @@ def _native_linear_traceable() -> bool:
     LayerNorm's, which these graphs may hold too)."""
     return layernorm._native_ops_traceable() and direct.traceable(
         {"layernorm_linear_infer": _fake_infer, "linear": _fake_linear, "traced_linear": _fake_linear,
-         "linear_gelu": _fake_linear, "linear_grads": _fake_linear_grads})
+         "linear_gelu": _fake_linear, "traced_linear_gelu": _fake_linear, "linear_gelu_aux": _fake_linear_gelu_aux,
+         "linear_grads": _fake_linear_grads, "linear_gelu_grads": _fake_linear_gelu_grads})
 
 
 @torch.compiler.assume_constant_result
@@ -805,6 +808,16 @@ def _fake_linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def _fake_linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool) -> list:
     grads = [xn.new_empty(xn.shape), weight.new_empty(weight.shape)]
     return [*grads, weight.new_empty(weight.shape[0])] if bias_grad else grads
+
+
+def _fake_linear_gelu_aux(xn: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fake_linear(xn, weight, bias), _fake_linear(xn, weight, bias)
+
+
+def _fake_linear_gelu_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, h: torch.Tensor,
+                            bias_grad: bool) -> list:
+    return _fake_linear_grads(dy, xn, weight, bias_grad)
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, runs: str) -> None:

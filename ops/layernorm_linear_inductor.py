@@ -1,16 +1,21 @@
 """An inductor pass for torch.compile graphs that hold our LayerNorm+Linear's Linear: the GELU after it in its epilogue.
 
-A compiled inference graph of the unfused LayerNorm+Linear calls the C++ op ``mojo_direct.linear`` (a cuBLASLt GEMM
-with the bias in its epilogue). Where a tanh GELU follows it, as in a GPT-2 MLP
-(``F.gelu(ln_fc1(x), approximate="tanh")``), inductor would launch a triton kernel for the GELU after the GEMM;
-this pass, run on the graph before inductor lowers it (its pre-grad custom pass), puts ``mojo_direct.linear_gelu``
-in place of the two: the same GEMM with GELU in cuBLASLt's epilogue, applied before the result is rounded to its
-dtype. One launch fewer per MLP, and one read and write of the activation fewer (docs/direct_launch.md).
+A compiled graph of the unfused LayerNorm+Linear holds its Linear as a C++ op: ``mojo_direct.linear`` (a cuBLASLt
+GEMM with the bias in its epilogue) without a gradient to come, and ``mojo_direct.traced_linear`` with one, there as
+a mark for this pass. Where a tanh GELU follows it, as in a GPT-2 MLP (``F.gelu(ln_fc1(x), approximate="tanh")``),
+inductor would launch a triton kernel for the GELU after the GEMM, and in training a reduction or two for the bias'
+gradient in the backward. This pass, run on the graph before inductor lowers it (its pre-grad custom pass), puts in
+place of the two the same GEMM with GELU in cuBLASLt's epilogue, applied before the result is rounded to its dtype:
+``mojo_direct.linear_gelu``, or in training ``mojo_direct.traced_linear_gelu`` (which also writes GELU's input for
+its backward: GELU's derivative by torch's ``gelu_backward``, then the C++ ``linear_grads``, db in dW's epilogue).
+A mark not followed by a tanh GELU becomes ``F.linear`` again, so that training graphs are otherwise the torch
+model's (unless ``COMPILED_TRAINING_LINEAR`` is "ours", which keeps ``traced_linear``). docs/direct_launch.md has the
+measurements.
 
-It rewrites only nodes of our op: a graph without it is left as it is. It is installed, at most once per process,
+It rewrites only nodes of our ops: a graph without them is left as it is. It is installed, at most once per process,
 the first time a graph takes our Linear, and only where no other pre-grad pass is set (torch's
-``torch._inductor.config.pre_grad_custom_pass``: a user's own pass is left alone, and the GELU stays inductor's).
-``layernorm_linear_config.COMPILED_LINEAR_GELU`` turns it off.
+``torch._inductor.config.pre_grad_custom_pass``: a user's own pass is left alone, and our Linear then leaves the
+GELU to inductor). ``layernorm_linear_config.COMPILED_LINEAR_GELU`` turns it off.
 """
 
 from __future__ import annotations
@@ -32,9 +37,16 @@ def _is_tanh_gelu(node: fx.Node) -> bool:
             and node.kwargs == {"approximate": "tanh"})
 
 
+def _call_of(node: object, packet: object) -> bool:
+    """Whether ``node`` calls the op ``packet`` (as dynamo records it, or its default overload)."""
+    return (isinstance(node, fx.Node) and node.op == "call_function" and node.target in (packet, packet.default)
+            and not node.kwargs)
+
+
 def fuse_linear_gelu(graph: fx.Graph) -> int:
     """Rewrite ``gelu(mojo_direct.linear(xn, W, b), approximate="tanh")`` as ``mojo_direct.linear_gelu(xn, W, b)``
-    wherever the GELU is the Linear's only user.
+    and ``gelu(mojo_direct.traced_linear(..))`` as ``mojo_direct.traced_linear_gelu(..)``, wherever the GELU is the
+    Linear's only user.
 
     Args:
         graph: a dynamo graph (torch-level ops), rewritten in place.
@@ -45,15 +57,15 @@ def fuse_linear_gelu(graph: fx.Graph) -> int:
     Example:
         >>> fuse_linear_gelu(gm.graph); gm.recompile()   # doctest: +SKIP
     """
-    linear = torch.ops.mojo_direct.linear
-    fused = torch.ops.mojo_direct.linear_gelu.default
+    ops = torch.ops.mojo_direct
+    pairs = ((ops.linear, ops.linear_gelu.default), (ops.traced_linear, ops.traced_linear_gelu.default))
     count = 0
     for node in list(graph.nodes):
         if not _is_tanh_gelu(node):
             continue
         source = node.args[0]
-        if not (isinstance(source, fx.Node) and source.op == "call_function"
-                and source.target in (linear, linear.default) and len(source.users) == 1 and not source.kwargs):
+        fused = next((f for linear, f in pairs if _call_of(source, linear)), None)
+        if fused is None or len(source.users) != 1:
             continue
         with graph.inserting_before(node):
             replacement = graph.call_function(fused, tuple(source.args))
@@ -63,6 +75,19 @@ def fuse_linear_gelu(graph: fx.Graph) -> int:
         graph.erase_node(source)
         count += 1
     return count
+
+
+def unmark_linears(graph: fx.Graph) -> int:
+    """Put ``F.linear`` back in place of each ``mojo_direct.traced_linear`` (the marks ``layernorm_linear`` leaves in
+    a training graph for ``fuse_linear_gelu``); returns how many."""
+    marks = [node for node in graph.nodes if _call_of(node, torch.ops.mojo_direct.traced_linear)]
+    for node in marks:
+        with graph.inserting_before(node):
+            linear = graph.call_function(torch._C._nn.linear, tuple(node.args))
+        linear.meta.update(node.meta)
+        node.replace_all_uses_with(linear)
+        graph.erase_node(node)
+    return len(marks)
 
 
 def _custom_graph_pass() -> type:
@@ -75,16 +100,19 @@ def _custom_graph_pass() -> type:
 
 
 class LinearGeluPass(_custom_graph_pass()):
-    """``fuse_linear_gelu`` as inductor's pre-grad custom pass, while ``config.COMPILED_LINEAR_GELU`` is on; its
-    ``uuid`` (part of inductor's cache key) names this file's text and the switch."""
+    """Inductor's pre-grad custom pass: ``fuse_linear_gelu`` while ``config.COMPILED_LINEAR_GELU`` is on, then
+    ``unmark_linears`` unless ``config.COMPILED_TRAINING_LINEAR`` is "ours". Its ``uuid`` (part of inductor's cache
+    key) names this file's text and both switches."""
 
     def __call__(self, graph: fx.Graph) -> None:
         if config.COMPILED_LINEAR_GELU:
             fuse_linear_gelu(graph)
+        if config.COMPILED_TRAINING_LINEAR != "ours":
+            unmark_linears(graph)
 
     def uuid(self) -> str:
-        text = Path(__file__).read_bytes() + repr(config.COMPILED_LINEAR_GELU).encode()
-        return hashlib.sha256(text).hexdigest()
+        switches = (config.COMPILED_LINEAR_GELU, config.COMPILED_TRAINING_LINEAR)
+        return hashlib.sha256(Path(__file__).read_bytes() + repr(switches).encode()).hexdigest()
 
 
 PASS = LinearGeluPass()

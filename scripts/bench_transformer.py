@@ -108,8 +108,8 @@ COMPILE_ABS = {
     "ours_no_gelu_epilogue": CompileAB("--gelu-ab", layernorm_linear_config, "COMPILED_LINEAR_GELU", False,
                                        ROOT / "results" / "bench_transformer_compiled_gelu",
                                        "GPT-2-small under torch.compile: the MLP's GELU in the GEMM's epilogue",
-                                       "the inference graph's tanh GELU a triton kernel after our C++ Linear "
-                                       "(the inductor pass ops/layernorm_linear_inductor.py off)", ("infer",)),
+                                       "the MLP's tanh GELU inductor's, after our C++ Linear in inference and "
+                                       "torch's in training (the pass of ops/layernorm_linear_inductor.py off)"),
 }
 
 

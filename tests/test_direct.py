@@ -231,6 +231,32 @@ def test_linear_gelu_fake_and_cpu_result(with_bias: bool) -> None:
     assert torch.equal(torch.ops.mojo_direct.linear_gelu(xn, w, bias), want)
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool) -> None:
+    """``mojo_direct.traced_linear_gelu`` (the pass's GEMM with GELU in a training graph): it and its forward and
+    backward ops (``linear_gelu_aux``: GELU's output and input; ``linear_gelu_grads``) pass ``opcheck``, and its C++
+    autograd kernel gradcheck in float64 on the CPU (torch's ops there; a GPU test runs the cuBLASLt plans)."""
+    from ops import layernorm_linear as LL
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    torch.manual_seed(0)
+    xn = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, requires_grad=True) if with_bias else None
+    torch.library.opcheck(ops.traced_linear_gelu.default, (xn, w, bias))
+    y, h = ops.linear_gelu_aux(xn, w, bias)
+    assert torch.equal(h, torch.nn.functional.linear(xn, w, bias))
+    assert torch.equal(y, torch.nn.functional.gelu(h, approximate="tanh"))
+    dy = torch.randn_like(y)
+    plain = [None if t is None else t.detach() for t in (xn, w, bias, h)]
+    torch.library.opcheck(ops.linear_gelu_aux.default, tuple(plain[:3]))
+    torch.library.opcheck(ops.linear_gelu_grads.default, (dy, plain[0], plain[1], plain[3], with_bias))
+    assert torch.autograd.gradcheck(lambda *t: ops.traced_linear_gelu(*t, bias), (xn, w))
+    if with_bias:
+        assert torch.autograd.gradcheck(lambda b: ops.traced_linear_gelu(xn, w, b), (bias,))
+
+
 def _gelu_after(linear: object, approximate: str = "tanh", second_user: bool = False) -> torch.fx.GraphModule:
     """A graph of ``gelu(linear(xn, w, b))`` as dynamo records it (``torch._C._nn.gelu``), with the Linear's output
     also returned where ``second_user``."""
@@ -273,6 +299,36 @@ def test_gelu_epilogue_pass_rewrites_only_our_linears_tanh_gelu(case: str, fused
     assert after == had if not fused else len(after) == len(had) - 1
     assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(gm(*args)),
                                                  torch.utils._pytree.tree_leaves(before), strict=True))
+
+
+@pytest.mark.parametrize("training_linear", ["inductor", "ours"])
+def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a training graph the pass turns ``gelu(traced_linear)`` (tanh) into ``traced_linear_gelu`` and each other
+    ``traced_linear`` (a mark) back into ``F.linear``, unless COMPILED_TRAINING_LINEAR is "ours", which keeps it; the
+    values and gradients stay (bitwise, on the CPU)."""
+    from ops import layernorm_linear as LL
+    from ops import layernorm_linear_config
+    from ops import layernorm_linear_inductor as LLI
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    monkeypatch.setattr(layernorm_linear_config, "COMPILED_TRAINING_LINEAR", training_linear)
+    monkeypatch.setattr(layernorm_linear_config, "COMPILED_LINEAR_GELU", True)
+
+    def f(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        a = ops.traced_linear(x, w1, b1)
+        return ops.traced_linear(torch._C._nn.gelu(a, approximate="tanh"), w2, None)
+    gm = torch.fx.symbolic_trace(f)
+    torch.manual_seed(0)
+    args = [torch.randn(4, 8, dtype=torch.float64, requires_grad=True), torch.randn(6, 8, dtype=torch.float64),
+            torch.randn(6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)]
+    before = torch.autograd.grad(gm(*args).sum(), args[0])[0]
+    LLI.PASS(gm.graph)
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    second = ops.traced_linear if training_linear == "ours" else torch._C._nn.linear
+    assert targets == [ops.traced_linear_gelu.default, second]
+    assert torch.equal(torch.autograd.grad(gm(*args).sum(), args[0])[0], before)
 
 
 def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1033,3 +1089,52 @@ def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monk
         assert ("mojo_direct.linear.default" in code) == (not fused), case
         for got in (y, again):
             assert (bad := compare(got, want, torch.bfloat16, reduction=k)) is None, f"{case}: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled training of ``gelu(unfused LayerNorm+Linear, approximate="tanh")``: the forward graph calls
+    ``linear_gelu_aux`` (GELU's output and input from one GEMM) and the backward ``linear_gelu_grads``, with no
+    torch GEMM for that Linear; y and every gradient match float64 autograd, on both calls."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from ops.layernorm_linear import layernorm_linear
+    from ops.reference import gelu_ref, layernorm_linear_ref, layernorm_stats_ref
+    from ops.tolerance import compare
+
+    x, lnw, lnb, w, bias = _unfused_case(with_bias)
+    n, k = w.shape
+    dy = torch.randn(3, 37, n, device="cuda", dtype=torch.bfloat16)
+    leaves = [t.clone().requires_grad_() for t in (x, lnw, lnb, w, bias) if t is not None]
+    refs = [t.detach().double().requires_grad_() for t in leaves]
+    want_y = gelu_ref(layernorm_linear_ref(*refs[:4], refs[4] if with_bias else torch.zeros(n, device="cuda",
+                                                                                            dtype=torch.float64)),
+                      "gelu_tanh")
+    want = torch.autograd.grad(want_y, refs, dy.double())
+    reductions = (n * k, 111 * n, 111 * n, 111, 111)
+    cond = float(layernorm_stats_ref(x)[1].max())
+    direct.load_native()
+    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
+    torch._dynamo.reset()
+    fwd = torch.compile(lambda *t: torch.nn.functional.gelu(
+        layernorm_linear(*t[:4], t[4] if with_bias else None, 1e-5, "unfused"), approximate="tanh"), fullgraph=True)
+
+    def step() -> torch.Tensor:
+        for t in leaves:
+            t.grad = None
+        y = fwd(*leaves)
+        y.backward(dy)
+        return y
+
+    y, codes = run_and_get_code(step)
+    for call in range(2):
+        y = step() if call else y
+        assert (bad := compare(y, want_y, torch.bfloat16, reduction=k)) is None, f"call {call} y: {bad}"
+        for i, (leaf, r, red) in enumerate(zip(leaves, want, reductions, strict=False)):
+            bad = compare(leaf.grad, r, torch.bfloat16, reduction=red, cond=cond if i == 0 else 1.0)
+            assert bad is None, f"call {call} grad {i}: {bad}"
+    code = "\n".join(codes)
+    assert "mojo_direct.linear_gelu_aux" in code and "mojo_direct.linear_gelu_grads" in code
+    assert "extern_kernels.mm" not in code and "extern_kernels.addmm" not in code

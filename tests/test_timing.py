@@ -259,7 +259,7 @@ def test_transformer_compile_contenders_set_every_knob(monkeypatch: pytest.Monke
     ln, linear, gelu = knobs()
     assert seen == {"ours_ln_op": ("ours", linear, gelu), "ours_cpp_linear": (ln, "ours", gelu),
                     "ours_no_gelu_epilogue": (ln, linear, False), "ours": (ln, linear, gelu)}
-    assert gelu is True and bt.COMPILE_ABS["ours_no_gelu_epilogue"].phases == ("infer",)
+    assert gelu is True
 
 
 def test_ptx_fingerprint_sees_code_not_names() -> None:

@@ -334,10 +334,11 @@ struct LtAlgo { uint64_t data[8]; };
 struct LtHeuristic { LtAlgo algo; size_t workspace; int state; float waves; int reserved[4]; };
 
 constexpr int CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14, CUBLAS_COMPUTE_32F = 68;
-constexpr int LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8;
+constexpr int LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8,
+              LT_DESC_AUX_POINTER = 11, LT_DESC_AUX_LD = 12;
 constexpr int LT_PREF_MAX_WORKSPACE = 1, LT_PREF_REDUCTION_MASK = 3;
 constexpr uint32_t LT_EPILOGUE_DEFAULT = 1, LT_EPILOGUE_BIAS = 4, LT_EPILOGUE_GELU = 32, LT_EPILOGUE_GELU_BIAS = 36,
-                   LT_EPILOGUE_BGRADB = 512;
+                   LT_EPILOGUE_GELU_AUX = 160, LT_EPILOGUE_GELU_AUX_BIAS = 164, LT_EPILOGUE_BGRADB = 512;
 constexpr uint64_t LT_MAX_WORKSPACE = 32ull << 20;
 constexpr uintptr_t LT_ALIGN = 256;
 
@@ -398,16 +399,19 @@ struct GemmPlan {
 };
 
 enum GemmKind : int64_t { GEMM_FWD = 0, GEMM_FWD_BIAS = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 3, GEMM_WGRAD_BGRAD = 4,
-                          GEMM_FWD_GELU = 5, GEMM_FWD_BIAS_GELU = 6 };
+                          GEMM_FWD_GELU = 5, GEMM_FWD_BIAS_GELU = 6, GEMM_FWD_GELU_AUX = 7, GEMM_FWD_BIAS_GELU_AUX = 8 };
 
 bool forward_gemm(int64_t kind) { return kind <= GEMM_FWD_BIAS || kind >= GEMM_FWD_GELU; }
 
-// The cuBLASLt epilogue of a GEMM of `kind`: the bias added, GELU (its tanh form) applied, the bias gradient summed.
+// The cuBLASLt epilogue of a GEMM of `kind`: the bias added, GELU (its tanh form) applied (with AUX: GELU's input
+// written too, for the backward), the bias gradient summed.
 uint32_t gemm_epilogue(int64_t kind) {
   switch (kind) {
     case GEMM_FWD_BIAS: return LT_EPILOGUE_BIAS;
     case GEMM_FWD_GELU: return LT_EPILOGUE_GELU;
     case GEMM_FWD_BIAS_GELU: return LT_EPILOGUE_GELU_BIAS;
+    case GEMM_FWD_GELU_AUX: return LT_EPILOGUE_GELU_AUX;
+    case GEMM_FWD_BIAS_GELU_AUX: return LT_EPILOGUE_GELU_AUX_BIAS;
     case GEMM_WGRAD_BGRAD: return LT_EPILOGUE_BGRADB;
     default: return LT_EPILOGUE_DEFAULT;
   }
@@ -477,8 +481,14 @@ std::unique_ptr<GemmPlan> make_gemm_plan(int64_t kind, int dtype, int64_t m, int
   lt.desc_set(plan->desc, LT_DESC_TRANSA, &ta, sizeof(ta));
   lt.desc_set(plan->desc, LT_DESC_TRANSB, &tb, sizeof(tb));
   lt.desc_set(plan->desc, LT_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
-  if (epilogue == LT_EPILOGUE_BIAS || epilogue == LT_EPILOGUE_GELU_BIAS || epilogue == LT_EPILOGUE_BGRADB)
+  if (epilogue == LT_EPILOGUE_BIAS || epilogue == LT_EPILOGUE_GELU_BIAS || epilogue == LT_EPILOGUE_GELU_AUX_BIAS ||
+      epilogue == LT_EPILOGUE_BGRADB)
     lt.desc_set(plan->desc, LT_DESC_BIAS_POINTER, &aligned, sizeof(aligned));
+  if (epilogue == LT_EPILOGUE_GELU_AUX || epilogue == LT_EPILOGUE_GELU_AUX_BIAS) {   // GELU's input, laid out as D
+    const int64_t ld = m;
+    lt.desc_set(plan->desc, LT_DESC_AUX_POINTER, &aligned, sizeof(aligned));
+    lt.desc_set(plan->desc, LT_DESC_AUX_LD, &ld, sizeof(ld));
+  }
   // A is [k x m] stored (transposed: op(A) = A^T is m x k), B [k x n] (or [n x k] with tb), D [m x n]
   if (lt.layout_create(&plan->a, dtype, ta ? k : m, ta ? m : k, ta ? k : m) != 0 ||
       lt.layout_create(&plan->b, dtype, tb ? n : k, tb ? k : n, tb ? n : k) != 0 ||
@@ -545,47 +555,65 @@ Tensor gemm_workspace(const GemmPlan& plan, const at::Device& device) {
 // One cuBLASLt call on torch's current stream; its workspace from `workspace` (the plan's size, allocated by the
 // caller on the stream that owns it) or, undefined, allocated here.
 void run_gemm(GemmPlan& plan, const void* a, const void* b, void* d, void* bias, const at::Device& device,
-              Tensor workspace = Tensor()) {
+              Tensor workspace = Tensor(), void* aux = nullptr) {
   const CublasLt& lt = *cublas_lt();
   CUstream stream = current_stream(device);
   if (plan.workspace && !workspace.defined()) workspace = gemm_workspace(plan, device);
   const float one = 1.0f, zero = 0.0f;
   std::lock_guard<std::mutex> guard(plan.lock);
   if (bias != nullptr) lt.desc_set(plan.desc, LT_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  if (aux != nullptr) lt.desc_set(plan.desc, LT_DESC_AUX_POINTER, &aux, sizeof(aux));
   const int err = lt.matmul(plan.handle, plan.desc, &one, a, plan.a, b, plan.b, &zero, d, plan.d, d, plan.d,
                             &plan.algo, plan.workspace ? workspace.data_ptr() : nullptr, plan.workspace, stream);
   TORCH_CHECK(err == 0, "mojo_direct: cublasLtMatmul failed with status ", err);
 }
 
-// y = xn W^T + bias, shaped [..., N] like xn [..., K], with `gelu` GELU's tanh form applied to it (in the epilogue,
-// before y is rounded to its dtype); torch's ops where cuBLASLt does not take it.
-Tensor linear_act(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias, bool gelu) {
+enum LinearAct { ACT_NONE, ACT_GELU, ACT_GELU_AUX };
+
+// y = xn W^T + bias, shaped [..., N] like xn [..., K]; with ACT_GELU GELU's tanh form applied to it (in the
+// epilogue, before y is rounded to its dtype), with ACT_GELU_AUX also GELU's input h (rounded) for the backward.
+// torch's ops where cuBLASLt does not take it (GELU's input needs N a multiple of 8 there).
+std::tuple<Tensor, Tensor> linear_act(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias,
+                                      LinearAct act) {
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t n = w.size(0), k = w.size(1);
-  auto by_torch = [&] { return gelu ? at::gelu(at::linear(xn, w, bias), "tanh") : at::linear(xn, w, bias); };
-  if (!linear_takes(xn, w, bias) || !lt_takes({&xn, &w}) ||
+  auto by_torch = [&]() -> std::tuple<Tensor, Tensor> {
+    Tensor h = at::linear(xn, w, bias);
+    if (act == ACT_NONE) return {h, Tensor()};
+    return {at::gelu(h, "tanh"), act == ACT_GELU_AUX ? h : Tensor()};
+  };
+  if (!linear_takes(xn, w, bias) || !lt_takes({&xn, &w}) || (act == ACT_GELU_AUX && n % 8 != 0) ||
       !lt_aligned({xn.data_ptr(), w.data_ptr(), has_bias ? bias->data_ptr() : nullptr}))
     return by_torch();
   const int64_t rows = xn.numel() / k;
   c10::DeviceGuard guard(xn.device());
-  const int64_t kind = gelu ? (has_bias ? GEMM_FWD_BIAS_GELU : GEMM_FWD_GELU) : (has_bias ? GEMM_FWD_BIAS : GEMM_FWD);
+  const int64_t kind = act == ACT_NONE ? (has_bias ? GEMM_FWD_BIAS : GEMM_FWD)
+                       : act == ACT_GELU ? (has_bias ? GEMM_FWD_BIAS_GELU : GEMM_FWD_GELU)
+                                         : (has_bias ? GEMM_FWD_BIAS_GELU_AUX : GEMM_FWD_GELU_AUX);
   GemmPlan* plan = gemm_plan(kind, xn.scalar_type(), n, rows, k, xn.get_device());
   if (plan == nullptr) return by_torch();
   std::vector<int64_t> shape(xn.sizes().begin(), xn.sizes().end());
   shape.back() = n;
   Tensor y = empty(shape, xn.options());
-  run_gemm(*plan, w.data_ptr(), xn.data_ptr(), y.data_ptr(), has_bias ? bias->data_ptr() : nullptr, xn.device());
-  return y;
+  Tensor h = act == ACT_GELU_AUX ? empty(shape, xn.options()) : Tensor();
+  run_gemm(*plan, w.data_ptr(), xn.data_ptr(), y.data_ptr(), has_bias ? bias->data_ptr() : nullptr, xn.device(),
+           Tensor(), h.defined() ? h.data_ptr() : nullptr);
+  return {y, h};
 }
 
 Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
-  return linear_act(xn, w, bias, false);
+  return std::get<0>(linear_act(xn, w, bias, ACT_NONE));
 }
 
 // gelu(linear(xn, W, bias), approximate="tanh") in one GEMM: what ops/layernorm_linear_inductor.py puts in an
 // inference graph in place of linear and the GELU after it.
 Tensor linear_gelu(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
-  return linear_act(xn, w, bias, true);
+  return std::get<0>(linear_act(xn, w, bias, ACT_GELU));
+}
+
+// traced_linear_gelu's forward below autograd: (gelu(h), h) with h = xn W^T + bias.
+std::tuple<Tensor, Tensor> linear_gelu_aux(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+  return linear_act(xn, w, bias, ACT_GELU_AUX);
 }
 
 // The Linear's backward from contiguous dy [..., N] and xn [..., K], in two parts that may run on different
@@ -1427,6 +1455,45 @@ Tensor traced_linear(const Tensor& xn, const Tensor& w, const std::optional<Tens
   return TracedLinearFn::apply(xn, w, bias);
 }
 
+// traced_linear_gelu's autograd formula: from dy and GELU's input h, dh = GELU'(h) dy by torch's gelu_backward,
+// then linear_grads' GEMMs (db in dW's epilogue).
+std::vector<Tensor> linear_gelu_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, const Tensor& h,
+                                         bool bias_grad) {
+  return linear_grads_op(at::gelu_backward(dy, h, "tanh"), xn, w, bias_grad);
+}
+
+// gelu(linear(xn, W, bias), approximate="tanh") for torch.compile's training graphs (ops/layernorm_linear_inductor.py
+// puts it in place of traced_linear and the GELU): the forward one GEMM that writes GELU's output and input (the
+// op linear_gelu_aux), the backward the op linear_gelu_grads; each through the dispatcher, as TracedLinearFn's.
+struct TracedLinearGeluFn : public torch::autograd::Function<TracedLinearGeluFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mojo_direct::linear_gelu_aux", "")
+                               .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&,
+                                                                 const std::optional<Tensor>&)>();
+    ctx->saved_data["bias"] = bias.has_value() && bias->defined();
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, h] = op.call(xn, w, bias);
+    ctx->save_for_backward({xn, w, h});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mojo_direct::linear_gelu_grads", "")
+                               .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                          bool)>();
+    auto s = ctx->get_saved_variables();
+    const bool bias_grad = ctx->saved_data["bias"].toBool();
+    std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], bias_grad);
+    return {g[0], g[1], bias_grad ? g[2] : Tensor()};
+  }
+};
+
+Tensor traced_linear_gelu(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+  return TracedLinearGeluFn::apply(xn, w, bias);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(mojo_direct, m) {
@@ -1468,6 +1535,9 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("traced_linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
   m.def("linear_gelu(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("linear_gelu_aux(Tensor xn, Tensor weight, Tensor? bias) -> (Tensor, Tensor)");
+  m.def("linear_gelu_grads(Tensor dy, Tensor xn, Tensor weight, Tensor h, bool bias_grad) -> Tensor[]");
+  m.def("traced_linear_gelu(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
 }
 
 // The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
@@ -1480,6 +1550,7 @@ static void impl_entries(torch::Library& m) {
 TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
   impl_entries(m);
   m.impl("traced_linear", &traced_linear);
+  m.impl("traced_linear_gelu", &traced_linear_gelu);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
@@ -1490,6 +1561,9 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("linear", &linear_forward);
   m.impl("traced_linear", &linear_forward);
   m.impl("linear_gelu", &linear_gelu);
+  m.impl("linear_gelu_aux", &linear_gelu_aux);
+  m.impl("linear_gelu_grads", &linear_gelu_grads_op);
+  m.impl("traced_linear_gelu", &linear_gelu);
   m.impl("linear_grads", &linear_grads_op);
 }
 
