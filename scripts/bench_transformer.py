@@ -17,6 +17,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours with less beside the chain)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
+    python scripts/bench_transformer.py --compile-kernels --gelu-ab   (kernels and device time per compiled call)
     python scripts/bench_transformer.py --modes compile --control --sizes 1x128 --processes 5
         (+ a second copy of torch's model, timed like a contender: the run's noise floor)
 """
@@ -57,6 +58,8 @@ FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
 OUT = ROOT / "results" / "bench_transformer"
 OVERLAP_AB_OUT = ROOT / "results" / "bench_transformer_capture_overlap"
 BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
+COMPILE_KERNELS_OUT = ROOT / "results" / "bench_transformer_compile_kernels"
+COMPILE_KERNEL_FIELDS = ("phase", "tokens", "impl", "launches", "device_us")
 # --breakdown: kernels by kind, from their names (the first pattern that matches; torch's and cuBLAS's names on the
 # H100 with torch 2.11): our Mojo kernels, LayerNorm's, GEMMs, attention, the AdamW step, the rest.
 KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|LayerNorm|GammaBeta"),
@@ -319,6 +322,30 @@ def breakdown() -> list[dict]:
     return rows
 
 
+def compile_kernels(compile_abs: tuple[str, ...]) -> list[dict]:
+    """Per size and phase, torch's model, ours and the contenders ``compile_abs`` under torch.compile as ``run`` builds
+    them: CUPTI's kernel launches and device time per call (counts, not host timings: the compile rows' pipelined
+    times are host-bound and noisy), into results/bench_transformer_compile_kernels.md."""
+    from ops.timing import kernel_times
+
+    rows = []
+    for b, t in SIZES:
+        torch._dynamo.reset()
+        ref_model, x = reference(b, t)
+        for phase in ("infer", "train"):
+            for impl in ("torch", "ours", *(ab for ab in compile_abs if phase in COMPILE_ABS[ab].phases)):
+                fn = (infer_call if phase == "infer" else train_call)(contender(ref_model, impl), x, "compile")
+                kernels = kernel_times(fn if impl == "torch" else with_compile_knobs(impl, fn), calls=5)
+                rows.append({"phase": phase, "tokens": b * t, "impl": impl,
+                             "launches": sum(count for count, _ in kernels.values()) // 5,
+                             "device_us": round(sum(us for _, us in kernels.values()), 1)})
+                print(rows[-1], flush=True)
+                del fn
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+    return rows
+
+
 def write_breakdown(rows: list[dict], stamp: str) -> None:
     """Per (phase, tokens): each kind's device us per call, torch and ours, and its share of torch's total; and
     every kernel (``KERNEL_FIELDS``) with its kind as ``KINDS`` says."""
@@ -521,11 +548,21 @@ def main() -> None:
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
     p.add_argument("--breakdown", action="store_true",
                    help=f"captured calls' device time by kind of kernel instead ({BREAKDOWN_OUT.name}.md)")
+    p.add_argument("--compile-kernels", action="store_true",
+                   help=f"compiled calls' kernel launches and device time instead ({COMPILE_KERNELS_OUT.name}.md)")
     p.add_argument("--breakdown-from", metavar="CSV",
                    help=f"rewrite {BREAKDOWN_OUT.name}.md from an earlier run's {BREAKDOWN_OUT.name}_kernels.csv")
     args = p.parse_args()
     if args.breakdown:
         write_breakdown(breakdown(), run_stamp())
+        return
+    if args.compile_kernels:
+        write_report(COMPILE_KERNELS_OUT, compile_kernels(tuple(args.compile_abs)), COMPILE_KERNEL_FIELDS,
+                     run_stamp(), "GPT-2-small under torch.compile: kernels per call",
+                     "bf16, the models of bench_transformer.md compiled as its compile rows are (ours_*: the compile "
+                     "A/B contenders asked for, each with its knob at its contender's value). CUPTI over 5 calls "
+                     "after a warm-up: kernels launched per call (memsets included) and their device time summed, "
+                     "in us per call.")
         return
     if args.breakdown_from:   # the kernels of an earlier --breakdown, their kinds as KINDS says now
         lines = Path(args.breakdown_from).read_text().splitlines()
