@@ -746,10 +746,11 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
             bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
     """``layernorm_linear`` of valid inputs as torch.compile traces it. Unfused: the LayerNorm as
     ``layernorm.compiled_layernorm`` holds it, then the C++ op ``mojo_direct.linear`` without a gradient to come
-    (the eager route's cuBLASLt plan: no heuristics query per call, as torch's addmm makes), with one ``F.linear``
-    or ``mojo_direct.traced_linear`` (the same GEMM, its backward the C++ ``linear_grads``) as
-    ``config.COMPILED_TRAINING_LINEAR`` says (float32: ``F.linear``). Fused and Hopper: with a gradient to come,
-    the autograd function around our ops; without, our forward alone."""
+    (the eager route's cuBLASLt plan: no heuristics query per call, as torch's addmm makes), with one
+    ``mojo_direct.traced_linear`` (the same GEMM, its backward the C++ ``linear_grads``) where
+    ``config.COMPILED_TRAINING_LINEAR`` is "ours" or, as a mark, for ``layernorm_linear_inductor``'s pass (a tanh
+    GELU after it goes into the GEMM, other marks become ``F.linear``), else ``F.linear`` (float32 always). Fused
+    and Hopper: with a gradient to come, the autograd function around our ops; without, our forward alone."""
     tensors = (x, ln_weight, ln_bias, weight, bias)
     grad = not layernorm.no_grad_to_come(*tensors)
     runs = autograd_algo(algo, tensors) if grad else algo
