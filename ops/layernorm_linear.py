@@ -790,8 +790,8 @@ def _native_linear_traceable() -> bool:
 
 @torch.compiler.assume_constant_result
 def _install_gelu_epilogue_pass() -> bool:
-    """Install ``layernorm_linear_inductor``'s pass (a tanh GELU after ``mojo_direct.linear`` into its GEMM's
-    epilogue), run where dynamo traces the call, not traced."""
+    """Install ``layernorm_linear_inductor``'s pass (a tanh GELU after our Linear into its GEMM's epilogue; False
+    where another pre-grad pass holds its place), run where dynamo traces the call, not traced."""
     from ops import layernorm_linear_inductor
 
     return layernorm_linear_inductor.install()
