@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,16 @@ def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool) -> None:
         assert torch.autograd.gradcheck(lambda b: ops.traced_linear_gelu(xn, w, b), (bias,))
 
 
+@pytest.fixture
+def free_pre_grad_pass() -> Iterator[None]:
+    """Inductor's pre-grad custom pass emptied for the test and restored after, by its ``config.patch``
+    (monkeypatch would delete the entry on undo: a ConfigModule's options are not in its ``__dict__``)."""
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(pre_grad_custom_pass=None):
+        yield
+
+
 def _gelu_after(linear: object, approximate: str = "tanh", second_user: bool = False) -> torch.fx.GraphModule:
     """A graph of ``gelu(linear(xn, w, b))`` as dynamo records it (``torch._C._nn.gelu``), with the Linear's output
     also returned where ``second_user``."""
@@ -331,7 +342,8 @@ def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch:
     assert torch.equal(torch.autograd.grad(gm(*args).sum(), args[0])[0], before)
 
 
-def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.MonkeyPatch,
+                                                          free_pre_grad_pass: None) -> None:
     """The pass takes inductor's pre-grad custom pass only where none is set, once; a user's pass is left alone. Its
     cache key changes with the switch."""
     from torch._inductor import config as inductor_config
@@ -339,10 +351,9 @@ def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.Mo
     from ops import layernorm_linear_config
     from ops import layernorm_linear_inductor as LLI
 
-    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
     assert LLI.install() and LLI.install() and inductor_config.pre_grad_custom_pass is LLI.PASS
     theirs = lambda graph: None  # noqa: E731
-    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", theirs)
+    inductor_config.pre_grad_custom_pass = theirs
     assert not LLI.install() and inductor_config.pre_grad_custom_pass is theirs
     on = LLI.PASS.uuid()
     monkeypatch.setattr(layernorm_linear_config, "COMPILED_LINEAR_GELU", False)
@@ -1056,12 +1067,12 @@ def test_gpu_compiled_unfused_inference_calls_the_cpp_linear() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monkeypatch: pytest.MonkeyPatch,
+                                                           free_pre_grad_pass: None) -> None:
     """Compiled inference of ``gelu(FusedLayerNormLinear-like call, approximate="tanh")``: the graph calls
     ``mojo_direct.linear_gelu`` (GELU in the GEMM's epilogue, ops/layernorm_linear_inductor.py) and no separate
     Linear, and matches the float64 reference on both calls; the erf GELU, and the tanh one with
     COMPILED_LINEAR_GELU off, keep ``mojo_direct.linear`` and inductor's GELU."""
-    from torch._inductor import config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
     from ops.layernorm_linear import layernorm_linear
@@ -1072,7 +1083,6 @@ def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monk
     n, k = w.shape
     ref_bias = bias if with_bias else torch.zeros(n, device="cuda", dtype=torch.bfloat16)
     direct.load_native()
-    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
     for approximate, switch, fused in (("tanh", True, True), ("none", True, False), ("tanh", False, False)):
         monkeypatch.setattr(lnl_config, "COMPILED_LINEAR_GELU", switch)
         torch._dynamo.reset()
@@ -1093,11 +1103,10 @@ def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monk
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, free_pre_grad_pass: None) -> None:
     """Compiled training of ``gelu(unfused LayerNorm+Linear, approximate="tanh")``: the forward graph calls
     ``linear_gelu_aux`` (GELU's output and input from one GEMM) and the backward ``linear_gelu_grads``, with no
     torch GEMM for that Linear; y and every gradient match float64 autograd, on both calls."""
-    from torch._inductor import config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
     from ops.layernorm_linear import layernorm_linear
@@ -1116,7 +1125,6 @@ def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, monke
     reductions = (n * k, 111 * n, 111 * n, 111, 111)
     cond = float(layernorm_stats_ref(x)[1].max())
     direct.load_native()
-    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
     torch._dynamo.reset()
     fwd = torch.compile(lambda *t: torch.nn.functional.gelu(
         layernorm_linear(*t[:4], t[4] if with_bias else None, 1e-5, "unfused"), approximate="tanh"), fullgraph=True)
