@@ -291,12 +291,10 @@ def test_gelu_epilogue_pass_rewrites_only_our_linears_tanh_gelu(case: str, fused
 
     assert direct.load_native().ops is not None and LL._native_linear_traceable()
     ours = torch.ops.mojo_direct.linear
-    gm = {"ours": lambda: _gelu_after(ours), "erf": lambda: _gelu_after(ours, "none"),
-          "second_user": lambda: _gelu_after(ours, second_user=True),
+    gm = {"ours": lambda: _gelu_after(ours), "ours_overload": lambda: _gelu_after(ours.default),
+          "erf": lambda: _gelu_after(ours, "none"), "second_user": lambda: _gelu_after(ours, second_user=True),
           "torch_linear": lambda: _gelu_after(torch.nn.functional.linear),
-          "switched_off": lambda: _gelu_after(ours)}.get(case, lambda: None)()
-    if case == "ours_overload":
-        gm = _gelu_after(ours.default)
+          "switched_off": lambda: _gelu_after(ours)}[case]()
     monkeypatch.setattr(layernorm_linear_config, "COMPILED_LINEAR_GELU", case != "switched_off")
     torch.manual_seed(0)
     args = (torch.randn(4, 8), torch.randn(3, 8), torch.randn(3))
