@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ops import layernorm_linear_config as config
 
@@ -90,16 +91,7 @@ def unmark_linears(graph: fx.Graph) -> int:
     return len(marks)
 
 
-def _custom_graph_pass() -> type:
-    """torch's base class for inductor passes with a cache key (``uuid``), or a plain object where it is missing."""
-    try:
-        from torch._inductor.custom_graph_pass import CustomGraphPass
-    except ImportError:
-        return object
-    return CustomGraphPass
-
-
-class LinearGeluPass(_custom_graph_pass()):
+class LinearGeluPass(CustomGraphPass):
     """Inductor's pre-grad custom pass: ``fuse_linear_gelu`` while ``config.COMPILED_LINEAR_GELU`` is on, then
     ``unmark_linears`` unless ``config.COMPILED_TRAINING_LINEAR`` is "ours". Its ``uuid`` (part of inductor's cache
     key) names this file's text and both switches."""

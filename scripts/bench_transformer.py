@@ -91,7 +91,6 @@ class CompileAB:
     report: Path
     title: str
     says: str
-    phases: tuple[str, ...] = ("infer", "train")   # where the knob can change the graph
     default: str | bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -262,8 +261,7 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
             for phase in ("infer", "train"):
                 calls = 50 if phase == "infer" else 10
                 fns, runs = {}, {}
-                impls = ("torch", "ours", *(ab for ab in compile_abs if mode == "compile" and phase in
-                                            COMPILE_ABS[ab].phases),
+                impls = ("torch", "ours", *(compile_abs if mode == "compile" else ()),
                          *(CAPTURE_ABS if overlap_ab and mode == "cuda_graph" else ()),
                          *((CONTROL_IMPL,) if control else ()))
                 for impl in impls:
@@ -333,7 +331,7 @@ def compile_kernels(compile_abs: tuple[str, ...]) -> list[dict]:
         torch._dynamo.reset()
         ref_model, x = reference(b, t)
         for phase in ("infer", "train"):
-            for impl in ("torch", "ours", *(ab for ab in compile_abs if phase in COMPILE_ABS[ab].phases)):
+            for impl in ("torch", "ours", *compile_abs):
                 fn = (infer_call if phase == "infer" else train_call)(contender(ref_model, impl), x, "compile")
                 kernels = kernel_times(fn if impl == "torch" else with_compile_knobs(impl, fn), calls=5)
                 rows.append({"phase": phase, "tokens": b * t, "impl": impl,
