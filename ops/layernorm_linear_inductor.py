@@ -44,10 +44,31 @@ def _call_of(node: object, packet: object) -> bool:
             and not node.kwargs)
 
 
+def _unfused_in_place_of(graph: fx.Graph, source: fx.Node) -> tuple | None:
+    """For ``mojo_direct.layernorm_linear_infer`` (the fused or Hopper forward auto picked) of 16-bit x with the
+    default algo, under the default compiled LayerNorm (inductor's): ``(xn, W, b)``, with xn torch's ``layer_norm``
+    of x inserted before ``source``; else None (an algo asked for by name, float32, or no metadata)."""
+    from ops import layernorm_config
+    from ops.layernorm_linear import ALGO_IDS
+
+    x, ln_weight, ln_bias, weight, bias, eps, algo = source.args
+    value = x.meta.get("example_value") if isinstance(x, fx.Node) else None
+    if (algo != ALGO_IDS["auto"] or layernorm_config.COMPILED_LAYERNORM != "inductor"
+            or getattr(value, "dtype", None) not in (torch.float16, torch.bfloat16)):
+        return None
+    with graph.inserting_before(source):
+        shape = graph.call_function(getattr, (ln_weight, "shape"))
+        xn = graph.call_function(torch.nn.functional.layer_norm, (x, shape, ln_weight, ln_bias, eps))
+    return xn, weight, bias
+
+
 def fuse_linear_gelu(graph: fx.Graph) -> int:
     """Rewrite ``gelu(mojo_direct.linear(xn, W, b), approximate="tanh")`` as ``mojo_direct.linear_gelu(xn, W, b)``
     and ``gelu(mojo_direct.traced_linear(..))`` as ``mojo_direct.traced_linear_gelu(..)``, wherever the GELU is the
-    Linear's only user.
+    Linear's only user. A GELU after the fused or Hopper inference forward (``layernorm_linear_infer``, which auto
+    picks for longer 16-bit inputs) gets the unfused form: torch's ``layer_norm`` (which inductor fuses with the
+    residual add before it), then ``linear_gelu``: one launch and one pass over the activation fewer than that
+    forward, the add and the GELU.
 
     Args:
         graph: a dynamo graph (torch-level ops), rewritten in place.
@@ -66,10 +87,13 @@ def fuse_linear_gelu(graph: fx.Graph) -> int:
             continue
         source = node.args[0]
         fused = next((f for linear, f in pairs if _call_of(source, linear)), None)
-        if fused is None or len(source.users) != 1:
+        args = tuple(source.args) if fused is not None else None
+        if fused is None and _call_of(source, ops.layernorm_linear_infer) and len(source.users) == 1:
+            fused, args = ops.linear_gelu.default, _unfused_in_place_of(graph, source)
+        if args is None or len(source.users) != 1:
             continue
         with graph.inserting_before(node):
-            replacement = graph.call_function(fused, tuple(source.args))
+            replacement = graph.call_function(fused, args)
         replacement.meta.update(node.meta)
         node.replace_all_uses_with(replacement)
         graph.erase_node(node)

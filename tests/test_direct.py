@@ -310,6 +310,42 @@ def test_gelu_epilogue_pass_rewrites_only_our_linears_tanh_gelu(case: str, fused
                                                  torch.utils._pytree.tree_leaves(before), strict=True))
 
 
+@pytest.mark.parametrize(("case", "unfused"), [("auto", True), ("sm90_by_name", False), ("float32", False),
+                                               ("our_compiled_layernorm", False)])
+def test_gelu_epilogue_pass_unfuses_the_fused_inference_forward(case: str, unfused: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tanh GELU after ``layernorm_linear_infer`` (auto's fused or Hopper forward) of 16-bit x becomes torch's
+    ``layer_norm`` then ``linear_gelu`` (bitwise the unfused expression, on the CPU); an algo asked for by name,
+    float32 x, and our own compiled LayerNorm keep the forward and inductor's GELU."""
+    from ops import layernorm_config
+    from ops import layernorm_linear as LL
+    from ops import layernorm_linear_inductor as LLI
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    algo = LL.ALGO_IDS["sm90" if case == "sm90_by_name" else "auto"]
+    dtype = torch.float32 if case == "float32" else torch.bfloat16
+    monkeypatch.setattr(layernorm_config, "COMPILED_LAYERNORM", "ours" if case == "our_compiled_layernorm" else
+                        "inductor")
+    gm = torch.fx.symbolic_trace(lambda x, lnw, lnb, w, b: torch._C._nn.gelu(
+        ops.layernorm_linear_infer(x, lnw, lnb, w, b, 1e-5, algo), approximate="tanh"))
+    torch.manual_seed(0)
+    args = [t.to(dtype) for t in (torch.randn(4, 8) * 3 + 1, 1 + torch.randn(8) / 5, torch.randn(8) / 5,
+                                  torch.randn(6, 8), torch.randn(6))]
+    next(iter(gm.graph.nodes)).meta["example_value"] = args[0]
+    assert LLI.fuse_linear_gelu(gm.graph) == unfused
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    if not unfused:
+        assert targets == [ops.layernorm_linear_infer, torch._C._nn.gelu]
+        return
+    assert targets == [getattr, torch.nn.functional.layer_norm, ops.linear_gelu.default]
+    x, lnw, lnb, w, b = args
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(
+        torch.nn.functional.layer_norm(x, (8,), lnw, lnb, 1e-5), w, b), approximate="tanh")
+    assert torch.equal(gm(*args), want)
+
+
 @pytest.mark.parametrize("training_linear", ["inductor", "ours"])
 def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """In a training graph the pass turns ``gelu(traced_linear)`` (tanh) into ``traced_linear_gelu`` and each other
@@ -1097,6 +1133,42 @@ def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monk
         assert ("mojo_direct.linear.default" in code) == (not fused), case
         for got in (y, again):
             assert (bad := compare(got, want, torch.bfloat16, reduction=k)) is None, f"{case}: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["auto", "sm90"])
+def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2-small's 8x512 MLP input (bf16, 768 -> 3072), where auto picks the Hopper forward: compiled inference of
+    ``gelu(.., approximate="tanh")`` after it holds inductor's LayerNorm and ``linear_gelu`` instead with "auto",
+    and keeps the Hopper forward with "sm90" asked for by name; both match the float64 reference."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    from ops.layernorm_linear import layernorm_linear, pick_algo
+    from ops.reference import gelu_ref, layernorm_linear_ref
+    from ops.tolerance import compare
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper forward needs an sm_90 GPU")
+    torch.manual_seed(0)
+    k, n = 768, 3072
+    x = torch.randn(8, 512, k, device="cuda", dtype=torch.bfloat16) * 3 + 1
+    lnw, lnb = (1 + 0.2 * torch.randn(k, device="cuda")).bfloat16(), (0.2 * torch.randn(k, device="cuda")).bfloat16()
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 28
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    assert pick_algo("auto", x.device, x.dtype, 4096, n, k) == "sm90"
+    direct.load_native()
+    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.nn.functional.gelu(layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo),
+                                                         approximate="tanh"), fullgraph=True)
+    with torch.no_grad():
+        y, codes = run_and_get_code(fn, x)
+    code = "\n".join(codes)
+    assert ("mojo_direct.linear_gelu.default" in code) == (algo == "auto"), algo
+    assert ("mojo_direct.layernorm_linear_infer" in code) == (algo == "sm90"), algo
+    want = gelu_ref(layernorm_linear_ref(*(t.double() for t in (x, lnw, lnb, w, bias))), "gelu_tanh")
+    assert (bad := compare(y, want, torch.bfloat16, reduction=k)) is None, f"{algo}: {bad}"
 
 
 @pytest.mark.gpu
