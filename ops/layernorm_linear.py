@@ -771,6 +771,8 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     if grad:
         return LayerNormLinearFunction.apply(*tensors, eps, runs)
     if x.is_cuda and _native_linear_traceable():
+        if config.COMPILED_LINEAR_GELU:   # a tanh GELU after it: the pass's unfused form (layernorm_linear_inductor)
+            _install_gelu_epilogue_pass()
         # the C++ op: no Python per call in the compiled graph
         return torch.ops.mojo_direct.layernorm_linear_infer(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
     bias = _zero_bias(weight) if bias is None else bias

@@ -1137,11 +1137,10 @@ def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monk
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["auto", "sm90"])
-def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, free_pre_grad_pass: None) -> None:
     """GPT-2-small's 8x512 MLP input (bf16, 768 -> 3072), where auto picks the Hopper forward: compiled inference of
     ``gelu(.., approximate="tanh")`` after it holds inductor's LayerNorm and ``linear_gelu`` instead with "auto",
     and keeps the Hopper forward with "sm90" asked for by name; both match the float64 reference."""
-    from torch._inductor import config as inductor_config
     from torch._inductor.utils import run_and_get_code
 
     from ops.layernorm_linear import layernorm_linear, pick_algo
@@ -1158,7 +1157,6 @@ def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, monkeyp
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     assert pick_algo("auto", x.device, x.dtype, 4096, n, k) == "sm90"
     direct.load_native()
-    monkeypatch.setattr(inductor_config, "pre_grad_custom_pass", None)
     torch._dynamo.reset()
     fn = torch.compile(lambda x: torch.nn.functional.gelu(layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo),
                                                          approximate="tanh"), fullgraph=True)
