@@ -27,6 +27,7 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from ops import layernorm_config
 from ops import layernorm_linear_config as config
 
 _GELUS = (torch._C._nn.gelu, torch.nn.functional.gelu)
@@ -48,7 +49,6 @@ def _unfused_in_place_of(graph: fx.Graph, source: fx.Node) -> tuple | None:
     """For ``mojo_direct.layernorm_linear_infer`` (the fused or Hopper forward auto picked) of 16-bit x with the
     default algo, under the default compiled LayerNorm (inductor's): ``(xn, W, b)``, with xn torch's ``layer_norm``
     of x inserted before ``source``; else None (an algo asked for by name, float32, or no metadata)."""
-    from ops import layernorm_config
     from ops.layernorm_linear import ALGO_IDS
 
     x, ln_weight, ln_bias, weight, bias, eps, algo = source.args
@@ -118,7 +118,8 @@ def unmark_linears(graph: fx.Graph) -> int:
 class LinearGeluPass(CustomGraphPass):
     """Inductor's pre-grad custom pass: ``fuse_linear_gelu`` while ``config.COMPILED_LINEAR_GELU`` is on, then
     ``unmark_linears`` unless ``config.COMPILED_TRAINING_LINEAR`` is "ours". Its ``uuid`` (part of inductor's cache
-    key) names this file's text and both switches."""
+    key) names this file's text, both switches and ``layernorm_config.COMPILED_LAYERNORM`` (which
+    ``fuse_linear_gelu`` reads)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         if config.COMPILED_LINEAR_GELU:
@@ -127,7 +128,7 @@ class LinearGeluPass(CustomGraphPass):
             unmark_linears(graph)
 
     def uuid(self) -> str:
-        switches = (config.COMPILED_LINEAR_GELU, config.COMPILED_TRAINING_LINEAR)
+        switches = (config.COMPILED_LINEAR_GELU, config.COMPILED_TRAINING_LINEAR, layernorm_config.COMPILED_LAYERNORM)
         return hashlib.sha256(Path(__file__).read_bytes() + repr(switches).encode()).hexdigest()
 
 

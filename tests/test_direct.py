@@ -379,10 +379,10 @@ def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch:
 def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.MonkeyPatch,
                                                           free_pre_grad_pass: None) -> None:
     """The pass takes inductor's pre-grad custom pass only where none is set, once; a user's pass is left alone. Its
-    cache key changes with the switch."""
+    cache key changes with each switch it reads."""
     from torch._inductor import config as inductor_config
 
-    from ops import layernorm_linear_config
+    from ops import layernorm_config, layernorm_linear_config
     from ops import layernorm_linear_inductor as LLI
 
     assert LLI.install() and LLI.install() and inductor_config.pre_grad_custom_pass is LLI.PASS
@@ -391,7 +391,9 @@ def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.Mo
     assert not LLI.install() and inductor_config.pre_grad_custom_pass is theirs
     on = LLI.PASS.uuid()
     monkeypatch.setattr(layernorm_linear_config, "COMPILED_LINEAR_GELU", False)
-    assert LLI.PASS.uuid() != on
+    off = LLI.PASS.uuid()
+    monkeypatch.setattr(layernorm_config, "COMPILED_LAYERNORM", "ours")
+    assert len({on, off, LLI.PASS.uuid()}) == 3
 
 
 # ---------------------------------------------------------------- on the GPU: the C++ route
