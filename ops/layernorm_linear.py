@@ -786,8 +786,9 @@ def _native_linear_traceable() -> bool:
     LayerNorm's, which these graphs may hold too)."""
     return layernorm._native_ops_traceable() and direct.traceable(
         {"layernorm_linear_infer": _fake_infer, "linear": _fake_linear, "traced_linear": _fake_linear,
-         "linear_gelu": _fake_linear, "traced_linear_gelu": _fake_linear, "linear_gelu_aux": _fake_linear_gelu_aux,
-         "linear_grads": _fake_linear_grads, "linear_gelu_grads": _fake_linear_gelu_grads})
+         "linear_gelu": _fake_linear, "traced_linear_gelu": _fake_traced_linear_gelu,
+         "linear_gelu_aux": _fake_linear_gelu_aux, "linear_grads": _fake_linear_grads,
+         "linear_gelu_grads": _fake_linear_gelu_grads})
 
 
 @torch.compiler.assume_constant_result
@@ -806,6 +807,11 @@ def _fake_infer(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
 
 def _fake_linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return xn.new_empty(*xn.shape[:-1], weight.shape[0])
+
+
+def _fake_traced_linear_gelu(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             bias_grad_in_gemm: bool = True) -> torch.Tensor:
+    return _fake_linear(xn, weight, bias)
 
 
 def _fake_linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool) -> list:

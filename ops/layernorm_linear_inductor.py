@@ -7,7 +7,8 @@ inductor would launch a triton kernel for the GELU after the GEMM, and in traini
 gradient in the backward. This pass, run on the graph before inductor lowers it (its pre-grad custom pass), puts in
 place of the two the same GEMM with GELU in cuBLASLt's epilogue, applied before the result is rounded to its dtype:
 ``mojo_direct.linear_gelu``, or in training ``mojo_direct.traced_linear_gelu`` (which also writes GELU's input for
-its backward: GELU's derivative by torch's ``gelu_backward``, then the C++ ``linear_grads``, db in dW's epilogue).
+its backward: GELU's derivative by torch's ``gelu_backward``, then the C++ ``linear_grads``, db in dW's epilogue
+for inputs of ``COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS`` rows or more, else torch's sum beside gelu_backward).
 A mark not followed by a tanh GELU becomes ``F.linear`` again, so that training graphs are otherwise the torch
 model's (unless ``COMPILED_TRAINING_LINEAR`` is "ours", which keeps ``traced_linear``). docs/direct_launch.md has the
 measurements.
@@ -21,6 +22,7 @@ GELU to inductor). ``layernorm_linear_config.COMPILED_LINEAR_GELU`` turns it off
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import torch
@@ -62,13 +64,22 @@ def _unfused_in_place_of(graph: fx.Graph, source: fx.Node) -> tuple | None:
     return xn, weight, bias
 
 
+def _bias_grad_in_gemm(xn: object) -> bool:
+    """``traced_linear_gelu``'s ``bias_grad_in_gemm`` for input ``xn``: whether its rows reach
+    ``config.COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS`` (True where they are symbolic or unknown)."""
+    shape = getattr(xn.meta.get("example_value") if isinstance(xn, fx.Node) else None, "shape", None)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return True
+    return math.prod(shape[:-1]) >= config.COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS
+
+
 def fuse_linear_gelu(graph: fx.Graph) -> int:
     """Rewrite ``gelu(mojo_direct.linear(xn, W, b), approximate="tanh")`` as ``mojo_direct.linear_gelu(xn, W, b)``
-    and ``gelu(mojo_direct.traced_linear(..))`` as ``mojo_direct.traced_linear_gelu(..)``, wherever the GELU is the
-    Linear's only user. A GELU after the fused or Hopper inference forward (``layernorm_linear_infer``, which auto
-    picks for longer 16-bit inputs) gets the unfused form: torch's ``layer_norm`` (which inductor fuses with the
-    residual add before it), then ``linear_gelu``: one launch and one pass over the activation fewer than that
-    forward, the add and the GELU.
+    and ``gelu(mojo_direct.traced_linear(..))`` as ``mojo_direct.traced_linear_gelu(.., bias_grad_in_gemm)``
+    (``_bias_grad_in_gemm``), wherever the GELU is the Linear's only user. A GELU after the fused or Hopper inference
+    forward (``layernorm_linear_infer``, which auto picks for longer 16-bit inputs) gets the unfused form: torch's
+    ``layer_norm`` (which inductor fuses with the residual add before it), then ``linear_gelu``: one launch and one
+    pass over the activation fewer than that forward, the add and the GELU.
 
     Args:
         graph: a dynamo graph (torch-level ops), rewritten in place.
@@ -88,6 +99,8 @@ def fuse_linear_gelu(graph: fx.Graph) -> int:
         source = node.args[0]
         fused = next((f for linear, f in pairs if _call_of(source, linear)), None)
         args = tuple(source.args) if fused is not None else None
+        if fused is ops.traced_linear_gelu.default:
+            args = (*args, _bias_grad_in_gemm(source.args[0]))
         if fused is None and _call_of(source, ops.layernorm_linear_infer) and len(source.users) == 1:
             fused, args = ops.linear_gelu.default, _unfused_in_place_of(graph, source)
         if args is None or len(source.users) != 1:
@@ -118,8 +131,8 @@ def unmark_linears(graph: fx.Graph) -> int:
 class LinearGeluPass(CustomGraphPass):
     """Inductor's pre-grad custom pass: ``fuse_linear_gelu`` while ``config.COMPILED_LINEAR_GELU`` is on, then
     ``unmark_linears`` unless ``config.COMPILED_TRAINING_LINEAR`` is "ours". Its ``uuid`` (part of inductor's cache
-    key) names this file's text, both switches and ``layernorm_config.COMPILED_LAYERNORM`` (which
-    ``fuse_linear_gelu`` reads)."""
+    key) names this file's text and the settings ``fuse_linear_gelu`` reads: both switches,
+    ``config.COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS`` and ``layernorm_config.COMPILED_LAYERNORM``."""
 
     def __call__(self, graph: fx.Graph) -> None:
         if config.COMPILED_LINEAR_GELU:
@@ -128,7 +141,8 @@ class LinearGeluPass(CustomGraphPass):
             unmark_linears(graph)
 
     def uuid(self) -> str:
-        switches = (config.COMPILED_LINEAR_GELU, config.COMPILED_TRAINING_LINEAR, layernorm_config.COMPILED_LAYERNORM)
+        switches = (config.COMPILED_LINEAR_GELU, config.COMPILED_TRAINING_LINEAR, layernorm_config.COMPILED_LAYERNORM,
+                    config.COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS)
         return hashlib.sha256(Path(__file__).read_bytes() + repr(switches).encode()).hexdigest()
 
 

@@ -320,13 +320,14 @@ def breakdown() -> list[dict]:
     return rows
 
 
-def compile_kernels(compile_abs: tuple[str, ...]) -> list[dict]:
+def compile_kernels(compile_abs: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
     """Per size and phase, torch's model, ours and the contenders ``compile_abs`` under torch.compile as ``run`` builds
     them: CUPTI's kernel launches and device time per call (counts, not host timings: the compile rows' pipelined
-    times are host-bound and noisy), into results/bench_transformer_compile_kernels.md."""
+    times are host-bound and noisy), and every kernel (``KERNEL_FIELDS``), for
+    results/bench_transformer_compile_kernels.md and its _kernels.md."""
     from ops.timing import kernel_times
 
-    rows = []
+    rows, kernel_rows = [], []
     for b, t in SIZES:
         torch._dynamo.reset()
         ref_model, x = reference(b, t)
@@ -337,11 +338,14 @@ def compile_kernels(compile_abs: tuple[str, ...]) -> list[dict]:
                 rows.append({"phase": phase, "tokens": b * t, "impl": impl,
                              "launches": sum(count for count, _ in kernels.values()) // 5,
                              "device_us": round(sum(us for _, us in kernels.values()), 1)})
+                kernel_rows += [{"phase": phase, "tokens": b * t, "impl": impl, "kind": kind_of(name),
+                                 "kernel": name[:90], "launches": count // 5, "us": round(us, 2)}
+                                for name, (count, us) in kernels.items()]
                 print(rows[-1], flush=True)
                 del fn
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-    return rows
+    return rows, kernel_rows
 
 
 def write_breakdown(rows: list[dict], stamp: str) -> None:
@@ -555,12 +559,17 @@ def main() -> None:
         write_breakdown(breakdown(), run_stamp())
         return
     if args.compile_kernels:
-        write_report(COMPILE_KERNELS_OUT, compile_kernels(tuple(args.compile_abs)), COMPILE_KERNEL_FIELDS,
-                     run_stamp(), "GPT-2-small under torch.compile: kernels per call",
+        rows, kernel_rows = compile_kernels(tuple(args.compile_abs))
+        stamp = run_stamp()
+        write_report(COMPILE_KERNELS_OUT, rows, COMPILE_KERNEL_FIELDS, stamp,
+                     "GPT-2-small under torch.compile: kernels per call",
                      "bf16, the models of bench_transformer.md compiled as its compile rows are (ours_*: the compile "
                      "A/B contenders asked for, each with its knob at its contender's value). CUPTI over 5 calls "
                      "after a warm-up: kernels launched per call (memsets included) and their device time summed, "
-                     "in us per call.")
+                     f"in us per call. Every kernel: {COMPILE_KERNELS_OUT.name}_kernels.md.")
+        write_report(COMPILE_KERNELS_OUT.with_name(COMPILE_KERNELS_OUT.name + "_kernels"), kernel_rows, KERNEL_FIELDS,
+                     stamp, "GPT-2-small under torch.compile: every kernel",
+                     "Per phase, tokens and model: CUPTI us per call, launches per call.")
         return
     if args.breakdown_from:   # the kernels of an earlier --breakdown, their kinds as KINDS says now
         lines = Path(args.breakdown_from).read_text().splitlines()

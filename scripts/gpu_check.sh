@@ -31,7 +31,7 @@
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   transformer-compile-kernels  its compiled calls' kernel launches and device time (torch, ours, ours without the
-#               GELU epilogue) -> bench_transformer_compile_kernels.{md,csv}
+#               GELU epilogue), and every kernel -> bench_transformer_compile_kernels{,_kernels}.{md,csv}
 #   transformer-control:MODE  torch's model against a copy of itself in MODE at 1x128, 5 processes of 31 rounds (the
 #               noise floor of the ratios) -> bench_transformer_control.{md,csv}
 #   probe-captured-gemms  the fused modules' GEMMs at 1x128 in a CUDA graph: cuBLASLt's candidates, cold weights,
@@ -134,7 +134,7 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       [ "$out" = results ] || cp results/bench_transformer_control.* "$out"/ ;;
     transformer-compile-kernels)  # about 3 minutes
       run bench_transformer_compile_kernels_log python scripts/bench_transformer.py --compile-kernels --gelu-ab
-      [ "$out" = results ] || cp results/bench_transformer_compile_kernels.* "$out"/ ;;
+      [ "$out" = results ] || cp results/bench_transformer_compile_kernels* "$out"/ ;;
     transformer-breakdown)  # about 2 minutes
       run bench_transformer_breakdown_log python scripts/bench_transformer.py --breakdown
       [ "$out" = results ] || cp results/bench_transformer_breakdown.* results/bench_transformer_breakdown_kernels.* "$out"/ ;;

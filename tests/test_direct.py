@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -232,20 +232,24 @@ def test_linear_gelu_fake_and_cpu_result(with_bias: bool) -> None:
     assert torch.equal(torch.ops.mojo_direct.linear_gelu(xn, w, bias), want)
 
 
+@pytest.mark.parametrize("bias_grad_in_gemm", [True, False])
+@pytest.mark.parametrize("shape", [(2, 5, 8), (8,)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool) -> None:
+def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool, shape: tuple[int, ...],
+                                                     bias_grad_in_gemm: bool) -> None:
     """``mojo_direct.traced_linear_gelu`` (the pass's GEMM with GELU in a training graph): it and its forward and
     backward ops (``linear_gelu_aux``: GELU's output and input; ``linear_gelu_grads``) pass ``opcheck``, and its C++
-    autograd kernel gradcheck in float64 on the CPU (torch's ops there; a GPU test runs the cuBLASLt plans)."""
+    autograd kernel gradcheck in float64 on the CPU (torch's ops there; a GPU test runs the cuBLASLt plans), with
+    db from the GEMM's op or from torch's sum (``bias_grad_in_gemm``), for x of any rank."""
     from ops import layernorm_linear as LL
 
     assert direct.load_native().ops is not None and LL._native_linear_traceable()
     ops = torch.ops.mojo_direct
     torch.manual_seed(0)
-    xn = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    xn = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(3, dtype=torch.float64, requires_grad=True) if with_bias else None
-    torch.library.opcheck(ops.traced_linear_gelu.default, (xn, w, bias))
+    torch.library.opcheck(ops.traced_linear_gelu.default, (xn, w, bias, bias_grad_in_gemm))
     y, h = ops.linear_gelu_aux(xn, w, bias)
     assert torch.equal(h, torch.nn.functional.linear(xn, w, bias))
     assert torch.equal(y, torch.nn.functional.gelu(h, approximate="tanh"))
@@ -253,9 +257,38 @@ def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool) -> None:
     plain = [None if t is None else t.detach() for t in (xn, w, bias, h)]
     torch.library.opcheck(ops.linear_gelu_aux.default, tuple(plain[:3]))
     torch.library.opcheck(ops.linear_gelu_grads.default, (dy, plain[0], plain[1], plain[3], with_bias))
-    assert torch.autograd.gradcheck(lambda *t: ops.traced_linear_gelu(*t, bias), (xn, w))
+    assert torch.autograd.gradcheck(lambda *t: ops.traced_linear_gelu(*t, bias, bias_grad_in_gemm), (xn, w))
     if with_bias:
-        assert torch.autograd.gradcheck(lambda b: ops.traced_linear_gelu(xn, w, b), (bias,))
+        assert torch.autograd.gradcheck(lambda b: ops.traced_linear_gelu(xn, w, b, bias_grad_in_gemm), (bias,))
+
+
+@pytest.mark.parametrize("bias_grad_in_gemm", [True, False])
+def test_traced_linear_gelu_backward_graph(bias_grad_in_gemm: bool) -> None:
+    """AOTAutograd's backward graph of ``traced_linear_gelu`` with a bias: ``linear_gelu_grads`` (db in the GEMM's
+    epilogue), or torch's ``gelu_backward`` and ``sum`` (for inductor to make one kernel) and ``linear_grads`` without
+    db; its gradients equal eager autograd's."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    from ops import layernorm_linear as LL
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    graphs = []
+
+    def keep(gm: torch.fx.GraphModule, _: object) -> Callable:
+        graphs.append({n.target for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    torch.manual_seed(0)
+    args = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((4, 5, 8), (3, 8), (3,))]
+    fn = lambda *t: ops.traced_linear_gelu(*t, bias_grad_in_gemm)  # noqa: E731
+    got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), args)
+    for name, g, want in zip("xwb", got, torch.autograd.grad(fn(*args).sum(), args), strict=True):
+        assert torch.equal(g, want), name
+    backward = graphs[1]
+    assert (ops.linear_gelu_grads.default in backward) == bias_grad_in_gemm, backward
+    assert ({torch.ops.aten.gelu_backward.default, torch.ops.aten.sum.dim_IntList, ops.linear_grads.default}
+            <= backward) == (not bias_grad_in_gemm), backward
 
 
 @pytest.fixture
@@ -374,6 +407,25 @@ def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch:
     second = ops.traced_linear if training_linear == "ours" else torch._C._nn.linear
     assert targets == [ops.traced_linear_gelu.default, second]
     assert torch.equal(torch.autograd.grad(gm(*args).sum(), args[0])[0], before)
+
+
+@pytest.mark.parametrize("rows, in_gemm", [(None, True), (128, False), (4094, False), (4096, True), (8192, True)])
+def test_gelu_epilogue_pass_picks_where_the_bias_grad_is_made(rows: int | None, in_gemm: bool) -> None:
+    """``traced_linear_gelu``'s ``bias_grad_in_gemm`` from the pass: True from COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS
+    rows of x up (x as 2 x rows/2 x 8, so rows count every dimension but the last) and where x's shape is unknown."""
+    from ops import layernorm_linear as LL
+    from ops import layernorm_linear_config
+    from ops import layernorm_linear_inductor as LLI
+
+    assert layernorm_linear_config.COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS == 4096
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    gm = torch.fx.symbolic_trace(lambda x, w: torch._C._nn.gelu(ops.traced_linear(x, w, w[0]), approximate="tanh"))
+    if rows is not None:
+        next(iter(gm.graph.nodes)).meta["example_value"] = torch.empty(2, rows // 2, 8, device="meta")
+    assert LLI.fuse_linear_gelu(gm.graph) == 1
+    (node,) = [n for n in gm.graph.nodes if n.target is ops.traced_linear_gelu.default]
+    assert node.args[3] is in_gemm
 
 
 def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.MonkeyPatch,
@@ -1172,10 +1224,14 @@ def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, free_pr
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("min_rows", [0, 4096])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, free_pre_grad_pass: None) -> None:
+def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, min_rows: int,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          free_pre_grad_pass: None) -> None:
     """Compiled training of ``gelu(unfused LayerNorm+Linear, approximate="tanh")``: the forward graph calls
-    ``linear_gelu_aux`` (GELU's output and input from one GEMM) and the backward ``linear_gelu_grads``, with no
+    ``linear_gelu_aux`` (GELU's output and input from one GEMM) and the backward ``linear_gelu_grads``, or with a
+    bias and fewer rows (111) than COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS ``linear_grads`` (db by inductor), with no
     torch GEMM for that Linear; y and every gradient match float64 autograd, on both calls."""
     from torch._inductor.utils import run_and_get_code
 
@@ -1183,6 +1239,7 @@ def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, free_
     from ops.reference import gelu_ref, layernorm_linear_ref, layernorm_stats_ref
     from ops.tolerance import compare
 
+    monkeypatch.setattr(lnl_config, "COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS", min_rows)
     x, lnw, lnb, w, bias = _unfused_case(with_bias)
     n, k = w.shape
     dy = torch.randn(3, 37, n, device="cuda", dtype=torch.bfloat16)
@@ -1214,5 +1271,7 @@ def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, free_
             bad = compare(leaf.grad, r, torch.bfloat16, reduction=red, cond=cond if i == 0 else 1.0)
             assert bad is None, f"call {call} grad {i}: {bad}"
     code = "\n".join(codes)
-    assert "mojo_direct.linear_gelu_aux" in code and "mojo_direct.linear_gelu_grads" in code
+    in_gemm = not with_bias or min_rows == 0
+    assert "mojo_direct.linear_gelu_aux" in code and ("mojo_direct.linear_gelu_grads" in code) == in_gemm
+    assert ("mojo_direct.linear_grads" in code) == (not in_gemm)
     assert "extern_kernels.mm" not in code and "extern_kernels.addmm" not in code

@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -1464,14 +1465,18 @@ std::vector<Tensor> linear_gelu_grads_op(const Tensor& dy, const Tensor& xn, con
 
 // gelu(linear(xn, W, bias), approximate="tanh") for torch.compile's training graphs (ops/layernorm_linear_inductor.py
 // puts it in place of traced_linear and the GELU): the forward one GEMM that writes GELU's output and input (the
-// op linear_gelu_aux), the backward the op linear_gelu_grads; each through the dispatcher, as TracedLinearFn's.
+// op linear_gelu_aux), each through the dispatcher, as TracedLinearFn's. The backward: with bias_grad_in_gemm, the
+// op linear_gelu_grads (db in dW's epilogue); else torch's gelu_backward and sum, which inductor makes one kernel,
+// then linear_grads without db (where cuBLASLt would run db as a kernel of its own: layernorm_linear_config.py).
 struct TracedLinearGeluFn : public torch::autograd::Function<TracedLinearGeluFn> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias,
+                        bool bias_grad_in_gemm) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("mojo_direct::linear_gelu_aux", "")
                                .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&,
                                                                  const std::optional<Tensor>&)>();
     ctx->saved_data["bias"] = bias.has_value() && bias->defined();
+    ctx->saved_data["bias_grad_in_gemm"] = bias_grad_in_gemm;
     at::AutoDispatchBelowADInplaceOrView below;
     auto [y, h] = op.call(xn, w, bias);
     ctx->save_for_backward({xn, w, h});
@@ -1483,15 +1488,32 @@ struct TracedLinearGeluFn : public torch::autograd::Function<TracedLinearGeluFn>
                                .findSchemaOrThrow("mojo_direct::linear_gelu_grads", "")
                                .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                           bool)>();
+    static const auto grads_op = c10::Dispatcher::singleton()
+                                     .findSchemaOrThrow("mojo_direct::linear_grads", "")
+                                     .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, bool)>();
     auto s = ctx->get_saved_variables();
     const bool bias_grad = ctx->saved_data["bias"].toBool();
-    std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], bias_grad);
-    return {g[0], g[1], bias_grad ? g[2] : Tensor()};
+    if (!bias_grad || ctx->saved_data["bias_grad_in_gemm"].toBool()) {
+      std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], bias_grad);
+      return {g[0], g[1], bias_grad ? g[2] : Tensor(), Tensor()};
+    }
+    Tensor dh = at::gelu_backward(grads[0], s[2], "tanh");
+    std::vector<int64_t> rows(dh.dim() - 1);
+    std::iota(rows.begin(), rows.end(), 0);
+    Tensor db = rows.empty() ? dh : dh.sum(rows);
+    std::vector<Tensor> g = grads_op.call(dh, s[0], s[1], false);
+    return {g[0], g[1], db, Tensor()};
   }
 };
 
-Tensor traced_linear_gelu(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
-  return TracedLinearGeluFn::apply(xn, w, bias);
+Tensor traced_linear_gelu(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias,
+                          bool bias_grad_in_gemm) {
+  return TracedLinearGeluFn::apply(xn, w, bias, bias_grad_in_gemm);
+}
+
+// traced_linear_gelu below autograd: linear_gelu (bias_grad_in_gemm is the backward's).
+Tensor traced_linear_gelu_forward(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias, bool) {
+  return linear_gelu(xn, w, bias);
 }
 
 }  // namespace
@@ -1537,7 +1559,7 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("linear_gelu(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_gelu_aux(Tensor xn, Tensor weight, Tensor? bias) -> (Tensor, Tensor)");
   m.def("linear_gelu_grads(Tensor dy, Tensor xn, Tensor weight, Tensor h, bool bias_grad) -> Tensor[]");
-  m.def("traced_linear_gelu(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("traced_linear_gelu(Tensor xn, Tensor weight, Tensor? bias, bool bias_grad_in_gemm=True) -> Tensor");
 }
 
 // The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
@@ -1563,7 +1585,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("linear_gelu", &linear_gelu);
   m.impl("linear_gelu_aux", &linear_gelu_aux);
   m.impl("linear_gelu_grads", &linear_gelu_grads_op);
-  m.impl("traced_linear_gelu", &linear_gelu);
+  m.impl("traced_linear_gelu", &traced_linear_gelu_forward);
   m.impl("linear_grads", &linear_grads_op);
 }
 
