@@ -257,19 +257,20 @@ COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "induc
 
 # Under torch.compile, a tanh GELU right after the unfused LayerNorm+Linear's Linear goes into that GEMM's cuBLASLt
 # epilogue, in inference and training (ops/layernorm_linear_inductor.py). OPS_COMPILED_LINEAR_GELU=0 turns it off.
-# Evidence (H100, GPT-2-small): fewer kernels per compiled call, 109 -> 97 in inference at 1x128, 121 -> 97 at 8x512
-# (where auto's Hopper forward becomes torch's layer_norm and that GEMM), 545 -> 509 in training at 8x512
-# (results/bench_transformer_compile_kernels.md at 941863e); the pipelined times side by side
-# (results/bench_transformer_compiled_gelu.md at fe868af, before the Hopper forward's rewrite) are within the host's
-# noise.
+# Evidence (H100, GPT-2-small): fewer kernels per compiled call than without it (as many as torch's): inference
+# 97 (109) at 1x128 and 97 (121) at 8x512, where auto's Hopper forward becomes torch's layer_norm and that GEMM;
+# training 398 (410) at 1x128 and 509 (545) at 8x512 (results/bench_transformer_compile_kernels.md at 32ff9d5). The
+# pipelined A/B (results/bench_transformer_compiled_gelu.md at fe868af, before both later rewrites) was within the
+# host's noise.
 COMPILED_LINEAR_GELU = os.environ.get("OPS_COMPILED_LINEAR_GELU", "1") != "0"
 
 # In that training form, the bias gradient comes from dW's GEMM epilogue (cuBLASLt BGRADB) from this many rows of x
 # up; below, from torch's sum over GELU's gradient, which inductor makes one kernel with gelu_backward. Evidence (H100,
-# GPT-2-small, CUPTI): at 128 rows cuBLASLt runs that epilogue as a kernel of its own (globalKernelBgradAB), so the
-# step launched as many kernels as torch's (410); at 4096 rows it does not (509 against 545)
-# (results/bench_transformer_compile_kernels_kernels.md at 941863e). Sizes between are not measured: they take torch's
-# sum, whose launches are torch's own.
+# GPT-2-small, CUPTI): with db from the epilogue at every size, the 1x128 training step launched 410 kernels, as many
+# as torch's (results/bench_transformer_compile_kernels.md at 941863e, commit a13f6f2; an ad hoc profile, not
+# committed, showed cuBLASLt running that epilogue as a kernel of its own there, globalKernelBgradAB); with this
+# choice, 398 at 1x128 and still 509 against torch's 545 at 8x512 (that report at 32ff9d5, every kernel in its
+# _kernels.md). Sizes between 128 and 4096 rows are not measured: they take torch's sum, whose launches are torch's.
 COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS = int(os.environ.get("OPS_COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS", "4096"))
 
 
