@@ -140,10 +140,13 @@ void check(int err) {
   TORCH_CHECK(false, "mojo_direct: CUDA driver error ", err, ": ", text ? text : "unknown");
 }
 
-// torch's current stream of `device`.
+// torch's current stream of `device`, and its CUDA handle.
+c10::Stream torch_stream(const at::Device& device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
 CUstream current_stream(const at::Device& device) {
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  return impl->getStreamNativeHandle(impl->getStream(device));
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStreamNativeHandle(torch_stream(device));
 }
 
 // Whether torch's current stream of `device` is being captured into a CUDA graph (CU_STREAM_CAPTURE_STATUS_ACTIVE).
@@ -959,7 +962,7 @@ Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const 
   std::optional<c10::StreamGuard> on_sums;
   if (!sums_on.empty()) {
     const auto* impl = c10::impl::getDeviceGuardImpl(x.device().type());
-    join(impl->getStream(x.device()), sums_on[0]);   // the sums wait for the rows
+    join(torch_stream(x.device()), sums_on[0]);   // the sums wait for the rows
     impl->recordDataPtrOnStream(part.storage().data_ptr(), sums_on[0]);   // read there after the rows' stream moves on
     on_sums.emplace(sums_on[0]);   // dw and db are allocated on, and the sums launched on, that stream
   }
@@ -1104,7 +1107,7 @@ struct LayerNormLinearFn : public torch::autograd::Function<LayerNormLinearFn> {
     LinearBackward linear(dy, s[1], s[4], ctx->needs_input_grad(3), bias_grad);
     std::optional<c10::Stream> captured, side;   // under capture: the captured stream and the side one
     if (linear.wgrad != nullptr && captured_weight_grads_beside && capturing(dy.device())) {
-      captured = c10::impl::getDeviceGuardImpl(dy.device().type())->getStream(dy.device());
+      captured = torch_stream(dy.device());
       side = fork_from(*captured);
       c10::StreamGuard on_side(*side);
       linear.weights();
