@@ -760,19 +760,16 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
         xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
         if x.is_cuda and _native_linear_traceable():
             if not grad:
-                if config.COMPILED_LINEAR_GELU:   # read here, so dynamo guards on it
-                    _install_gelu_epilogue_pass()
+                _gelu_epilogue_pass_on()
                 return torch.ops.mojo_direct.linear(xn, weight, bias)
-            if x.dtype != torch.float32 and (config.COMPILED_TRAINING_LINEAR == "ours" or (
-                    config.COMPILED_LINEAR_GELU and _install_gelu_epilogue_pass())):
+            if x.dtype != torch.float32 and (config.COMPILED_TRAINING_LINEAR == "ours" or _gelu_epilogue_pass_on()):
                 # with the pass, a mark: gelu(traced_linear) becomes traced_linear_gelu, traced_linear F.linear
                 return torch.ops.mojo_direct.traced_linear(xn, weight, bias)
         return torch.nn.functional.linear(xn, weight, bias)
     if grad:
         return LayerNormLinearFunction.apply(*tensors, eps, runs)
     if x.is_cuda and _native_linear_traceable():
-        if config.COMPILED_LINEAR_GELU:   # a tanh GELU after it: the pass's unfused form (layernorm_linear_inductor)
-            _install_gelu_epilogue_pass()
+        _gelu_epilogue_pass_on()   # a tanh GELU after it: the pass's unfused form (layernorm_linear_inductor)
         # the C++ op: no Python per call in the compiled graph
         return torch.ops.mojo_direct.layernorm_linear_infer(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
     bias = _zero_bias(weight) if bias is None else bias
@@ -789,6 +786,12 @@ def _native_linear_traceable() -> bool:
          "linear_gelu": _fake_linear, "traced_linear_gelu": _fake_traced_linear_gelu,
          "linear_gelu_aux": _fake_linear_gelu_aux, "linear_grads": _fake_linear_grads,
          "linear_gelu_grads": _fake_linear_gelu_grads})
+
+
+def _gelu_epilogue_pass_on() -> bool:
+    """Whether ``layernorm_linear_inductor``'s pass will rewrite this graph: ``config.COMPILED_LINEAR_GELU`` (read
+    in the traced code, so that dynamo guards on it) and the pass installed (``_install_gelu_epilogue_pass``)."""
+    return config.COMPILED_LINEAR_GELU and _install_gelu_epilogue_pass()
 
 
 @torch.compiler.assume_constant_result

@@ -299,6 +299,13 @@ def kind_of(name: str) -> str:
     return next(kind for kind, pattern in KINDS if re.search(pattern, name))
 
 
+def kernel_rows(kernels: dict[str, tuple[int, float]], calls: int, **where: object) -> list[dict]:
+    """``kernel_times``' kernels over ``calls`` calls as rows of ``KERNEL_FIELDS`` (launches per call, the kind
+    as ``KINDS`` says), each with ``where`` (phase, tokens, impl)."""
+    return [{**where, "kind": kind_of(name), "kernel": name[:90], "launches": count // calls, "us": round(us, 2)}
+            for name, (count, us) in kernels.items()]
+
+
 def breakdown() -> list[dict]:
     """Per size and phase, torch and ours captured (CUDA graph) as ``run`` times them: CUPTI's device time per
     call of each kind of kernel (``KINDS``), and the busiest kernels, into results/bench_transformer_breakdown.md."""
@@ -311,9 +318,7 @@ def breakdown() -> list[dict]:
             for impl in ("torch", "ours"):
                 model = contender(ref_model, impl)
                 fn = (infer_call if phase == "infer" else train_call)(model, x, "cuda_graph")
-                for name, (count, us) in kernel_times(fn, calls=5).items():
-                    rows.append({"phase": phase, "tokens": b * t, "impl": impl, "kernel": name[:90],
-                                 "launches": count // 5, "us": round(us, 2)})
+                rows += kernel_rows(kernel_times(fn, calls=5), 5, phase=phase, tokens=b * t, impl=impl)
                 del fn, model
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
@@ -327,7 +332,7 @@ def compile_kernels(compile_abs: tuple[str, ...]) -> tuple[list[dict], list[dict
     results/bench_transformer_compile_kernels.md and its _kernels.md."""
     from ops.timing import kernel_times
 
-    rows, kernel_rows = [], []
+    rows, every = [], []
     for b, t in SIZES:
         torch._dynamo.reset()
         ref_model, x = reference(b, t)
@@ -338,14 +343,12 @@ def compile_kernels(compile_abs: tuple[str, ...]) -> tuple[list[dict], list[dict
                 rows.append({"phase": phase, "tokens": b * t, "impl": impl,
                              "launches": sum(count for count, _ in kernels.values()) // 5,
                              "device_us": round(sum(us for _, us in kernels.values()), 1)})
-                kernel_rows += [{"phase": phase, "tokens": b * t, "impl": impl, "kind": kind_of(name),
-                                 "kernel": name[:90], "launches": count // 5, "us": round(us, 2)}
-                                for name, (count, us) in kernels.items()]
+                every += kernel_rows(kernels, 5, phase=phase, tokens=b * t, impl=impl)
                 print(rows[-1], flush=True)
                 del fn
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-    return rows, kernel_rows
+    return rows, every
 
 
 def write_breakdown(rows: list[dict], stamp: str) -> None:

@@ -262,6 +262,11 @@ def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool, shape: tup
         assert torch.autograd.gradcheck(lambda b: ops.traced_linear_gelu(xn, w, b, bias_grad_in_gemm), (bias,))
 
 
+def _call_targets(gm: torch.fx.GraphModule) -> list:
+    """The ops ``gm``'s graph calls, in order."""
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
 @pytest.mark.parametrize("bias_grad_in_gemm", [True, False])
 def test_traced_linear_gelu_backward_graph(bias_grad_in_gemm: bool) -> None:
     """AOTAutograd's backward graph of ``traced_linear_gelu`` with a bias: ``linear_gelu_grads`` (db in the GEMM's
@@ -276,7 +281,7 @@ def test_traced_linear_gelu_backward_graph(bias_grad_in_gemm: bool) -> None:
     graphs = []
 
     def keep(gm: torch.fx.GraphModule, _: object) -> Callable:
-        graphs.append({n.target for n in gm.graph.nodes if n.op == "call_function"})
+        graphs.append(set(_call_targets(gm)))
         return make_boxed_func(gm.forward)
 
     torch.manual_seed(0)
@@ -332,11 +337,10 @@ def test_gelu_epilogue_pass_rewrites_only_our_linears_tanh_gelu(case: str, fused
     torch.manual_seed(0)
     args = (torch.randn(4, 8), torch.randn(3, 8), torch.randn(3))
     before = gm(*args)
-    targets = lambda: [n.target for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
-    had = targets()
+    had = _call_targets(gm)
     LLI.PASS(gm.graph)
     gm.recompile()
-    after = targets()
+    after = _call_targets(gm)
     assert after.count(torch.ops.mojo_direct.linear_gelu.default) == fused
     assert after == had if not fused else len(after) == len(had) - 1
     assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(gm(*args)),
@@ -368,7 +372,7 @@ def test_gelu_epilogue_pass_unfuses_the_fused_inference_forward(case: str, unfus
     next(iter(gm.graph.nodes)).meta["example_value"] = args[0]
     assert LLI.fuse_linear_gelu(gm.graph) == unfused
     gm.recompile()
-    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    targets = _call_targets(gm)
     if not unfused:
         assert targets == [ops.layernorm_linear_infer, torch._C._nn.gelu]
         return
@@ -403,7 +407,7 @@ def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch:
     before = torch.autograd.grad(gm(*args).sum(), args[0])[0]
     LLI.PASS(gm.graph)
     gm.recompile()
-    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    targets = _call_targets(gm)
     second = ops.traced_linear if training_linear == "ours" else torch._C._nn.linear
     assert targets == [ops.traced_linear_gelu.default, second]
     assert torch.equal(torch.autograd.grad(gm(*args).sum(), args[0])[0], before)

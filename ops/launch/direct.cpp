@@ -1430,6 +1430,14 @@ std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Te
   return {dxn, dw};
 }
 
+// The op linear_grads through the dispatcher, so that AOTAutograd records it in a backward graph.
+std::vector<Tensor> linear_grads_call(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mojo_direct::linear_grads", "")
+                             .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, bool)>();
+  return op.call(dy, xn, w, bias_grad);
+}
+
 // traced_linear's autograd kernel: linear's forward below autograd, its backward the linear_grads op, each called
 // through the dispatcher, so that AOTAutograd records both in torch.compile's graphs and the compiled code calls
 // them with no Python in between.
@@ -1445,12 +1453,9 @@ struct TracedLinearFn : public torch::autograd::Function<TracedLinearFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("mojo_direct::linear_grads", "")
-                               .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, bool)>();
     auto s = ctx->get_saved_variables();
     const bool bias_grad = ctx->saved_data["bias"].toBool();
-    std::vector<Tensor> g = op.call(grads[0], s[0], s[1], bias_grad);
+    std::vector<Tensor> g = linear_grads_call(grads[0], s[0], s[1], bias_grad);
     return {g[0], g[1], bias_grad ? g[2] : Tensor()};
   }
 };
@@ -1491,9 +1496,6 @@ struct TracedLinearGeluFn : public torch::autograd::Function<TracedLinearGeluFn>
                                .findSchemaOrThrow("mojo_direct::linear_gelu_grads", "")
                                .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                           bool)>();
-    static const auto grads_op = c10::Dispatcher::singleton()
-                                     .findSchemaOrThrow("mojo_direct::linear_grads", "")
-                                     .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, bool)>();
     auto s = ctx->get_saved_variables();
     const bool bias_grad = ctx->saved_data["bias"].toBool();
     if (!bias_grad || ctx->saved_data["bias_grad_in_gemm"].toBool()) {
@@ -1504,7 +1506,7 @@ struct TracedLinearGeluFn : public torch::autograd::Function<TracedLinearGeluFn>
     std::vector<int64_t> rows(dh.dim() - 1);
     std::iota(rows.begin(), rows.end(), 0);
     Tensor db = rows.empty() ? dh : dh.sum(rows);
-    std::vector<Tensor> g = grads_op.call(dh, s[0], s[1], false);
+    std::vector<Tensor> g = linear_grads_call(dh, s[0], s[1], false);
     return {g[0], g[1], db, Tensor()};
   }
 };
