@@ -757,6 +757,9 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     validate(*tensors)
     k = x.shape[-1]
     if pick_algo(runs, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
+        if grad and _layernorm_linear_traced(x, ln_weight, ln_bias):
+            _gelu_epilogue_pass_on()   # a tanh GELU after it goes into the GEMM (act 1)
+            return torch.ops.mojo_direct.traced_layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps)
         xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
         if x.is_cuda and _native_linear_traceable():
             if not grad:
@@ -776,6 +779,15 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     return torch.ops.mojo.layernorm_linear_fwd(x, ln_weight, ln_bias, weight, bias, eps, algo)[0]
 
 
+def _layernorm_linear_traced(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None) -> bool:
+    """Whether a training graph holds the unfused LayerNorm+Linear as the C++ op ``traced_layernorm_linear``:
+    ``config.COMPILED_TRAINING_LAYERNORM_LINEAR`` is "ours" (read in the traced code, so that dynamo guards on it),
+    16-bit CUDA x, both LayerNorm parameters, and the C++ ops loaded."""
+    return (config.COMPILED_TRAINING_LAYERNORM_LINEAR == "ours" and x.is_cuda
+            and x.dtype in (torch.float16, torch.bfloat16) and ln_weight is not None and ln_bias is not None
+            and _native_linear_traceable())
+
+
 @torch.compiler.assume_constant_result
 def _native_linear_traceable() -> bool:
     """Whether the C++ ops ``mojo_direct::layernorm_linear_infer``, ``linear``, ``traced_linear`` (with its
@@ -785,7 +797,9 @@ def _native_linear_traceable() -> bool:
         {"layernorm_linear_infer": _fake_infer, "linear": _fake_linear, "traced_linear": _fake_linear,
          "linear_gelu": _fake_linear, "traced_linear_gelu": _fake_traced_linear_gelu,
          "linear_gelu_aux": _fake_linear_gelu_aux, "linear_grads": _fake_linear_grads,
-         "linear_gelu_grads": _fake_linear_gelu_grads})
+         "linear_gelu_grads": _fake_linear_gelu_grads, "traced_layernorm_linear": _fake_traced_layernorm_linear,
+         "layernorm_linear_train_fwd": _fake_layernorm_linear_train_fwd,
+         "layernorm_linear_grads": _fake_layernorm_linear_grads})
 
 
 def _gelu_epilogue_pass_on() -> bool:
@@ -830,6 +844,28 @@ def _fake_linear_gelu_aux(xn: torch.Tensor, weight: torch.Tensor,
 def _fake_linear_gelu_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, h: torch.Tensor,
                             bias_grad: bool) -> list:
     return _fake_linear_grads(dy, xn, weight, bias_grad)
+
+
+def _fake_traced_layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                                  weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                                  act: int = 0) -> torch.Tensor:
+    return _fake_linear(x, weight, bias)
+
+
+def _fake_layernorm_linear_train_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                                     weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                                     act: int) -> tuple:
+    stats = x.new_empty(x.shape[:-1], dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    h = _fake_linear(x, weight, bias) if act == 1 else x.new_empty(0)
+    return _fake_linear(x, weight, bias), x.new_empty(x.shape), stats, torch.empty_like(stats), h
+
+
+def _fake_layernorm_linear_grads(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor,
+                                 ln_bias: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                                 h: torch.Tensor, act: int, bias_grad: bool) -> list:
+    grads = [x.new_empty(x.shape), ln_weight.new_empty(ln_weight.shape), ln_bias.new_empty(ln_bias.shape),
+             weight.new_empty(weight.shape)]
+    return [*grads, weight.new_empty(weight.shape[0])] if bias_grad else grads
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, runs: str) -> None:

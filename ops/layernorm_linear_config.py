@@ -255,6 +255,15 @@ CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS = 1024
 # per-process ratios spread over 0.83-1.15. No gain beyond the noise: torch's program stays.
 COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "inductor")
 
+# Under torch.compile, the 16-bit unfused LayerNorm+Linear of a training forward as "ours": the C++ op
+# mojo_direct.traced_layernorm_linear, one call each way in the compiled code (our LayerNorm and the cuBLASLt GEMM;
+# in the backward the Linear's gradients and our LayerNorm backward), with a tanh GELU after it in the GEMM's
+# epilogue (ops/layernorm_linear_inductor.py); or as "inductor": torch's layer_norm (which inductor fuses with the
+# residual add before it) and the Linear as COMPILED_TRAINING_LINEAR says: torch's program, at the cost of more calls
+# from the compiled code (a host-bound step pays for each). OPS_COMPILED_TRAINING_LAYERNORM_LINEAR overrides it.
+# Evidence: none yet on the GPU (bench_transformer.py --ln-linear-ab is its A/B), so torch's program stays.
+COMPILED_TRAINING_LAYERNORM_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR", "inductor")
+
 # Under torch.compile, a tanh GELU right after the unfused LayerNorm+Linear's Linear goes into that GEMM's cuBLASLt
 # epilogue, in inference and training (ops/layernorm_linear_inductor.py). OPS_COMPILED_LINEAR_GELU=0 turns it off.
 # Evidence (H100, GPT-2-small): fewer kernels per compiled call than without it (as many as torch's): inference

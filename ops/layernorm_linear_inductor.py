@@ -103,6 +103,8 @@ def fuse_linear_gelu(graph: fx.Graph) -> int:
             args = (*args, _bias_grad_in_gemm(source.args[0]))
         if fused is None and _call_of(source, ops.layernorm_linear_infer) and len(source.users) == 1:
             fused, args = ops.linear_gelu.default, _unfused_in_place_of(graph, source)
+        if fused is None and _call_of(source, ops.traced_layernorm_linear) and len(source.args) == 6:
+            fused, args = ops.traced_layernorm_linear.default, (*source.args, 1)   # act 1: the tanh GELU
         if args is None or len(source.users) != 1:
             continue
         with graph.inserting_before(node):

@@ -14,6 +14,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes compile --layernorm-ab   (+ our LayerNorm ops under compile)
     python scripts/bench_transformer.py --modes compile --linear-ab   (+ our C++ Linear in compiled training)
     python scripts/bench_transformer.py --modes compile --gelu-ab   (+ ours with the MLP's GELU a kernel of its own)
+    python scripts/bench_transformer.py --modes compile --ln-linear-ab   (+ our one-op LayerNorm+Linear in training)
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours with less beside the chain)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
@@ -107,6 +108,11 @@ COMPILE_ABS = {
                                  "GPT-2-small under torch.compile: whose Linear a training graph holds",
                                  "our C++ traced_linear in the unfused LayerNorm+Linear's training graph, "
                                  "linear_grads in its backward"),
+    "ours_ln_linear_op": CompileAB("--ln-linear-ab", layernorm_linear_config, "COMPILED_TRAINING_LAYERNORM_LINEAR",
+                                   "ours", ROOT / "results" / "bench_transformer_compiled_ln_linear",
+                                   "GPT-2-small under torch.compile: one op for the LayerNorm+Linear in training",
+                                   "our C++ traced_layernorm_linear in training graphs (one call each way, "
+                                   "the MLP's GELU in its GEMM)"),
     "ours_no_gelu_epilogue": CompileAB("--gelu-ab", layernorm_linear_config, "COMPILED_LINEAR_GELU", False,
                                        ROOT / "results" / "bench_transformer_compiled_gelu",
                                        "GPT-2-small under torch.compile: the MLP's GELU in the GEMM's epilogue",

@@ -296,6 +296,73 @@ def test_traced_linear_gelu_backward_graph(bias_grad_in_gemm: bool) -> None:
             <= backward) == (not bias_grad_in_gemm), backward
 
 
+def _layernorm_linear_leaves(shape: tuple[int, ...], with_bias: bool) -> list:
+    """float64 CPU leaves (x of ``shape``, LayerNorm's weight and bias, W [3, K], bias or None) that want grads."""
+    torch.manual_seed(0)
+    k = shape[-1]
+    leaves = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in (shape, (k,), (k,), (3, k))]
+    return [*leaves, torch.randn(3, dtype=torch.float64, requires_grad=True) if with_bias else None]
+
+
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("shape", [(2, 5, 8), (8,)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_traced_layernorm_linear_fake_and_autograd_kernel(with_bias: bool, shape: tuple[int, ...], act: int) -> None:
+    """``mojo_direct.traced_layernorm_linear`` (the training graph's one-op LayerNorm+Linear, act 1 with the tanh
+    GELU): it and its forward and backward ops pass ``opcheck``; y, xn, the statistics and GELU's input equal torch's
+    ops' (float64 on the CPU: torch's ops there; a GPU test runs ours), and its C++ autograd kernel gradchecks, for x
+    of any rank."""
+    from ops import layernorm_linear as LL
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops, F = torch.ops.mojo_direct, torch.nn.functional
+    x, lnw, lnb, w, bias = leaves = _layernorm_linear_leaves(shape, with_bias)
+    torch.library.opcheck(ops.traced_layernorm_linear.default, (*leaves, 1e-5, act))
+    plain = [None if t is None else t.detach() for t in leaves]
+    torch.library.opcheck(ops.layernorm_linear_train_fwd.default, (*plain, 1e-5, act))
+    y, xn, mean, rstd, h = ops.layernorm_linear_train_fwd(*plain, 1e-5, act)
+    want_xn = F.layer_norm(plain[0], shape[-1:], plain[1], plain[2], 1e-5)
+    torch.testing.assert_close(xn, want_xn, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mean, plain[0].mean(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rstd, (plain[0].var(-1, unbiased=False) + 1e-5).rsqrt(), rtol=1e-12, atol=1e-12)
+    want_h = F.linear(xn, plain[3], plain[4])
+    assert torch.equal(h, want_h if act else h.new_empty(0))
+    assert torch.equal(y, F.gelu(want_h, approximate="tanh") if act else want_h)
+    dy = torch.randn_like(y)
+    torch.library.opcheck(ops.layernorm_linear_grads.default, (dy, plain[0], xn, *plain[1:4], mean, rstd, h, act,
+                                                               with_bias))
+    wanted = [t for t in leaves if t is not None]
+    assert torch.autograd.gradcheck(lambda *t: ops.traced_layernorm_linear(*t[:4], t[4] if with_bias else None,
+                                                                           1e-5, act), tuple(wanted))
+
+
+@pytest.mark.parametrize("act", [0, 1])
+def test_traced_layernorm_linear_backward_graph(act: int) -> None:
+    """AOTAutograd's graphs of ``traced_layernorm_linear``: one op each way (``layernorm_linear_train_fwd``, then
+    ``layernorm_linear_grads``), and gradients equal to eager autograd's."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    from ops import layernorm_linear as LL
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    graphs = []
+
+    def keep(gm: torch.fx.GraphModule, _: object) -> Callable:
+        graphs.append(_call_targets(gm))
+        return make_boxed_func(gm.forward)
+
+    args = [t for t in _layernorm_linear_leaves((4, 5, 8), True)]
+    fn = lambda *t: ops.traced_layernorm_linear(*t, 1e-5, act)  # noqa: E731
+    got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), args)
+    for name, g, want in zip(("x", "lnw", "lnb", "w", "b"), got, torch.autograd.grad(fn(*args).sum(), args),
+                             strict=True):
+        assert torch.equal(g, want), name
+    forward, backward = ([t for t in g if getattr(t, "namespace", None) == "mojo_direct"] for g in graphs)
+    assert forward == [ops.layernorm_linear_train_fwd.default], graphs[0]
+    assert backward == [ops.layernorm_linear_grads.default], graphs[1]
+
+
 @pytest.fixture
 def free_pre_grad_pass() -> Iterator[None]:
     """Inductor's pre-grad custom pass emptied for the test and restored after, by its ``config.patch``
@@ -411,6 +478,36 @@ def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch:
     second = ops.traced_linear if training_linear == "ours" else torch._C._nn.linear
     assert targets == [ops.traced_linear_gelu.default, second]
     assert torch.equal(torch.autograd.grad(gm(*args).sum(), args[0])[0], before)
+
+
+def test_gelu_epilogue_pass_puts_the_gelu_into_the_one_op_layernorm_linear() -> None:
+    """The pass turns ``gelu(traced_layernorm_linear(..))`` (tanh, its only user) into ``traced_layernorm_linear(..,
+    act=1)``; the values and gradients stay (bitwise, on the CPU). A second user keeps the GELU apart."""
+    from ops import layernorm_linear as LL
+    from ops import layernorm_linear_inductor as LLI
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    args = _layernorm_linear_leaves((4, 8), True)
+    def alone(x: torch.Tensor, lnw: torch.Tensor, lnb: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> object:
+        return torch._C._nn.gelu(ops.traced_layernorm_linear(x, lnw, lnb, w, b, 1e-5), approximate="tanh")
+
+    def used_twice(x: torch.Tensor, lnw: torch.Tensor, lnb: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> object:
+        y = ops.traced_layernorm_linear(x, lnw, lnb, w, b, 1e-5)
+        return torch._C._nn.gelu(y, approximate="tanh") + y
+
+    for second_user, f in ((False, alone), (True, used_twice)):
+        gm = torch.fx.symbolic_trace(f)
+        before = gm(*args)
+        grads = torch.autograd.grad(before.sum(), args)
+        assert LLI.fuse_linear_gelu(gm.graph) == (0 if second_user else 1)
+        gm.recompile()
+        (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in (
+            ops.traced_layernorm_linear, ops.traced_layernorm_linear.default)]
+        assert node.args[6:] == (() if second_user else (1,)), node.args
+        after = gm(*args)
+        assert torch.equal(after, before)
+        assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(after.sum(), args), grads, strict=True))
 
 
 @pytest.mark.parametrize("rows, in_gemm", [(None, True), (128, False), (4094, False), (4096, True), (8192, True)])
@@ -1227,38 +1324,33 @@ def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, free_pr
     assert (bad := compare(y, want, torch.bfloat16, reduction=k)) is None, f"{algo}: {bad}"
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("min_rows", [0, 4096])
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, min_rows: int,
-                                                          monkeypatch: pytest.MonkeyPatch,
-                                                          free_pre_grad_pass: None) -> None:
-    """Compiled training of ``gelu(unfused LayerNorm+Linear, approximate="tanh")``: the forward graph calls
-    ``linear_gelu_aux`` (GELU's output and input from one GEMM) and the backward ``linear_gelu_grads``, or with a
-    bias and fewer rows (111) than COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS ``linear_grads`` (db by inductor), with no
-    torch GEMM for that Linear; y and every gradient match float64 autograd, on both calls."""
+def _compiled_unfused_training(with_bias: bool, gelu: bool) -> str:
+    """Compile the unfused LayerNorm+Linear (of ``_unfused_case``; with ``gelu``, the tanh GELU after it), run two
+    training calls, and check y and every gradient against float64 autograd on both; returns inductor's code."""
     from torch._inductor.utils import run_and_get_code
 
     from ops.layernorm_linear import layernorm_linear
     from ops.reference import gelu_ref, layernorm_linear_ref, layernorm_stats_ref
     from ops.tolerance import compare
 
-    monkeypatch.setattr(lnl_config, "COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS", min_rows)
     x, lnw, lnb, w, bias = _unfused_case(with_bias)
     n, k = w.shape
     dy = torch.randn(3, 37, n, device="cuda", dtype=torch.bfloat16)
     leaves = [t.clone().requires_grad_() for t in (x, lnw, lnb, w, bias) if t is not None]
     refs = [t.detach().double().requires_grad_() for t in leaves]
-    want_y = gelu_ref(layernorm_linear_ref(*refs[:4], refs[4] if with_bias else torch.zeros(n, device="cuda",
-                                                                                            dtype=torch.float64)),
-                      "gelu_tanh")
+    want_y = layernorm_linear_ref(*refs[:4], refs[4] if with_bias else torch.zeros(n, device="cuda",
+                                                                                  dtype=torch.float64))
+    want_y = gelu_ref(want_y, "gelu_tanh") if gelu else want_y
     want = torch.autograd.grad(want_y, refs, dy.double())
     reductions = (n * k, 111 * n, 111 * n, 111, 111)
     cond = float(layernorm_stats_ref(x)[1].max())
     direct.load_native()
     torch._dynamo.reset()
-    fwd = torch.compile(lambda *t: torch.nn.functional.gelu(
-        layernorm_linear(*t[:4], t[4] if with_bias else None, 1e-5, "unfused"), approximate="tanh"), fullgraph=True)
+
+    def model(*t: torch.Tensor) -> torch.Tensor:
+        y = layernorm_linear(*t[:4], t[4] if with_bias else None, 1e-5, "unfused")
+        return torch.nn.functional.gelu(y, approximate="tanh") if gelu else y
+    fwd = torch.compile(model, fullgraph=True)
 
     def step() -> torch.Tensor:
         for t in leaves:
@@ -1274,8 +1366,40 @@ def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, min_r
         for i, (leaf, r, red) in enumerate(zip(leaves, want, reductions, strict=False)):
             bad = compare(leaf.grad, r, torch.bfloat16, reduction=red, cond=cond if i == 0 else 1.0)
             assert bad is None, f"call {call} grad {i}: {bad}"
-    code = "\n".join(codes)
+    return "\n".join(codes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("min_rows", [0, 4096])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, min_rows: int,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          free_pre_grad_pass: None) -> None:
+    """Compiled training of ``gelu(unfused LayerNorm+Linear, approximate="tanh")``: the forward graph calls
+    ``linear_gelu_aux`` (GELU's output and input from one GEMM) and the backward ``linear_gelu_grads``, or with a
+    bias and fewer rows (111) than COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS ``linear_grads`` (db by inductor), with no
+    torch GEMM for that Linear; y and every gradient match float64 autograd, on both calls."""
+    monkeypatch.setattr(lnl_config, "COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS", min_rows)
+    code = _compiled_unfused_training(with_bias, gelu=True)
     in_gemm = not with_bias or min_rows == 0
     assert "mojo_direct.linear_gelu_aux" in code and ("mojo_direct.linear_gelu_grads" in code) == in_gemm
     assert ("mojo_direct.linear_grads" in code) == (not in_gemm)
     assert "extern_kernels.mm" not in code and "extern_kernels.addmm" not in code
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gpu_compiled_training_one_op_layernorm_linear(with_bias: bool, gelu: bool, monkeypatch: pytest.MonkeyPatch,
+                                                       free_pre_grad_pass: None) -> None:
+    """With COMPILED_TRAINING_LAYERNORM_LINEAR "ours", compiled training of the unfused LayerNorm+Linear (and of the
+    tanh GELU after it) calls one op each way, ``layernorm_linear_train_fwd`` and ``layernorm_linear_grads`` (the GELU
+    inside them: no triton kernel of it), with no torch GEMM and no inductor LayerNorm; y and every gradient match
+    float64 autograd, on both calls."""
+    import re
+
+    monkeypatch.setattr(lnl_config, "COMPILED_TRAINING_LAYERNORM_LINEAR", "ours")
+    code = _compiled_unfused_training(with_bias, gelu)
+    assert "mojo_direct.layernorm_linear_train_fwd" in code and "mojo_direct.layernorm_linear_grads" in code
+    assert "extern_kernels.mm" not in code and "extern_kernels.addmm" not in code
+    assert not re.search(r"triton_\w*(gelu|layer_norm)", code), re.findall(r"triton_\w+", code)

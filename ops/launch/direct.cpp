@@ -1521,6 +1521,96 @@ Tensor traced_linear_gelu_forward(const Tensor& xn, const Tensor& w, const std::
   return linear_gelu(xn, w, bias);
 }
 
+// act(Linear(LayerNorm(x))) for torch.compile's training graphs (ops/layernorm_linear.py's _traced, where
+// COMPILED_TRAINING_LAYERNORM_LINEAR is "ours"; act 1, GELU's tanh form, from ops/layernorm_linear_inductor.py's
+// pass), so that the compiled code calls one op each way. The forward (y, xn, mean, rstd, h): our LayerNorm on CUDA
+// (elsewhere torch's layer_norm in float32, float64 kept), then linear's GEMM, with act 1 GELU in its epilogue and
+// h its input (else h is empty). mean and rstd are float32 (float64 for float64 x), shaped x's rows.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> layernorm_linear_train_fwd(
+    const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w, const std::optional<Tensor>& bias,
+    double eps, int64_t act) {
+  TORCH_CHECK(act == 0 || act == 1, "mojo_direct: layernorm_linear_train_fwd: act is 0 or 1, got ", act);
+  const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
+  Tensor xn, mean, rstd;
+  if (x.is_cuda()) {
+    std::tie(xn, mean, rstd) = layernorm_fwd(dense(x, lnw, lnb, eps), lnw, lnb, eps, 0);
+  } else {
+    const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    auto [z, m, r] = at::native_layer_norm(x.to(acc), {x.size(-1)}, lnw.to(acc), lnb.to(acc), eps);
+    std::tie(xn, mean, rstd) = std::make_tuple(z.to(x.scalar_type()), m, r);
+  }
+  auto [y, h] = linear_act(xn, w, bias, act == 1 ? ACT_GELU_AUX : ACT_NONE);
+  return {y, xn, mean.reshape(stat_shape), rstd.reshape(stat_shape), act == 1 ? h : x.new_empty({0})};
+}
+
+// Its backward from dy and what the forward saved: [dx, dln_weight, dln_bias, dweight] and, with bias_grad, dbias.
+// GELU's derivative by torch's gelu_backward (act 1), linear_grads' GEMMs (cuBLASLt, db in dW's epilogue), then
+// our LayerNorm backward on CUDA (torch's elsewhere).
+std::vector<Tensor> layernorm_linear_grads_op(const Tensor& dy, const Tensor& x, const Tensor& xn, const Tensor& lnw,
+                                              const Tensor& lnb, const Tensor& w, const Tensor& mean,
+                                              const Tensor& rstd, const Tensor& h, int64_t act, bool bias_grad) {
+  const Tensor dh = act == 1 ? at::gelu_backward(dy, h, "tanh") : dy;
+  auto [dxn, dw, db] = linear_grads(dh.contiguous(), xn.contiguous(), w, true, bias_grad);
+  Tensor dx, dlnw, dlnb;
+  if (x.is_cuda()) {
+    std::tie(dx, dlnw, dlnb) = layernorm_bwd(dxn, x, lnw, lnb, mean, rstd, 0);
+  } else {
+    const auto acc = mean.scalar_type();
+    auto stat_shape = x.sizes().vec();
+    stat_shape.back() = 1;
+    auto [a, b, c] = at::native_layer_norm_backward(dxn.to(acc), x.to(acc), {x.size(-1)}, mean.reshape(stat_shape),
+                                                   rstd.reshape(stat_shape), lnw.to(acc), lnb.to(acc),
+                                                   {true, true, true});
+    std::tie(dx, dlnw, dlnb) = std::make_tuple(a.to(x.scalar_type()), b.to(lnw.scalar_type()),
+                                               c.to(lnb.scalar_type()));
+  }
+  if (bias_grad) return {dx, dlnw, dlnb, dw, db};
+  return {dx, dlnw, dlnb, dw};
+}
+
+// traced_layernorm_linear's autograd kernel: the forward op below autograd, the backward the op
+// layernorm_linear_grads, each through the dispatcher, so that AOTAutograd records one op each way.
+struct TracedLayerNormLinearFn : public torch::autograd::Function<TracedLayerNormLinearFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                        const std::optional<Tensor>& bias, double eps, int64_t act) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mojo_direct::layernorm_linear_train_fwd", "")
+                               .typed<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
+                                   const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   const std::optional<Tensor>&, double, int64_t)>();
+    ctx->saved_data["bias"] = bias.has_value() && bias->defined();
+    ctx->saved_data["act"] = act;
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, xn, mean, rstd, h] = op.call(x, lnw, lnb, w, bias, eps, act);
+    ctx->save_for_backward({x, xn, lnw, lnb, w, mean, rstd, h});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mojo_direct::layernorm_linear_grads", "")
+                               .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                          const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                          const Tensor&, int64_t, bool)>();
+    auto s = ctx->get_saved_variables();
+    const bool bias_grad = ctx->saved_data["bias"].toBool();
+    std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
+                                    ctx->saved_data["act"].toInt(), bias_grad);
+    return {g[0], g[1], g[2], g[3], bias_grad ? g[4] : Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor traced_layernorm_linear(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                               const std::optional<Tensor>& bias, double eps, int64_t act) {
+  return TracedLayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, act);
+}
+
+// traced_layernorm_linear below autograd: y.
+Tensor traced_layernorm_linear_forward(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                                       const std::optional<Tensor>& bias, double eps, int64_t act) {
+  return std::get<0>(layernorm_linear_train_fwd(x, lnw, lnb, w, bias, eps, act));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(mojo_direct, m) {
@@ -1565,6 +1655,12 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("linear_gelu_aux(Tensor xn, Tensor weight, Tensor? bias) -> (Tensor, Tensor)");
   m.def("linear_gelu_grads(Tensor dy, Tensor xn, Tensor weight, Tensor h, bool bias_grad) -> Tensor[]");
   m.def("traced_linear_gelu(Tensor xn, Tensor weight, Tensor? bias, bool bias_grad_in_gemm=True) -> Tensor");
+  m.def("layernorm_linear_train_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
+        "float eps, int act) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("layernorm_linear_grads(Tensor dy, Tensor x, Tensor xn, Tensor ln_weight, Tensor ln_bias, Tensor weight, "
+        "Tensor mean, Tensor rstd, Tensor h, int act, bool bias_grad) -> Tensor[]");
+  m.def("traced_layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
+        "float eps, int act=0) -> Tensor");
 }
 
 // The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
@@ -1578,6 +1674,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
   impl_entries(m);
   m.impl("traced_linear", &traced_linear);
   m.impl("traced_linear_gelu", &traced_linear_gelu);
+  m.impl("traced_layernorm_linear", &traced_layernorm_linear);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
@@ -1592,6 +1689,9 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("linear_gelu_grads", &linear_gelu_grads_op);
   m.impl("traced_linear_gelu", &traced_linear_gelu_forward);
   m.impl("linear_grads", &linear_grads_op);
+  m.impl("layernorm_linear_train_fwd", &layernorm_linear_train_fwd);
+  m.impl("layernorm_linear_grads", &layernorm_linear_grads_op);
+  m.impl("traced_layernorm_linear", &traced_layernorm_linear_forward);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CUDA, m) {
