@@ -261,7 +261,10 @@ COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "induc
 # epilogue (ops/layernorm_linear_inductor.py); or as "inductor": torch's layer_norm (which inductor fuses with the
 # residual add before it) and the Linear as COMPILED_TRAINING_LINEAR says: torch's program, at the cost of more calls
 # from the compiled code (a host-bound step pays for each). OPS_COMPILED_TRAINING_LAYERNORM_LINEAR overrides it.
-# Evidence: none yet on the GPU (bench_transformer.py --ln-linear-ab is its A/B), so torch's program stays.
+# Evidence: GPT-2-small's compiled training step on the H100 (results/bench_transformer_compiled_ln_linear.md at
+# ee0a3a7, medians over 3 processes, ratios to torch's): 1x128 1.046 against the default's 1.079, 8x512 0.979
+# against 1.019, per-process ratios over 0.93-1.19: within that run's noise. An ad hoc run of process CPU time per
+# step (not committed; docs/direct_launch.md) read no saving at 1x128 either. No gain shown: torch's program stays.
 COMPILED_TRAINING_LAYERNORM_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR", "inductor")
 
 # Under torch.compile, a tanh GELU right after the unfused LayerNorm+Linear's Linear goes into that GEMM's cuBLASLt
