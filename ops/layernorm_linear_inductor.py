@@ -9,7 +9,9 @@ place of the two the same GEMM with GELU in cuBLASLt's epilogue, applied before 
 ``mojo_direct.linear_gelu``, or in training ``mojo_direct.traced_linear_gelu`` (which also writes GELU's input for
 its backward: GELU's derivative by torch's ``gelu_backward``, then the C++ ``linear_grads``, db in dW's epilogue
 for inputs of ``COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS`` rows or more, else torch's sum beside gelu_backward).
-A mark not followed by a tanh GELU becomes ``F.linear`` again, so that training graphs are otherwise the torch
+With ``COMPILED_TRAINING_LAYERNORM_LINEAR`` "ours", a training graph holds the whole LayerNorm+Linear as
+``mojo_direct.traced_layernorm_linear`` instead, and a tanh GELU after it goes into that op (its ``act`` 1). A mark not
+followed by a tanh GELU becomes ``F.linear`` again, so that training graphs are otherwise the torch
 model's (unless ``COMPILED_TRAINING_LINEAR`` is "ours", which keeps ``traced_linear``). docs/direct_launch.md has the
 measurements.
 
@@ -76,10 +78,12 @@ def _bias_grad_in_gemm(xn: object) -> bool:
 def fuse_linear_gelu(graph: fx.Graph) -> int:
     """Rewrite ``gelu(mojo_direct.linear(xn, W, b), approximate="tanh")`` as ``mojo_direct.linear_gelu(xn, W, b)``
     and ``gelu(mojo_direct.traced_linear(..))`` as ``mojo_direct.traced_linear_gelu(.., bias_grad_in_gemm)``
-    (``_bias_grad_in_gemm``), wherever the GELU is the Linear's only user. A GELU after the fused or Hopper inference
-    forward (``layernorm_linear_infer``, which auto picks for longer 16-bit inputs) gets the unfused form: torch's
-    ``layer_norm`` (which inductor fuses with the residual add before it), then ``linear_gelu``: one launch and one
-    pass over the activation fewer than that forward, the add and the GELU.
+    (``_bias_grad_in_gemm``), wherever the GELU is the Linear's only user; likewise
+    ``gelu(mojo_direct.traced_layernorm_linear(..))`` (COMPILED_TRAINING_LAYERNORM_LINEAR "ours") as the same op with
+    act 1. A GELU after the fused or Hopper inference forward (``layernorm_linear_infer``, which auto picks for
+    longer 16-bit inputs) gets the unfused form: torch's ``layer_norm`` (which inductor fuses with the residual add
+    before it), then ``linear_gelu``: one launch and one pass over the activation fewer than that forward, the add
+    and the GELU.
 
     Args:
         graph: a dynamo graph (torch-level ops), rewritten in place.

@@ -352,7 +352,7 @@ def test_traced_layernorm_linear_backward_graph(act: int) -> None:
         graphs.append(_call_targets(gm))
         return make_boxed_func(gm.forward)
 
-    args = [t for t in _layernorm_linear_leaves((4, 5, 8), True)]
+    args = _layernorm_linear_leaves((4, 5, 8), True)
     fn = lambda *t: ops.traced_layernorm_linear(*t, 1e-5, act)  # noqa: E731
     got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), args)
     for name, g, want in zip(("x", "lnw", "lnb", "w", "b"), got, torch.autograd.grad(fn(*args).sum(), args),
@@ -489,6 +489,7 @@ def test_gelu_epilogue_pass_puts_the_gelu_into_the_one_op_layernorm_linear() -> 
     assert direct.load_native().ops is not None and LL._native_linear_traceable()
     ops = torch.ops.mojo_direct
     args = _layernorm_linear_leaves((4, 8), True)
+
     def alone(x: torch.Tensor, lnw: torch.Tensor, lnb: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> object:
         return torch._C._nn.gelu(ops.traced_layernorm_linear(x, lnw, lnb, w, b, 1e-5), approximate="tanh")
 

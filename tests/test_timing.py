@@ -252,14 +252,16 @@ def test_transformer_compile_contenders_set_every_knob(monkeypatch: pytest.Monke
     seen = {}
 
     def knobs() -> tuple[object, ...]:
-        return (layernorm_config.COMPILED_LAYERNORM, layernorm_linear_config.COMPILED_TRAINING_LINEAR,
-                layernorm_linear_config.COMPILED_LINEAR_GELU)
+        c = layernorm_linear_config
+        return (layernorm_config.COMPILED_LAYERNORM, c.COMPILED_TRAINING_LINEAR, c.COMPILED_TRAINING_LAYERNORM_LINEAR,
+                c.COMPILED_LINEAR_GELU)
     for impl in (*bt.COMPILE_ABS, "ours"):
         bt.with_compile_knobs(impl, lambda impl=impl: seen.__setitem__(impl, knobs()))()
-    ln, linear, gelu = knobs()
-    assert seen == {"ours_ln_op": ("ours", linear, gelu), "ours_cpp_linear": (ln, "ours", gelu),
-                    "ours_no_gelu_epilogue": (ln, linear, False), "ours": (ln, linear, gelu)}
-    assert gelu is True
+    ln, linear, ln_linear, gelu = knobs()
+    assert seen == {"ours_ln_op": ("ours", linear, ln_linear, gelu), "ours_cpp_linear": (ln, "ours", ln_linear, gelu),
+                    "ours_ln_linear_op": (ln, linear, "ours", gelu),
+                    "ours_no_gelu_epilogue": (ln, linear, ln_linear, False), "ours": (ln, linear, ln_linear, gelu)}
+    assert gelu is True and ln_linear == "inductor"
 
 
 def test_ptx_fingerprint_sees_code_not_names() -> None:
