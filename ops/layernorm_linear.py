@@ -863,9 +863,8 @@ def _fake_layernorm_linear_train_fwd(x: torch.Tensor, ln_weight: torch.Tensor, l
 def _fake_layernorm_linear_grads(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor,
                                  ln_bias: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
                                  h: torch.Tensor, act: int, bias_grad: bool) -> list:
-    grads = [x.new_empty(x.shape), ln_weight.new_empty(ln_weight.shape), ln_bias.new_empty(ln_bias.shape),
-             weight.new_empty(weight.shape)]
-    return [*grads, weight.new_empty(weight.shape[0])] if bias_grad else grads
+    return [x.new_empty(x.shape), ln_weight.new_empty(ln_weight.shape), ln_bias.new_empty(ln_bias.shape),
+            *_fake_linear_grads(dy, xn, weight, bias_grad)[1:]]
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, runs: str) -> None:
