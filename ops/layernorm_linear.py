@@ -749,23 +749,29 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
     (the eager route's cuBLASLt plan: no heuristics query per call, as torch's addmm makes), with one
     ``mojo_direct.traced_linear`` (the same GEMM, its backward the C++ ``linear_grads``) where
     ``config.COMPILED_TRAINING_LINEAR`` is "ours" or, as a mark, for ``layernorm_linear_inductor``'s pass (a tanh
-    GELU after it goes into the GEMM, other marks become ``F.linear``), else ``F.linear`` (float32 always). Fused
-    and Hopper: with a gradient to come, the autograd function around our ops; without, our forward alone."""
+    GELU after it goes into the GEMM, other marks become ``F.linear``) where the training form
+    (``config.compiled_training_form``) is "inductor", else ``F.linear`` (float32 always); with the form "ours", the
+    whole of it as the C++ op ``traced_layernorm_linear``. Fused and Hopper: with a gradient to come, the autograd
+    function around our ops; without, our forward alone."""
     tensors = (x, ln_weight, ln_bias, weight, bias)
     grad = not layernorm.no_grad_to_come(*tensors)
     runs = autograd_algo(algo, tensors) if grad else algo
     validate(*tensors)
     k = x.shape[-1]
-    if pick_algo(runs, x.device, x.dtype, x.numel() // k, weight.shape[0], k) == "unfused":
-        if grad and _layernorm_linear_traced(x, ln_weight, ln_bias):
+    rows = x.numel() // k
+    if pick_algo(runs, x.device, x.dtype, rows, weight.shape[0], k) == "unfused":
+        form = config.compiled_training_form(rows) if grad else None
+        if form == "ours" and _layernorm_linear_traced(x, ln_weight, ln_bias):
             _gelu_epilogue_pass_on()   # a tanh GELU after it goes into the GEMM (act 1)
             return torch.ops.mojo_direct.traced_layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps)
+        form = "inductor" if form == "ours" else form   # where the one op does not take these inputs
         xn = layernorm.compiled_layernorm(x, ln_weight, ln_bias, eps)
         if x.is_cuda and _native_linear_traceable():
             if not grad:
                 _gelu_epilogue_pass_on()
                 return torch.ops.mojo_direct.linear(xn, weight, bias)
-            if x.dtype != torch.float32 and (config.COMPILED_TRAINING_LINEAR == "ours" or _gelu_epilogue_pass_on()):
+            if x.dtype != torch.float32 and (config.COMPILED_TRAINING_LINEAR == "ours"
+                                             or (form == "inductor" and _gelu_epilogue_pass_on())):
                 # with the pass, a mark: gelu(traced_linear) becomes traced_linear_gelu, traced_linear F.linear
                 return torch.ops.mojo_direct.traced_linear(xn, weight, bias)
         return torch.nn.functional.linear(xn, weight, bias)
@@ -780,12 +786,11 @@ def _traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, wei
 
 
 def _layernorm_linear_traced(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None) -> bool:
-    """Whether a training graph holds the unfused LayerNorm+Linear as the C++ op ``traced_layernorm_linear``:
-    ``config.COMPILED_TRAINING_LAYERNORM_LINEAR`` is "ours" (read in the traced code, so that dynamo guards on it),
-    16-bit CUDA x, both LayerNorm parameters, and the C++ ops loaded."""
-    return (config.COMPILED_TRAINING_LAYERNORM_LINEAR == "ours" and x.is_cuda
-            and x.dtype in (torch.float16, torch.bfloat16) and ln_weight is not None and ln_bias is not None
-            and _native_linear_traceable())
+    """Whether a training graph whose form (``config.compiled_training_form``, read in the traced code, so that
+    dynamo guards on the knobs) is "ours" may hold the unfused LayerNorm+Linear as the C++ op
+    ``traced_layernorm_linear``: 16-bit CUDA x, both LayerNorm parameters, and the C++ ops loaded."""
+    return (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and ln_weight is not None
+            and ln_bias is not None and _native_linear_traceable())
 
 
 @torch.compiler.assume_constant_result

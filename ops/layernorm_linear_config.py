@@ -258,14 +258,23 @@ COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "induc
 # Under torch.compile, the 16-bit unfused LayerNorm+Linear of a training forward as "ours": the C++ op
 # mojo_direct.traced_layernorm_linear, one call each way in the compiled code (our LayerNorm and the cuBLASLt GEMM;
 # in the backward the Linear's gradients and our LayerNorm backward), with a tanh GELU after it in the GEMM's
-# epilogue (ops/layernorm_linear_inductor.py); or as "inductor": torch's layer_norm (which inductor fuses with the
-# residual add before it) and the Linear as COMPILED_TRAINING_LINEAR says: torch's program, at the cost of more calls
-# from the compiled code (a host-bound step pays for each). OPS_COMPILED_TRAINING_LAYERNORM_LINEAR overrides it.
-# Evidence: GPT-2-small's compiled training step on the H100 (results/bench_transformer_compiled_ln_linear.md at
-# ee0a3a7, medians over 3 processes, ratios to torch's): 1x128 1.046 against the default's 1.079, 8x512 0.979
-# against 1.019, per-process ratios over 0.93-1.19: within that run's noise. An ad hoc run of process CPU time per
-# step (not committed; docs/direct_launch.md) read no saving at 1x128 either. No gain shown: torch's program stays.
-COMPILED_TRAINING_LAYERNORM_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR", "inductor")
+# epilogue (ops/layernorm_linear_inductor.py); as "inductor": torch's layer_norm (which inductor fuses with the
+# residual add before it) and the Linear as COMPILED_TRAINING_LINEAR says, a tanh GELU after it in the GEMM's
+# epilogue as COMPILED_LINEAR_GELU says; as "torch": torch's program, with no op of ours in it (the Linear as
+# COMPILED_TRAINING_LINEAR says, no GELU epilogue). "auto" (the default) is "ours" for inputs of
+# COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows or more and "torch" below (compiled_training_form).
+# OPS_COMPILED_TRAINING_LAYERNORM_LINEAR and OPS_COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS override them.
+# Evidence: GPT-2-small's compiled training step on the H100, every thread pinned to one core after compiling, 2
+# steps x 121 rotated rounds per contender, the median of the per-round ratios to torch's model, in each of three
+# processes (ad hoc runs at 09996e7, not committed; docs/direct_launch.md has them): at 1x128, torch_again (a second
+# torch model: the noise floor) read 0.992-0.998, "torch" 0.988-0.995, "inductor" with the GELU epilogue 0.992-1.004
+# and "ours" 1.016-1.021 (there each C++ call costs the host-bound step more than the kernels it saves); at 8x512,
+# torch_again 0.989-0.998, "torch" 0.997-1.001, "inductor" 0.984-0.990 and "ours" 0.945-0.963. Sizes between 128 and
+# 4096 rows are not measured: they take torch's program.
+COMPILED_TRAINING_LAYERNORM_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR", "auto")
+COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS = int(os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS",
+                                                                 "4096"))
+COMPILED_TRAINING_FORMS = ("auto", "ours", "inductor", "torch")
 
 # Under torch.compile, a tanh GELU right after the unfused LayerNorm+Linear's Linear goes into that GEMM's cuBLASLt
 # epilogue, in inference and training (ops/layernorm_linear_inductor.py). OPS_COMPILED_LINEAR_GELU=0 turns it off.
@@ -324,6 +333,18 @@ def split_count(rows: int, k: int, n: int, sms: int, dtype: torch.dtype) -> int:
     else:
         want = SPLIT_BLOCKS_PER_SM_16 * sms // tiles
     return max(1, min(want, k // SPLIT_MIN_K, SPLIT_MAX))
+
+
+def compiled_training_form(rows: int) -> str:
+    """How a training graph under torch.compile holds the 16-bit unfused LayerNorm+Linear of ``rows`` rows:
+    ``COMPILED_TRAINING_LAYERNORM_LINEAR``, with "auto" as "ours" from ``COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS``
+    rows up and "torch" below (a symbolic ``rows`` makes dynamo guard on the comparison)."""
+    form = COMPILED_TRAINING_LAYERNORM_LINEAR
+    if form not in COMPILED_TRAINING_FORMS:
+        raise ValueError(f"COMPILED_TRAINING_LAYERNORM_LINEAR: expected one of {COMPILED_TRAINING_FORMS}, got {form!r}")
+    if form != "auto":
+        return form
+    return "ours" if rows >= COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS else "torch"
 
 
 def training_algo(algo: str, dtype: torch.dtype) -> str:

@@ -15,6 +15,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes compile --linear-ab   (+ our C++ Linear in compiled training)
     python scripts/bench_transformer.py --modes compile --gelu-ab   (+ ours with the MLP's GELU a kernel of its own)
     python scripts/bench_transformer.py --modes compile --ln-linear-ab   (+ our one-op LayerNorm+Linear in training)
+    python scripts/bench_transformer.py --modes compile --inductor-form-ab   (+ training graphs in the "inductor" form)
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours with less beside the chain)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
@@ -113,6 +114,12 @@ COMPILE_ABS = {
                                    "GPT-2-small under torch.compile: one op for the LayerNorm+Linear in training",
                                    "our C++ traced_layernorm_linear in training graphs (one call each way, "
                                    "the MLP's GELU in its GEMM)"),
+    "ours_inductor_form": CompileAB("--inductor-form-ab", layernorm_linear_config,
+                                    "COMPILED_TRAINING_LAYERNORM_LINEAR", "inductor",
+                                    ROOT / "results" / "bench_transformer_compiled_inductor_form",
+                                    "GPT-2-small under torch.compile: training graphs in the \"inductor\" form",
+                                    "ours with torch's LayerNorm and Linear in training graphs at every size, "
+                                    "the MLP's GELU in our GEMM's epilogue (the default before 'auto')"),
     "ours_no_gelu_epilogue": CompileAB("--gelu-ab", layernorm_linear_config, "COMPILED_LINEAR_GELU", False,
                                        ROOT / "results" / "bench_transformer_compiled_gelu",
                                        "GPT-2-small under torch.compile: the MLP's GELU in the GEMM's epilogue",
@@ -227,8 +234,10 @@ def vs_torch(runs: dict[str, Pipelined], impl: str, mode: str) -> float:
 def with_compile_knobs(impl: str, fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` run with every ``COMPILE_ABS`` knob at ``impl``'s value: its own contender's, else the default."""
     def call() -> object:
-        for name, ab in COMPILE_ABS.items():
-            setattr(ab.config, ab.knob, ab.value if name == impl else ab.default)
+        for ab in COMPILE_ABS.values():
+            setattr(ab.config, ab.knob, ab.default)
+        if impl in COMPILE_ABS:   # after the defaults: two contenders may share a knob
+            setattr(COMPILE_ABS[impl].config, COMPILE_ABS[impl].knob, COMPILE_ABS[impl].value)
         return fn()
     return call
 

@@ -25,8 +25,8 @@
 #   transformer  GPT-2-small with our drop-ins, eager, CUDA graph and compile, and the compile knobs' A/Bs
 #               -> bench_transformer*.{md,csv,png}
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
-#   transformer-compile  its compile rows only, likewise (host-bound too), and ours without the GELU epilogue
-#               -> bench_transformer_compiled_gelu.*; TRANSFORMER_REPEATS: rounds per process
+#   transformer-compile  its compile rows only, likewise (host-bound too), and ours with training graphs in the
+#               "inductor" form -> bench_transformer_compiled_inductor_form.*; TRANSFORMER_REPEATS: rounds per process
 #               of these three steps (default 11)
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
@@ -121,13 +121,13 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
     transformer-eager|transformer-compile|transformer-cuda_graph)  # one mode, medians over 5 fresh processes (3-6 minutes)
       mode=${step#transformer-}
       ab=()   # the CUDA-graph rows also time ours with each capture knob off (bench_transformer.py CAPTURE_ABS),
-      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)   # the compile rows ours without the GELU epilogue
-      [ "$mode" = compile ] && ab=(--gelu-ab)
+      [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)   # the compile rows ours with training graphs in the
+      [ "$mode" = compile ] && ab=(--inductor-form-ab)         # "inductor" form (the default before "auto")
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}" \
         --repeats "${TRANSFORMER_REPEATS:-11}"
       [ "$out" = results ] || cp results/bench_transformer.* "$out"/
       [ "$out" = results ] || [ "$mode" != cuda_graph ] || cp results/bench_transformer_capture_overlap.* "$out"/
-      [ "$out" = results ] || [ "$mode" != compile ] || cp results/bench_transformer_compiled_gelu.* "$out"/ ;;
+      [ "$out" = results ] || [ "$mode" != compile ] || cp results/bench_transformer_compiled_inductor_form.* "$out"/ ;;
     transformer-control:*)  # one mode at 1x128, with torch's second copy, medians over 5 fresh processes
       run bench_transformer_control_log python scripts/bench_transformer.py --modes "${step#transformer-control:}" \
         --control --sizes 1x128 --processes 5 --repeats 31

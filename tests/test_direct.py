@@ -530,6 +530,30 @@ def test_gelu_epilogue_pass_picks_where_the_bias_grad_is_made(rows: int | None, 
     assert node.args[3] is in_gemm
 
 
+@pytest.mark.parametrize(("knob", "rows", "form"), [("auto", 1, "torch"), ("auto", 128, "torch"),
+                                                    ("auto", 4095, "torch"), ("auto", 4096, "ours"),
+                                                    ("auto", 8192, "ours"), ("ours", 1, "ours"),
+                                                    ("inductor", 8192, "inductor"), ("torch", 8192, "torch")])
+def test_compiled_training_form(knob: str, rows: int, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compiled_training_form``: "auto" (the default) is "ours" from COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows
+    up and "torch" below; a form named by the knob stands at every size."""
+    from ops import layernorm_linear_config
+
+    assert layernorm_linear_config.COMPILED_TRAINING_LAYERNORM_LINEAR == "auto"
+    assert layernorm_linear_config.COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS == 4096
+    monkeypatch.setattr(layernorm_linear_config, "COMPILED_TRAINING_LAYERNORM_LINEAR", knob)
+    assert layernorm_linear_config.compiled_training_form(rows) == form
+
+
+def test_compiled_training_form_names_a_bad_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A knob value that is no form is a ValueError naming the knob and the forms, not a silent default."""
+    from ops import layernorm_linear_config
+
+    monkeypatch.setattr(layernorm_linear_config, "COMPILED_TRAINING_LAYERNORM_LINEAR", "Ours")
+    with pytest.raises(ValueError, match=r"COMPILED_TRAINING_LAYERNORM_LINEAR: expected one of .*'auto'.*'Ours'"):
+        layernorm_linear_config.compiled_training_form(4096)
+
+
 def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.MonkeyPatch,
                                                           free_pre_grad_pass: None) -> None:
     """The pass takes inductor's pre-grad custom pass only where none is set, once; a user's pass is left alone. Its
@@ -1381,6 +1405,7 @@ def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, min_r
     bias and fewer rows (111) than COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS ``linear_grads`` (db by inductor), with no
     torch GEMM for that Linear; y and every gradient match float64 autograd, on both calls."""
     monkeypatch.setattr(lnl_config, "COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS", min_rows)
+    monkeypatch.setattr(lnl_config, "COMPILED_TRAINING_LAYERNORM_LINEAR", "inductor")
     code = _compiled_unfused_training(with_bias, gelu=True)
     in_gemm = not with_bias or min_rows == 0
     assert "mojo_direct.linear_gelu_aux" in code and ("mojo_direct.linear_gelu_grads" in code) == in_gemm
@@ -1389,18 +1414,35 @@ def test_gpu_compiled_training_puts_tanh_gelu_in_the_gemm(with_bias: bool, min_r
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("knob", ["ours", "auto"])
 @pytest.mark.parametrize("gelu", [False, True])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_gpu_compiled_training_one_op_layernorm_linear(with_bias: bool, gelu: bool, monkeypatch: pytest.MonkeyPatch,
+def test_gpu_compiled_training_one_op_layernorm_linear(with_bias: bool, gelu: bool, knob: str,
+                                                       monkeypatch: pytest.MonkeyPatch,
                                                        free_pre_grad_pass: None) -> None:
-    """With COMPILED_TRAINING_LAYERNORM_LINEAR "ours", compiled training of the unfused LayerNorm+Linear (and of the
-    tanh GELU after it) calls one op each way, ``layernorm_linear_train_fwd`` and ``layernorm_linear_grads`` (the GELU
-    inside them: no triton kernel of it), with no torch GEMM and no inductor LayerNorm; y and every gradient match
-    float64 autograd, on both calls."""
+    """With COMPILED_TRAINING_LAYERNORM_LINEAR "ours", or "auto" at COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows
+    (here lowered to the case's 111), compiled training of the unfused LayerNorm+Linear (and of the tanh GELU after
+    it) calls one op each way, ``layernorm_linear_train_fwd`` and ``layernorm_linear_grads`` (the GELU inside them: no
+    triton kernel of it), with no torch GEMM and no inductor LayerNorm; y and every gradient match float64 autograd,
+    on both calls."""
     import re
 
-    monkeypatch.setattr(lnl_config, "COMPILED_TRAINING_LAYERNORM_LINEAR", "ours")
+    monkeypatch.setattr(lnl_config, "COMPILED_TRAINING_LAYERNORM_LINEAR", knob)
+    monkeypatch.setattr(lnl_config, "COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS", 111)
     code = _compiled_unfused_training(with_bias, gelu)
     assert "mojo_direct.layernorm_linear_train_fwd" in code and "mojo_direct.layernorm_linear_grads" in code
     assert "extern_kernels.mm" not in code and "extern_kernels.addmm" not in code
     assert not re.search(r"triton_\w*(gelu|layer_norm)", code), re.findall(r"triton_\w+", code)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gpu_compiled_training_below_the_one_op_rows_is_torchs_program(with_bias: bool,
+                                                                       free_pre_grad_pass: None) -> None:
+    """With the default "auto" and fewer rows (111) than COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS, compiled
+    training of the unfused LayerNorm+Linear and the tanh GELU after it is torch's program: no op of ours, torch's
+    GEMMs; y and every gradient match float64 autograd, on both calls."""
+    assert lnl_config.COMPILED_TRAINING_LAYERNORM_LINEAR == "auto"
+    assert lnl_config.COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS > 111
+    code = _compiled_unfused_training(with_bias, gelu=True)
+    assert "mojo_direct" not in code and "extern_kernels.mm" in code

@@ -260,8 +260,9 @@ def test_transformer_compile_contenders_set_every_knob(monkeypatch: pytest.Monke
     ln, linear, ln_linear, gelu = knobs()
     assert seen == {"ours_ln_op": ("ours", linear, ln_linear, gelu), "ours_cpp_linear": (ln, "ours", ln_linear, gelu),
                     "ours_ln_linear_op": (ln, linear, "ours", gelu),
+                    "ours_inductor_form": (ln, linear, "inductor", gelu),
                     "ours_no_gelu_epilogue": (ln, linear, ln_linear, False), "ours": (ln, linear, ln_linear, gelu)}
-    assert gelu is True and ln_linear == "inductor"
+    assert gelu is True and ln_linear == "auto"
 
 
 def test_ptx_fingerprint_sees_code_not_names() -> None:
