@@ -277,7 +277,9 @@ COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS = int(os.environ.get("OPS_COMPILED_T
 COMPILED_TRAINING_FORMS = ("auto", "ours", "inductor", "torch")
 
 # Under torch.compile, a tanh GELU right after the unfused LayerNorm+Linear's Linear goes into that GEMM's cuBLASLt
-# epilogue, in inference and training (ops/layernorm_linear_inductor.py). OPS_COMPILED_LINEAR_GELU=0 turns it off.
+# epilogue, in inference and in training graphs of the "ours" and "inductor" forms (compiled_training_form; the
+# evidence below is of "inductor", the default then) (ops/layernorm_linear_inductor.py). OPS_COMPILED_LINEAR_GELU=0
+# turns it off.
 # Evidence (H100, GPT-2-small): fewer kernels per compiled call than without it (as many as torch's): inference
 # 97 (109) at 1x128 and 97 (121) at 8x512, where auto's Hopper forward becomes torch's layer_norm and that GEMM;
 # training 398 (410) at 1x128 and 509 (545) at 8x512 (results/bench_transformer_compile_kernels.md at 32ff9d5). The
@@ -285,13 +287,13 @@ COMPILED_TRAINING_FORMS = ("auto", "ours", "inductor", "torch")
 # host's noise.
 COMPILED_LINEAR_GELU = os.environ.get("OPS_COMPILED_LINEAR_GELU", "1") != "0"
 
-# In that training form, the bias gradient comes from dW's GEMM epilogue (cuBLASLt BGRADB) from this many rows of x
-# up; below, from torch's sum over GELU's gradient, which inductor makes one kernel with gelu_backward. Evidence (H100,
-# GPT-2-small, CUPTI): with db from the epilogue at every size, the 1x128 training step launched 410 kernels, as many
-# as torch's (results/bench_transformer_compile_kernels.md at 941863e, commit a13f6f2; an ad hoc profile, not
-# committed, showed cuBLASLt running that epilogue as a kernel of its own there, globalKernelBgradAB); with this
-# choice, 398 at 1x128 and still 509 against torch's 545 at 8x512 (that report at 32ff9d5, every kernel in its
-# _kernels.md). Sizes between 128 and 4096 rows are not measured: they take torch's sum, whose launches are torch's.
+# In the "inductor" training form, the bias gradient comes from dW's GEMM epilogue (cuBLASLt BGRADB) from this many rows
+# of x up; below, from torch's sum over GELU's gradient, which inductor makes one kernel with gelu_backward. Evidence
+# (H100, GPT-2-small, CUPTI): with db from the epilogue at every size, the 1x128 training step launched 410 kernels, as
+# many as torch's (results/bench_transformer_compile_kernels.md at 941863e, commit a13f6f2; an ad hoc profile, not
+# committed, showed cuBLASLt running that epilogue as a kernel of its own there, globalKernelBgradAB); with this choice,
+# 398 at 1x128 and still 509 against torch's 545 at 8x512 (that report at 32ff9d5, every kernel in its _kernels.md).
+# Sizes between 128 and 4096 rows are not measured: they take torch's sum, whose launches are torch's.
 COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS = int(os.environ.get("OPS_COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS", "4096"))
 
 

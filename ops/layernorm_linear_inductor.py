@@ -9,9 +9,10 @@ place of the two the same GEMM with GELU in cuBLASLt's epilogue, applied before 
 ``mojo_direct.linear_gelu``, or in training ``mojo_direct.traced_linear_gelu`` (which also writes GELU's input for
 its backward: GELU's derivative by torch's ``gelu_backward``, then the C++ ``linear_grads``, db in dW's epilogue
 for inputs of ``COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS`` rows or more, else torch's sum beside gelu_backward).
-With ``COMPILED_TRAINING_LAYERNORM_LINEAR`` "ours", a training graph holds the whole LayerNorm+Linear as
-``mojo_direct.traced_layernorm_linear`` instead, and a tanh GELU after it goes into that op (its ``act`` 1). A mark not
-followed by a tanh GELU becomes ``F.linear`` again, so that training graphs are otherwise the torch
+Where the training form (``layernorm_linear_config.compiled_training_form``) is "ours" (by default from 4096 rows
+up), a training graph holds the whole LayerNorm+Linear as ``mojo_direct.traced_layernorm_linear`` instead, and a
+tanh GELU after it goes into that op (its ``act`` 1); where it is "torch" (by default below), there is no mark.
+A mark not followed by a tanh GELU becomes ``F.linear`` again, so that training graphs are otherwise the torch
 model's (unless ``COMPILED_TRAINING_LINEAR`` is "ours", which keeps ``traced_linear``). docs/direct_launch.md has the
 measurements.
 
