@@ -80,11 +80,10 @@ def fuse_linear_gelu(graph: fx.Graph) -> int:
     """Rewrite ``gelu(mojo_direct.linear(xn, W, b), approximate="tanh")`` as ``mojo_direct.linear_gelu(xn, W, b)``
     and ``gelu(mojo_direct.traced_linear(..))`` as ``mojo_direct.traced_linear_gelu(.., bias_grad_in_gemm)``
     (``_bias_grad_in_gemm``), wherever the GELU is the Linear's only user; likewise
-    ``gelu(mojo_direct.traced_layernorm_linear(..))`` (COMPILED_TRAINING_LAYERNORM_LINEAR "ours") as the same op with
-    act 1. A GELU after the fused or Hopper inference forward (``layernorm_linear_infer``, which auto picks for
-    longer 16-bit inputs) gets the unfused form: torch's ``layer_norm`` (which inductor fuses with the residual add
-    before it), then ``linear_gelu``: one launch and one pass over the activation fewer than that forward, the add
-    and the GELU.
+    ``gelu(mojo_direct.traced_layernorm_linear(..))`` (the training form "ours") as the same op with act 1. A GELU
+    after the fused or Hopper inference forward (``layernorm_linear_infer``, which auto picks for longer 16-bit
+    inputs) gets the unfused form: torch's ``layer_norm`` (which inductor fuses with the residual add before it),
+    then ``linear_gelu``: one launch and one pass over the activation fewer than that forward, the add and the GELU.
 
     Args:
         graph: a dynamo graph (torch-level ops), rewritten in place.

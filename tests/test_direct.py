@@ -267,30 +267,36 @@ def _call_targets(gm: torch.fx.GraphModule) -> list:
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
+def _aot_call_targets(fn: Callable, args: list, names: tuple[str, ...]) -> list[list]:
+    """``fn(*args)`` through AOTAutograd, its graphs run as they are: asserts that the gradients of its sum equal
+    eager autograd's (each named by ``names``) and returns the ops its forward and backward graphs call."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    graphs = []
+
+    def keep(gm: torch.fx.GraphModule, _: object) -> Callable:
+        graphs.append(_call_targets(gm))
+        return make_boxed_func(gm.forward)
+
+    got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), args)
+    for name, g, want in zip(names, got, torch.autograd.grad(fn(*args).sum(), args), strict=True):
+        assert torch.equal(g, want), name
+    return graphs
+
+
 @pytest.mark.parametrize("bias_grad_in_gemm", [True, False])
 def test_traced_linear_gelu_backward_graph(bias_grad_in_gemm: bool) -> None:
     """AOTAutograd's backward graph of ``traced_linear_gelu`` with a bias: ``linear_gelu_grads`` (db in the GEMM's
     epilogue), or torch's ``gelu_backward`` and ``sum`` (for inductor to make one kernel) and ``linear_grads`` without
     db; its gradients equal eager autograd's."""
-    from functorch.compile import aot_function, make_boxed_func
-
     from ops import layernorm_linear as LL
 
     assert direct.load_native().ops is not None and LL._native_linear_traceable()
     ops = torch.ops.mojo_direct
-    graphs = []
-
-    def keep(gm: torch.fx.GraphModule, _: object) -> Callable:
-        graphs.append(set(_call_targets(gm)))
-        return make_boxed_func(gm.forward)
-
     torch.manual_seed(0)
     args = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((4, 5, 8), (3, 8), (3,))]
     fn = lambda *t: ops.traced_linear_gelu(*t, bias_grad_in_gemm)  # noqa: E731
-    got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), args)
-    for name, g, want in zip("xwb", got, torch.autograd.grad(fn(*args).sum(), args), strict=True):
-        assert torch.equal(g, want), name
-    backward = graphs[1]
+    backward = set(_aot_call_targets(fn, args, ("x", "w", "b"))[1])
     assert (ops.linear_gelu_grads.default in backward) == bias_grad_in_gemm, backward
     assert ({torch.ops.aten.gelu_backward.default, torch.ops.aten.sum.dim_IntList, ops.linear_grads.default}
             <= backward) == (not bias_grad_in_gemm), backward
@@ -340,24 +346,13 @@ def test_traced_layernorm_linear_fake_and_autograd_kernel(with_bias: bool, shape
 def test_traced_layernorm_linear_backward_graph(act: int) -> None:
     """AOTAutograd's graphs of ``traced_layernorm_linear``: one op each way (``layernorm_linear_train_fwd``, then
     ``layernorm_linear_grads``), and gradients equal to eager autograd's."""
-    from functorch.compile import aot_function, make_boxed_func
-
     from ops import layernorm_linear as LL
 
     assert direct.load_native().ops is not None and LL._native_linear_traceable()
     ops = torch.ops.mojo_direct
-    graphs = []
-
-    def keep(gm: torch.fx.GraphModule, _: object) -> Callable:
-        graphs.append(_call_targets(gm))
-        return make_boxed_func(gm.forward)
-
     args = _layernorm_linear_leaves((4, 5, 8), True)
     fn = lambda *t: ops.traced_layernorm_linear(*t, 1e-5, act)  # noqa: E731
-    got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), args)
-    for name, g, want in zip(("x", "lnw", "lnb", "w", "b"), got, torch.autograd.grad(fn(*args).sum(), args),
-                             strict=True):
-        assert torch.equal(g, want), name
+    graphs = _aot_call_targets(fn, args, ("x", "lnw", "lnb", "w", "b"))
     forward, backward = ([t for t in g if getattr(t, "namespace", None) == "mojo_direct"] for g in graphs)
     assert forward == [ops.layernorm_linear_train_fwd.default], graphs[0]
     assert backward == [ops.layernorm_linear_grads.default], graphs[1]
