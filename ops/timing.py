@@ -20,14 +20,16 @@ time of host-bound calls, which cannot be: see docs/library.md.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import itertools
 import math
+import os
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,6 +182,41 @@ def pipelined_runs(fns: dict[str, Callable[[], object]], calls: int = PIPELINE, 
             pipe[name].append((time.perf_counter() - t0) * 1e6 / calls)
     return {name: Pipelined(statistics.median(pipe[name]), statistics.median(host[name]), tuple(pipe[name]))
             for name in fns}
+
+
+def _thread_ids() -> list[int]:
+    return [int(tid) for tid in os.listdir("/proc/self/task")]
+
+
+def _set_affinity(tid: int, cpus: set[int]) -> None:
+    with contextlib.suppress(ProcessLookupError):   # a thread that ended since it was listed
+        os.sched_setaffinity(tid, cpus)
+
+
+@contextlib.contextmanager
+def pinned_threads(core: int | None) -> Iterator[None]:
+    """Every thread of this process on the one CPU ``core`` while the block runs (``None``: nothing changes), then
+    each back on the CPUs it had (a thread started inside, on those the calling thread had). For timing
+    host-bound calls: the threads stop migrating between cores, so runs vary less (docs/direct_launch.md,
+    "A precise A/B"). Linux only (``/proc/self/task``).
+
+    Raises:
+        ValueError: ``core`` is not one of the CPUs this process may run on.
+    """
+    if core is None:
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    if core not in allowed:
+        raise ValueError(f"pin core: expected one of this process's CPUs {sorted(allowed)}, got {core}")
+    before = {tid: os.sched_getaffinity(tid) for tid in _thread_ids()}
+    for tid in before:
+        _set_affinity(tid, {core})
+    try:
+        yield
+    finally:
+        for tid in _thread_ids():
+            _set_affinity(tid, before.get(tid, allowed))
 
 
 def captured(fn: Callable[[], object], warmup: int = 3, before_capture: Callable[[], None] | None = None,

@@ -18,6 +18,7 @@ second, and ours over torch in the same mode. Writes results/bench_transformer.{
     python scripts/bench_transformer.py --modes compile --inductor-form-ab   (+ training graphs in the "inductor" form)
     python scripts/bench_transformer.py --modes cuda_graph --capture-overlap-ab   (+ ours with less beside the chain)
     python scripts/bench_transformer.py --modes eager --processes 5   (medians over 5 fresh processes)
+    python scripts/bench_transformer.py --modes compile --processes 5 --pin-core 4   (threads on CPU 4 while timed)
     python scripts/bench_transformer.py --breakdown   (device time per kind of kernel in a captured call)
     python scripts/bench_transformer.py --compile-kernels --gelu-ab   (kernels and device time per compiled call)
     python scripts/bench_transformer.py --modes compile --control --sizes 1x128 --processes 5
@@ -30,6 +31,7 @@ import argparse
 import contextlib
 import csv
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -50,7 +52,17 @@ from torch import nn  # noqa: E402
 from ops import layernorm_config, layernorm_linear_config  # noqa: E402
 from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
-from ops.timing import Pipelined, appended, captured, commit, gpu_name, paired_ratio, pipelined_runs, write_report  # noqa: E402
+from ops.timing import (  # noqa: E402
+    Pipelined,
+    appended,
+    captured,
+    commit,
+    gpu_name,
+    paired_ratio,
+    pinned_threads,
+    pipelined_runs,
+    write_report,
+)
 
 D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
@@ -78,6 +90,28 @@ CONTROL_OUT = ROOT / "results" / "bench_transformer_control"
 SPREAD_FIELDS = ("vs_torch_min", "vs_torch_max")   # over the processes of a --processes run
 RATIO_NOTE = ("in eager and compile, whose runs alternate, the median over rounds of the contender's run over "
               "torch's in the same round; in a CUDA graph, each timed alone, the ratio of the medians")   # vs_torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a run timed its rows: ``repeats`` rounds per contender in each of ``processes`` fresh processes (medians
+    over them), every thread pinned to CPU ``pin_core`` while timed (None: not pinned)."""
+
+    processes: int = 1
+    repeats: int = REPEATS
+    pin_core: int | None = None
+
+    def stamp(self) -> str:
+        """A report's stamp: the GPU, the commit, the processes a --processes run took medians over, the pin."""
+        spread = f"; medians over {self.processes} processes" if self.processes > 1 else ""
+        rounds = f"; {self.repeats} rounds" if self.repeats != REPEATS else ""
+        pin = f"; every thread pinned to CPU {self.pin_core} while timed" if self.pin_core is not None else ""
+        return f"GPU: {gpu_name()}; commit {commit()}{spread}{rounds}{pin}"
+
+    def flags(self) -> list[str]:
+        """The flags that make a process of a --processes run time its rows as this one says."""
+        return ["--repeats", str(self.repeats), *(["--pin-core", str(self.pin_core)] if self.pin_core is not None
+                                                   else [])]
 
 
 @dataclass(frozen=True)
@@ -262,8 +296,18 @@ def capture_knob(impl: str) -> Iterator[None]:
         getattr(ops, setter)(getattr(layernorm_linear_config, default))
 
 
+def timed(fns: dict[str, Callable[[], object]], calls: int, timing: Timing) -> dict[str, Pipelined]:
+    """``pipelined_runs`` of ``fns`` as ``timing`` says, pinned after one more call each (a pinned thread's first
+    call can meet cold caches of its new CPU)."""
+    with pinned_threads(timing.pin_core):
+        if timing.pin_core is not None:
+            for fn in fns.values():
+                fn()
+        return pipelined_runs(fns, calls=calls, repeats=timing.repeats)
+
+
 def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = False, control: bool = False,
-        sizes: tuple[tuple[int, int], ...] = SIZES, repeats: int = REPEATS) -> list[dict]:
+        sizes: tuple[tuple[int, int], ...] = SIZES, timing: Timing = Timing()) -> list[dict]:
     rows = []
     for b, t in sizes:
         torch._dynamo.reset()   # each size compiled for itself, not as a dynamic-shape recompile of the last
@@ -292,12 +336,12 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
                         # One captured graph at a time: two of torch's own models' graphs, replayed in turn,
                         # fault on this machine (an illegal address; not with CUDA_LAUNCH_BLOCKING=1), and a
                         # replay costs the host little, so interleaving has nothing to even out.
-                        runs |= pipelined_runs(fns, calls=calls, repeats=repeats)
+                        runs |= timed(fns, calls, timing)
                         del fns[impl], model
                         torch.cuda.synchronize()
                         torch.cuda.empty_cache()
                 if mode != "cuda_graph":
-                    runs = pipelined_runs(fns, calls=calls, repeats=repeats)
+                    runs = timed(fns, calls, timing)
                 ms = {impl: r.pipelined_us / 1e3 for impl, r in runs.items()}
                 for impl in impls:
                     rows.append({"mode": mode, "phase": phase, "tokens": b * t, "impl": impl,
@@ -426,25 +470,25 @@ def process_medians(runs: list[list[dict]]) -> list[dict]:
 
 
 def write_ab(rows: list[dict], mode: str, impls: tuple[str, ...], out: Path, title: str, contenders: str,
-             processes: int = 1, repeats: int = REPEATS) -> None:
+             timing: Timing) -> None:
     """The ``mode`` rows of torch, ours and the A/B contenders ``impls`` side by side: the evidence for defaults."""
     keep = ("torch", "ours", *impls)
     write_report(out, [only(r, FIELDS) for r in rows if r["mode"] == mode and r["impl"] in keep],
-                 FIELDS, run_stamp(processes), title,
-                 f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {repeats} "
+                 FIELDS, timing.stamp(), title,
+                 f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {timing.repeats} "
                  f"runs; vs_torch = the contender's time over torch's ({RATIO_NOTE}).")
 
 
-def write_compile_ab(rows: list[dict], impl: str, processes: int = 1, repeats: int = REPEATS) -> None:
+def write_compile_ab(rows: list[dict], impl: str, timing: Timing) -> None:
     """Evidence for a compile-mode knob's default: ours with it against the contender ``impl``."""
     ab = COMPILE_ABS[impl]
     module = ab.config.__name__.rsplit(".", 1)[-1]
     write_ab(rows, "compile", (impl,), ab.report, ab.title,
              f"ours: the default ({module}.{ab.knob} = {ab.default!r}); {impl}: {ab.says} ({ab.knob} = "
-             f"{ab.value!r}), interleaved with the others.", processes, repeats)
+             f"{ab.value!r}), interleaved with the others.", timing)
 
 
-def write_overlap_ab(rows: list[dict], processes: int = 1, repeats: int = REPEATS) -> None:
+def write_overlap_ab(rows: list[dict], timing: Timing) -> None:
     """Evidence for CAPTURED_WEIGHT_GRADS_BESIDE and CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS: ours with both
     against CAPTURE_ABS' contenders, each with one off, in a CUDA graph."""
     c = layernorm_linear_config
@@ -456,45 +500,40 @@ def write_overlap_ab(rows: list[dict], processes: int = 1, repeats: int = REPEAT
              "under capture, forwards of at most that many rows make their parameters' AccumulateGrad nodes on "
              f"streams of their own); {ONE_STREAM_IMPL}: the same model captured with the first off; "
              f"{IN_CHAIN_IMPL}: with the second at 0. One graph at a time, each contender captured and timed in "
-             "turn.", processes, repeats)
+             "turn.", timing)
 
 
 def only(row: dict, fields: tuple[str, ...]) -> dict:
     return {k: row[k] for k in fields}
 
 
-def run_stamp(processes: int = 1) -> str:
-    """A report's stamp: the GPU, the commit, and the number of processes a --processes run took medians over."""
-    spread = f"; medians over {processes} processes" if processes > 1 else ""
-    return f"GPU: {gpu_name()}; commit {commit()}{spread}"
-
-
-def write_control(rows: list[dict], processes: int, repeats: int = REPEATS) -> None:
+def write_control(rows: list[dict], timing: Timing) -> None:
     """torch, ours and CONTROL_IMPL side by side: how far the ratio of two copies of one model strays from 1."""
-    fields = (*FIELDS, *SPREAD_FIELDS) if processes > 1 else FIELDS
-    write_report(CONTROL_OUT, [only(r, fields) for r in rows], fields, run_stamp(processes),
+    fields = (*FIELDS, *SPREAD_FIELDS) if timing.processes > 1 else FIELDS
+    write_report(CONTROL_OUT, [only(r, fields) for r in rows], fields, timing.stamp(),
                  "GPT-2-small: torch's model against a copy of itself (the noise floor of vs_torch)",
                  f"bf16, as bench_transformer.md. {CONTROL_IMPL}: a second torch model with the same weights, built, "
                  "compiled or captured and timed like a contender, interleaved with torch and ours; its vs_torch "
-                 f"would be 1 on a quiet machine. Pipelined ms per call, median of {repeats} runs; vs_torch: "
+                 f"would be 1 on a quiet machine. Pipelined ms per call, median of {timing.repeats} runs; vs_torch: "
                  f"{RATIO_NOTE}"
-                 f"{'; vs_torch_min and _max: the range of the per-process ratios' if processes > 1 else ''}.")
+                 f"{'; vs_torch_min and _max: the range of the per-process ratios' if timing.processes > 1 else ''}.")
 
 
-def write(rows: list[dict], modes: list[str], processes: int = 1, repeats: int = REPEATS) -> None:
+def write(rows: list[dict], modes: list[str], timing: Timing) -> None:
     """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
     rows = [only(r, FIELDS) for r in rows if r["impl"] in ("torch", "ours")]
     rows, kept = appended(OUT.with_suffix(".csv"), ",".join(modes), rows, column="mode")
     rows = sorted(rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
-    stamp = run_stamp(processes) + kept
+    stamp = timing.stamp() + kept
     write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
-                 f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {repeats} runs: "
-                 "torch's and ours interleaved in eager and compile, timed one after the other in a CUDA graph; a run "
-                 "stamped \"medians over N processes\" then took the median over N fresh processes, of the ms and of "
-                 "each process's vs_torch); train = forward + backward + AdamW. vs_torch = ours / torch in the same "
-                 "mode: where the runs were interleaved, the median over rounds of ours' run over torch's in the same "
-                 "round (runs at 9e07bd4 and earlier: the ratio of the medians). A stamp naming several runs says "
-                 "which modes' rows each wrote.")
+                 f"bf16, 12 pre-LN blocks (d 768, 12 heads, SDPA). Pipelined ms per call (median of {REPEATS} "
+                 "runs, or as many as a run's stamp says: torch's and ours interleaved in eager and compile, timed one "
+                 "after the other in a CUDA graph; a run stamped \"medians over N processes\" then took the median "
+                 "over N fresh processes, of the ms and of each process's vs_torch; one stamped \"pinned\" had every "
+                 "thread of its processes on one CPU while timing, after compiling and capturing); train = forward + "
+                 "backward + AdamW. vs_torch = ours / torch in the same mode: where the runs were interleaved, the "
+                 "median over rounds of ours' run over torch's in the same round (runs at 9e07bd4 and earlier: the "
+                 "ratio of the medians). A stamp naming several runs says which modes' rows each wrote.")
     try:
         plot(rows, stamp)
     except ImportError:
@@ -538,15 +577,16 @@ def parsed_sizes(arg: str) -> tuple[tuple[int, int], ...]:
 def write_reports(rows: list[dict], args: argparse.Namespace, modes: list[str],
                   sizes: tuple[tuple[int, int], ...]) -> None:
     """The reports the run's flags ask for: the control's, the main one (all sizes), the A/Bs'."""
+    timing = Timing(args.processes, args.repeats, args.pin_core)
     if args.control:
-        write_control(rows, args.processes, args.repeats)
+        write_control(rows, timing)
     if set(sizes) == set(SIZES):
-        write(rows, modes, args.processes, args.repeats)
+        write(rows, modes, timing)
     if "compile" in modes:
         for impl in args.compile_abs:
-            write_compile_ab(rows, impl, args.processes, args.repeats)
+            write_compile_ab(rows, impl, timing)
     if args.capture_overlap_ab and "cuda_graph" in modes:
-        write_overlap_ab(rows, args.processes, args.repeats)
+        write_overlap_ab(rows, timing)
 
 
 def main() -> None:
@@ -563,6 +603,8 @@ def main() -> None:
     p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES),
                    help="comma-separated BxT of those benchmarked (fewer: only the A/B and control reports)")
     p.add_argument("--repeats", type=int, default=REPEATS, help="interleaved runs per contender (median)")
+    p.add_argument("--pin-core", type=int, metavar="CPU",
+                   help="pin every thread to this CPU while timing (after compiling and capturing): runs vary less")
     p.add_argument("--processes", type=int, default=1,
                    help="run in this many fresh processes; report the medians over them")
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
@@ -574,11 +616,11 @@ def main() -> None:
                    help=f"rewrite {BREAKDOWN_OUT.name}.md from an earlier run's {BREAKDOWN_OUT.name}_kernels.csv")
     args = p.parse_args()
     if args.breakdown:
-        write_breakdown(breakdown(), run_stamp())
+        write_breakdown(breakdown(), Timing().stamp())
         return
     if args.compile_kernels:
         rows, kernel_rows = compile_kernels(tuple(args.compile_abs))
-        stamp = run_stamp()
+        stamp = Timing().stamp()
         write_report(COMPILE_KERNELS_OUT, rows, COMPILE_KERNEL_FIELDS, stamp,
                      "GPT-2-small under torch.compile: kernels per call",
                      "bf16, the models of bench_transformer.md compiled as its compile rows are (ours_*: the compile "
@@ -594,14 +636,17 @@ def main() -> None:
         write_breakdown(list(csv.DictReader(lines[1:])), lines[0].lstrip("# "))
         return
     modes, sizes = parsed_modes(args.modes), parsed_sizes(args.sizes)
+    if args.pin_core is not None and args.pin_core not in os.sched_getaffinity(0):   # before compiling for minutes
+        raise SystemExit(f"--pin-core: one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
     compile_abs = tuple(args.compile_abs)
+    timing = Timing(args.processes, args.repeats, args.pin_core)
     if args.processes > 1:
         flags = [*(COMPILE_ABS[impl].flag for impl in compile_abs),
                  *(["--capture-overlap-ab"] if args.capture_overlap_ab else []),
-                 *(["--control"] if args.control else []), "--sizes", args.sizes, "--repeats", str(args.repeats)]
+                 *(["--control"] if args.control else []), "--sizes", args.sizes, *timing.flags()]
         rows = across_processes(["--modes", args.modes, *flags], args.processes)
     else:
-        rows = run(modes, compile_abs, args.capture_overlap_ab, args.control, sizes, args.repeats)
+        rows = run(modes, compile_abs, args.capture_overlap_ab, args.control, sizes, timing)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps(rows))
         return

@@ -27,7 +27,7 @@
 #   transformer-eager  its eager rows only, medians over 5 fresh processes (the 1x128 rows are host-bound and noisy)
 #   transformer-compile  its compile rows only, likewise (host-bound too), and ours with training graphs in the
 #               "inductor" form -> bench_transformer_compiled_inductor_form.*; TRANSFORMER_REPEATS: rounds per process
-#               of these three steps (default 11)
+#               of these three steps (default 11); TRANSFORMER_PIN_CORE: a CPU to pin their threads to while timed
 #   transformer-cuda_graph  its CUDA-graph rows only, likewise, and ours captured on one stream -> bench_transformer_capture_overlap.*
 #   transformer-breakdown  its captured calls' device time by kind of kernel -> bench_transformer_breakdown*.{md,csv}
 #   transformer-compile-kernels  its compiled calls' kernel launches and device time (torch, ours, ours without the
@@ -123,8 +123,9 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       ab=()   # the CUDA-graph rows also time ours with each capture knob off (bench_transformer.py CAPTURE_ABS),
       [ "$mode" = cuda_graph ] && ab=(--capture-overlap-ab)   # the compile rows ours with training graphs in the
       [ "$mode" = compile ] && ab=(--inductor-form-ab)         # "inductor" form (the default before "auto")
+      pin=(); [ -n "${TRANSFORMER_PIN_CORE:-}" ] && pin=(--pin-core "$TRANSFORMER_PIN_CORE")
       run bench_transformer_${mode}_log python scripts/bench_transformer.py --modes $mode --processes 5 "${ab[@]}" \
-        --repeats "${TRANSFORMER_REPEATS:-11}"
+        --repeats "${TRANSFORMER_REPEATS:-11}" "${pin[@]}"
       [ "$out" = results ] || cp results/bench_transformer.* "$out"/
       [ "$out" = results ] || [ "$mode" != cuda_graph ] || cp results/bench_transformer_capture_overlap.* "$out"/
       [ "$out" = results ] || [ "$mode" != compile ] || cp results/bench_transformer_compiled_inductor_form.* "$out"/ ;;

@@ -215,6 +215,20 @@ def test_transformer_medians_over_processes() -> None:
     assert (got["ours"]["vs_torch_min"], got["ours"]["vs_torch_max"]) == (0.95, 1.1)   # the processes' range
 
 
+def test_transformer_timing_is_stamped_and_passed_to_each_process() -> None:
+    """bench_transformer's Timing: the stamp says how the rows were timed (processes, rounds unless the default,
+    the pinned CPU) after the commit that check_targets reads, and a --processes run hands each process the flags
+    that time its rows the same way."""
+    import bench_transformer as bt
+
+    pinned = bt.Timing(processes=5, repeats=31, pin_core=4)
+    assert pinned.flags() == ["--repeats", "31", "--pin-core", "4"]
+    assert pinned.stamp().endswith("; medians over 5 processes; 31 rounds; every thread pinned to CPU 4 while timed")
+    assert stamp_commit(pinned.stamp(), "compile") == stamp_commit(bt.Timing().stamp(), "compile") != "?"
+    assert bt.Timing().flags() == ["--repeats", str(bt.REPEATS)]
+    assert "pinned" not in bt.Timing().stamp() and "rounds" not in bt.Timing().stamp()
+
+
 def test_pipelined_runs_rotate_the_order() -> None:
     """Each round starts with the next contender (A B C, B C A, C A B), so none always goes first or after the
     same other; every contender gets every round's run."""
@@ -224,6 +238,43 @@ def test_pipelined_runs_rotate_the_order() -> None:
     fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
     got = pipelined_runs(fns, calls=1, repeats=4, device="cpu")
     assert "".join(order) == "abcbcacababc" and set(got) == set("abc")
+
+
+def test_pinned_threads_pin_every_thread_and_restore_them() -> None:
+    """pinned_threads puts every thread of the process (one started before the block, one started inside) on the one
+    core, then gives each back the CPUs it had; a core the process may not use is a named error; None pins nothing."""
+    import os
+    import threading
+
+    from ops.timing import pinned_threads
+
+    allowed = os.sched_getaffinity(0)
+    core = max(allowed)
+    seen: dict[str, set[int]] = {}
+    go, done = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        go.wait()
+        seen["before"] = os.sched_getaffinity(0)
+        done.set()
+
+    before = threading.Thread(target=worker)
+    before.start()
+    with pinned_threads(core):
+        inside = threading.Thread(target=lambda: seen.__setitem__("inside", os.sched_getaffinity(0)))
+        inside.start()
+        inside.join()
+        go.set()
+        done.wait()
+        seen["main"] = os.sched_getaffinity(0)
+    before.join()
+    assert seen == {"before": {core}, "inside": {core}, "main": {core}}
+    assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(ValueError, match="pin core: expected one of this process's CPUs"):
+        with pinned_threads(max(allowed) + 1000):
+            pass
+    with pinned_threads(None):
+        assert os.sched_getaffinity(0) == allowed
 
 
 def test_paired_ratio_is_the_median_of_each_rounds_ratio() -> None:
