@@ -269,8 +269,12 @@ COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "induc
 # processes (ad hoc runs at 09996e7, not committed; docs/direct_launch.md has them): at 1x128, torch_again (a second
 # torch model: the noise floor) read 0.992-0.998, "torch" 0.988-0.995, "inductor" with the GELU epilogue 0.992-1.004
 # and "ours" 1.016-1.021 (there each C++ call costs the host-bound step more than the kernels it saves); at 8x512,
-# torch_again 0.989-0.998, "torch" 0.997-1.001, "inductor" 0.984-0.990 and "ours" 0.945-0.963. Sizes between 128 and
-# 4096 rows are not measured: they take torch's program.
+# torch_again 0.989-0.998, "torch" 0.997-1.001, "inductor" 0.984-0.990 and "ours" 0.945-0.963. Committed, at 715b187
+# (bench_transformer.py --pin-core 4 --inductor-form-ab --ln-linear-ab --control, 2 processes of 21 rounds of 10
+# steps: results/bench_transformer_compiled_inductor_form.md, _compiled_ln_linear.md, _control.md): at 1x128 "auto"
+# ("torch") 0.986, "inductor" 0.978, "ours" 1.007, torch_again 0.948 (0.884-1.012: "torch" and "inductor" are within
+# the noise of each other); at 8x512 "auto" ("ours") 0.952, "inductor" 1.016, torch_again 0.982. Sizes between 128
+# and 4096 rows are not measured: they take torch's program.
 COMPILED_TRAINING_LAYERNORM_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR", "auto")
 COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS = int(os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS",
                                                                  "4096"))
