@@ -39,7 +39,6 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -1464,11 +1463,16 @@ Tensor traced_linear(const Tensor& xn, const Tensor& w, const std::optional<Tens
   return TracedLinearFn::apply(xn, w, bias);
 }
 
-// traced_linear_gelu's autograd formula: from dy and GELU's input h, dh = GELU'(h) dy by torch's gelu_backward,
-// then linear_grads' GEMMs (db in dW's epilogue).
+// dh = GELU'(h) dy for the GELU our GEMMs' epilogue applies (cuBLASLt's: the tanh form), by torch's gelu_backward.
+Tensor tanh_gelu_backward(const Tensor& dy, const Tensor& h) {
+  return at::gelu_backward(dy, h, "tanh");
+}
+
+// traced_linear_gelu's autograd formula: from dy and GELU's input h, dh = GELU'(h) dy, then linear_grads' GEMMs
+// (db in dW's epilogue).
 std::vector<Tensor> linear_gelu_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, const Tensor& h,
                                          bool bias_grad) {
-  return linear_grads_op(at::gelu_backward(dy, h, "tanh"), xn, w, bias_grad);
+  return linear_grads_op(tanh_gelu_backward(dy, h), xn, w, bias_grad);
 }
 
 // gelu(linear(xn, W, bias), approximate="tanh") for torch.compile's training graphs (ops/layernorm_linear_inductor.py
@@ -1502,10 +1506,8 @@ struct TracedLinearGeluFn : public torch::autograd::Function<TracedLinearGeluFn>
       std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], bias_grad);
       return {g[0], g[1], bias_grad ? g[2] : Tensor(), Tensor()};
     }
-    Tensor dh = at::gelu_backward(grads[0], s[2], "tanh");
-    std::vector<int64_t> rows(dh.dim() - 1);
-    std::iota(rows.begin(), rows.end(), 0);
-    Tensor db = rows.empty() ? dh : dh.sum(rows);
+    Tensor dh = tanh_gelu_backward(grads[0], s[2]);
+    Tensor db = dh.reshape({-1, dh.size(-1)}).sum(0);
     std::vector<Tensor> g = linear_grads_call(dh, s[0], s[1], false);
     return {g[0], g[1], db, Tensor()};
   }
@@ -1544,12 +1546,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> layernorm_linear_train_fwd(
 }
 
 // Its backward from dy and what the forward saved: [dx, dln_weight, dln_bias, dweight] and, with bias_grad, dbias.
-// GELU's derivative by torch's gelu_backward (act 1), linear_grads' GEMMs (cuBLASLt, db in dW's epilogue), then
+// GELU's derivative (act 1: tanh_gelu_backward), linear_grads' GEMMs (cuBLASLt, db in dW's epilogue), then
 // our LayerNorm backward on CUDA (torch's elsewhere).
 std::vector<Tensor> layernorm_linear_grads_op(const Tensor& dy, const Tensor& x, const Tensor& xn, const Tensor& lnw,
                                               const Tensor& lnb, const Tensor& w, const Tensor& mean,
                                               const Tensor& rstd, const Tensor& h, int64_t act, bool bias_grad) {
-  const Tensor dh = act == 1 ? at::gelu_backward(dy, h, "tanh") : dy;
+  const Tensor dh = act == 1 ? tanh_gelu_backward(dy, h) : dy;
   auto [dxn, dw, db] = linear_grads(dh.contiguous(), xn.contiguous(), w, true, bias_grad);
   Tensor dx, dlnw, dlnb;
   if (x.is_cuda()) {
