@@ -526,19 +526,20 @@ def _linear(xn: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return native(xn, weight, bias)
 
 
-def _linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor,
-                  bias_grad: bool = True) -> tuple[torch.Tensor, ...]:
+def _linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool = True,
+                  weight_grad: bool = True) -> tuple[torch.Tensor | None, ...]:
     """The Linear's part of every backward path: from contiguous dy [..., N] and xn [..., K], dxn = dy W (shaped
-    like xn), dW = dy^T xn and db = dy's column sums (None without ``bias_grad``); on a CUDA GPU by the C++ entry
-    (ops/launch/direct.cpp's linear_grads: cuBLASLt, db in dW's epilogue, as the C++ route's backward runs them),
-    else (and under torch.compile, for inductor) by torch's ops."""
+    like xn), dW = dy^T xn (None, and no GEMM, without ``weight_grad``) and db = dy's column sums (None without
+    ``bias_grad``); on a CUDA GPU by the C++ entry (ops/launch/direct.cpp's linear_grads: cuBLASLt, db in dW's
+    epilogue, as the C++ route's backward runs them), else (and under torch.compile, for inductor) by torch's ops."""
     native = direct.NATIVE.linear_grads
     if native is not None and dy.is_cuda and not torch.compiler.is_compiling():
-        dxn, dweight, *dbias = native(dy, xn, weight, bias_grad)
-        return dxn, dweight, dbias[0] if dbias else None
+        dxn, dweight, *dbias = native(dy, xn, weight, bias_grad, weight_grad)
+        return dxn, dweight if weight_grad else None, dbias[0] if dbias else None
     n, k = weight.shape
     dy2 = dy.view(-1, n)
-    return (dy2 @ weight).view(xn.shape), dy2.T @ xn.reshape(-1, k), dy2.sum(0) if bias_grad else None
+    return ((dy2 @ weight).view(xn.shape), dy2.T @ xn.reshape(-1, k) if weight_grad else None,
+            dy2.sum(0) if bias_grad else None)
 
 
 # ---------------------------------------------------------------- torch.library
@@ -618,26 +619,35 @@ class LayerNormLinearFunction(torch.autograd.Function):
         dy = dy.contiguous()
         if len(stats) == 1:   # the eager GPU forward's one statistics buffer
             if not layernorm.kernels_cannot_read(dy):
-                return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0], ctx.has_bias), None, None)
+                return (*_bwd_direct(dy, x, xn, ln_weight, ln_bias, weight, stats[0], *_linear_wants(ctx)),
+                        None, None)
             stats = layernorm.stat_views(stats[0], x)   # a batched dy: the checked entry, as below
         mean, rstd = stats
         if xn is None:
             xn = layernorm.fwd_call(x, ln_weight, ln_bias, ctx.eps)[0]
         if torch.compiler.is_compiling():
             # the backward as torch ops (cuBLAS GEMMs inductor sees) and our LayerNorm backward's op
-            dxn, dweight, dbias = _linear_grads(dy, xn, weight)
+            dxn, dweight, dbias = _linear_grads(dy, xn, weight, *_linear_wants(ctx))
             grads = (*layernorm.bwd_call(dxn, x, ln_weight, ln_bias, mean, rstd), dweight, dbias)
         else:
             grads = layernorm_linear_bwd(dy, x, ln_weight, ln_bias, weight, mean, rstd, xn=xn)
         return (*grads[:4], grads[4] if ctx.has_bias else None, None, None)
 
 
+def _linear_wants(ctx: torch.autograd.function.FunctionCtx) -> tuple[bool, bool]:
+    """(bias_grad, weight_grad) for ``_linear_grads`` in LayerNormLinearFunction's backward: the bias' gradient where
+    there is a bias that wants one, the weight's where it wants one (a frozen weight: no dW GEMM)."""
+    return ctx.has_bias and ctx.needs_input_grad[4], ctx.needs_input_grad[3]
+
+
 def _bwd_direct(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
-                weight: torch.Tensor, stats: torch.Tensor, bias_grad: bool) -> tuple[torch.Tensor | None, ...]:
+                weight: torch.Tensor, stats: torch.Tensor, bias_grad: bool,
+                weight_grad: bool) -> tuple[torch.Tensor | None, ...]:
     """The backward of the eager GPU forward: the Linear's gradients (``_linear_grads``; db only with
-    ``bias_grad``), then our LayerNorm backward launched directly on the saved statistics."""
+    ``bias_grad``, dW only with ``weight_grad``), then our LayerNorm backward launched directly on the saved
+    statistics."""
     check_grad("dy", dy, x.dtype, (*x.shape[:-1], weight.shape[0]), "y")
-    dxn, dweight, dbias = _linear_grads(dy, xn, weight, bias_grad)
+    dxn, dweight, dbias = _linear_grads(dy, xn, weight, bias_grad, weight_grad)
     dx, dln_weight, dln_bias = layernorm._bwd_direct(dxn, x, ln_weight, ln_bias, *layernorm.stat_addresses(stats), 0)
     return dx, dln_weight, dln_bias, dweight, dbias
 
@@ -836,8 +846,9 @@ def _fake_traced_linear_gelu(xn: torch.Tensor, weight: torch.Tensor, bias: torch
     return _fake_linear(xn, weight, bias)
 
 
-def _fake_linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool) -> list:
-    grads = [xn.new_empty(xn.shape), weight.new_empty(weight.shape)]
+def _fake_linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_grad: bool,
+                       weight_grad: bool = True) -> list:
+    grads = [xn.new_empty(xn.shape), weight.new_empty(weight.shape if weight_grad else (0,))]
     return [*grads, weight.new_empty(weight.shape[0])] if bias_grad else grads
 
 
@@ -847,8 +858,8 @@ def _fake_linear_gelu_aux(xn: torch.Tensor, weight: torch.Tensor,
 
 
 def _fake_linear_gelu_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, h: torch.Tensor,
-                            bias_grad: bool) -> list:
-    return _fake_linear_grads(dy, xn, weight, bias_grad)
+                            bias_grad: bool, weight_grad: bool = True) -> list:
+    return _fake_linear_grads(dy, xn, weight, bias_grad, weight_grad)
 
 
 def _fake_traced_layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
@@ -867,9 +878,9 @@ def _fake_layernorm_linear_train_fwd(x: torch.Tensor, ln_weight: torch.Tensor, l
 
 def _fake_layernorm_linear_grads(dy: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, ln_weight: torch.Tensor,
                                  ln_bias: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                                 h: torch.Tensor, act: int, bias_grad: bool) -> list:
+                                 h: torch.Tensor, act: int, bias_grad: bool, weight_grad: bool = True) -> list:
     return [x.new_empty(x.shape), ln_weight.new_empty(ln_weight.shape), ln_bias.new_empty(ln_bias.shape),
-            *_fake_linear_grads(dy, xn, weight, bias_grad)[1:]]
+            *_fake_linear_grads(dy, xn, weight, bias_grad, weight_grad)[1:]]
 
 
 def _remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, runs: str) -> None:

@@ -211,6 +211,9 @@ def test_traced_linear_fake_and_autograd_kernel(with_bias: bool) -> None:
     w = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(3, dtype=torch.float64, requires_grad=True) if with_bias else None
     torch.library.opcheck(torch.ops.mojo_direct.traced_linear.default, (xn, w, bias))
+    plain, dy = (xn.detach(), w.detach()), torch.randn(2, 5, 3, dtype=torch.float64)
+    for weight_grad in (True, False):   # False: a frozen weight, dweight empty
+        torch.library.opcheck(torch.ops.mojo_direct.linear_grads.default, (dy, *plain, with_bias, weight_grad))
     assert torch.autograd.gradcheck(lambda *t: torch.ops.mojo_direct.traced_linear(*t, bias), (xn, w))
     if with_bias:
         assert torch.autograd.gradcheck(lambda b: torch.ops.mojo_direct.traced_linear(xn, w, b), (bias,))
@@ -256,7 +259,8 @@ def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool, shape: tup
     dy = torch.randn_like(y)
     plain = [None if t is None else t.detach() for t in (xn, w, bias, h)]
     torch.library.opcheck(ops.linear_gelu_aux.default, tuple(plain[:3]))
-    torch.library.opcheck(ops.linear_gelu_grads.default, (dy, plain[0], plain[1], plain[3], with_bias))
+    for weight_grad in (True, False):   # False: a frozen weight, dweight empty
+        torch.library.opcheck(ops.linear_gelu_grads.default, (dy, plain[0], plain[1], plain[3], with_bias, weight_grad))
     assert torch.autograd.gradcheck(lambda *t: ops.traced_linear_gelu(*t, bias, bias_grad_in_gemm), (xn, w))
     if with_bias:
         assert torch.autograd.gradcheck(lambda b: ops.traced_linear_gelu(xn, w, b, bias_grad_in_gemm), (bias,))
@@ -267,21 +271,29 @@ def _call_targets(gm: torch.fx.GraphModule) -> list:
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
-def _aot_call_targets(fn: Callable, args: list, names: tuple[str, ...]) -> list[list]:
+def _aot_graphs(fn: Callable, args: list, names: tuple[str, ...]) -> list[torch.fx.GraphModule]:
     """``fn(*args)`` through AOTAutograd, its graphs run as they are: asserts that the gradients of its sum equal
-    eager autograd's (each named by ``names``) and returns the ops its forward and backward graphs call."""
+    eager autograd's for the args that want one (each named by ``names``) and returns its forward and backward
+    graphs."""
     from functorch.compile import aot_function, make_boxed_func
 
     graphs = []
 
     def keep(gm: torch.fx.GraphModule, _: object) -> Callable:
-        graphs.append(_call_targets(gm))
+        graphs.append(gm)
         return make_boxed_func(gm.forward)
 
-    got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), args)
-    for name, g, want in zip(names, got, torch.autograd.grad(fn(*args).sum(), args), strict=True):
+    wanted = [(name, a) for name, a in zip(names, args, strict=True) if a is not None and a.requires_grad]
+    leaves = [a for _, a in wanted]
+    got = torch.autograd.grad(aot_function(fn, fw_compiler=keep, bw_compiler=keep)(*args).sum(), leaves)
+    for (name, _), g, want in zip(wanted, got, torch.autograd.grad(fn(*args).sum(), leaves), strict=True):
         assert torch.equal(g, want), name
     return graphs
+
+
+def _aot_call_targets(fn: Callable, args: list, names: tuple[str, ...]) -> list[list]:
+    """``_aot_graphs``' checks; the ops its forward and backward graphs call."""
+    return [_call_targets(gm) for gm in _aot_graphs(fn, args, names)]
 
 
 @pytest.mark.parametrize("bias_grad_in_gemm", [True, False])
@@ -335,8 +347,9 @@ def test_traced_layernorm_linear_fake_and_autograd_kernel(with_bias: bool, shape
     assert torch.equal(h, want_h if act else h.new_empty(0))
     assert torch.equal(y, F.gelu(want_h, approximate="tanh") if act else want_h)
     dy = torch.randn_like(y)
-    torch.library.opcheck(ops.layernorm_linear_grads.default, (dy, plain[0], xn, *plain[1:4], mean, rstd, h, act,
-                                                               with_bias))
+    for weight_grad in (True, False):   # False: a frozen weight, dweight empty
+        torch.library.opcheck(ops.layernorm_linear_grads.default, (dy, plain[0], xn, *plain[1:4], mean, rstd, h, act,
+                                                                   with_bias, weight_grad))
     wanted = [t for t in leaves if t is not None]
     assert torch.autograd.gradcheck(lambda *t: ops.traced_layernorm_linear(*t[:4], t[4] if with_bias else None,
                                                                            1e-5, act), tuple(wanted))
@@ -356,6 +369,36 @@ def test_traced_layernorm_linear_backward_graph(act: int) -> None:
     forward, backward = ([t for t in g if getattr(t, "namespace", None) == "mojo_direct"] for g in graphs)
     assert forward == [ops.layernorm_linear_train_fwd.default], graphs[0]
     assert backward == [ops.layernorm_linear_grads.default], graphs[1]
+
+
+@pytest.mark.parametrize("frozen", [("w",), ("b",), ("w", "b")])
+@pytest.mark.parametrize("op", ["traced_linear", "traced_linear_gelu", "traced_layernorm_linear"])
+def test_traced_backward_skips_a_frozen_parameters_gradient(op: str, frozen: tuple[str, ...]) -> None:
+    """A weight or bias that wants no gradient (fine-tuning part of a model): the traced ops' backward graph asks its
+    gradients' op for no dW (weight_grad False: no GEMM for it) and no db, and the inputs that want gradients get
+    eager autograd's."""
+    from ops import layernorm_linear as LL
+
+    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    ops = torch.ops.mojo_direct
+    if op == "traced_layernorm_linear":
+        args, names = _layernorm_linear_leaves((4, 5, 8), True), ("x", "lnw", "lnb", "w", "b")
+        fn, grads_op = (lambda *t: ops.traced_layernorm_linear(*t, 1e-5, 1)), ops.layernorm_linear_grads.default
+    else:
+        torch.manual_seed(0)
+        args = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((4, 5, 8), (3, 8), (3,))]
+        names, fn = ("xn", "w", "b"), getattr(ops, op)
+        grads_op = ops.linear_grads.default if op == "traced_linear" else ops.linear_gelu_grads.default
+    for name, a in zip(names, args, strict=True):
+        a.requires_grad_(name not in frozen)
+    backward = _aot_graphs(fn, args, names)[1]
+    calls = [n for n in backward.graph.nodes if n.target == grads_op]
+    assert len(calls) == 1, backward.graph
+    schema = {a.name: i for i, a in enumerate(grads_op._schema.arguments)}
+    given = calls[0].args
+    wants = {flag: given[schema[flag]] if len(given) > schema[flag] else calls[0].kwargs.get(flag, True)
+             for flag in ("weight_grad", "bias_grad")}
+    assert wants == {"weight_grad": "w" not in frozen, "bias_grad": "b" not in frozen}, calls[0]
 
 
 @pytest.fixture

@@ -100,6 +100,22 @@ def test_backward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> No
     check_backward(*make(shape[:-2], shape[-2], shape[-1], dtype, device))
 
 
+def test_linear_grads_makes_only_what_is_wanted(device: str) -> None:
+    """The Linear's part of every backward (``_linear_grads``): dxn = dy W, dW = dy^T xn, db = dy's column sums, in
+    float64 against torch's; no dW without ``weight_grad`` (a frozen weight), no db without ``bias_grad``."""
+    torch.manual_seed(0)
+    dy, xn, w = (torch.randn(*s, dtype=torch.float64, device=device) for s in ((2, 5, 3), (2, 5, 8), (3, 8)))
+    want = (dy @ w, dy.reshape(-1, 3).T @ xn.reshape(-1, 8), dy.reshape(-1, 3).sum(0))
+    for weight_grad in (True, False):
+        for bias_grad in (True, False):
+            got = LL._linear_grads(dy, xn, w, bias_grad, weight_grad)
+            for g, ref, wanted in zip(got, want, (True, weight_grad, bias_grad), strict=True):
+                if wanted:
+                    torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-12)
+                else:
+                    assert g is None
+
+
 def test_large_mean_rows(device: str) -> None:
     """Rows with mean 1e4 times their spread: the statistics must not cancel."""
     x, g, b, w, bias, dy = make((6,), 1000, 24, torch.float32, device, mean=1e4)

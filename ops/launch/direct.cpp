@@ -1422,20 +1422,34 @@ int64_t gemm_plan_count() {
 }
 
 // The Python route's Linear backward (ops/layernorm_linear.py), so that both routes run the same GEMMs, and
-// traced_linear's autograd formula: [dxn, dweight] and, with bias_grad, dbias.
-std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad) {
-  auto [dxn, dw, db] = linear_grads(dy.contiguous(), xn.contiguous(), w, true, bias_grad);
+// traced_linear's autograd formula: [dxn, dweight] and, with bias_grad, dbias. Without weight_grad (a frozen
+// weight) dW's GEMM does not run and dweight is empty ([0]).
+std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad,
+                                    bool weight_grad) {
+  auto [dxn, dw, db] = linear_grads(dy.contiguous(), xn.contiguous(), w, weight_grad, bias_grad);
+  if (!weight_grad) dw = w.new_empty({0});
   if (bias_grad) return {dxn, dw, db};
   return {dxn, dw};
 }
 
 // The op linear_grads through the dispatcher, so that AOTAutograd records it in a backward graph.
-std::vector<Tensor> linear_grads_call(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad) {
+std::vector<Tensor> linear_grads_call(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad,
+                                      bool weight_grad) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mojo_direct::linear_grads", "")
-                             .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, bool)>();
-  return op.call(dy, xn, w, bias_grad);
+                             .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, bool, bool)>();
+  return op.call(dy, xn, w, bias_grad, weight_grad);
 }
+
+// What a traced autograd kernel's backward makes for its Linear: the weight's gradient where the weight wants one,
+// the bias' where there is a bias that wants one (needs_input_grad at the weight's and the bias' places).
+struct LinearWants {
+  bool weight, bias;
+  LinearWants(AutogradContext* ctx, size_t weight_at)
+      : weight(ctx->needs_input_grad(weight_at)),
+        bias(ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(weight_at + 1)) {}
+  Tensor weight_grad(const Tensor& g) const { return weight ? g : Tensor(); }
+};
 
 // traced_linear's autograd kernel: linear's forward below autograd, its backward the linear_grads op, each called
 // through the dispatcher, so that AOTAutograd records both in torch.compile's graphs and the compiled code calls
@@ -1453,9 +1467,9 @@ struct TracedLinearFn : public torch::autograd::Function<TracedLinearFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const bool bias_grad = ctx->saved_data["bias"].toBool();
-    std::vector<Tensor> g = linear_grads_call(grads[0], s[0], s[1], bias_grad);
-    return {g[0], g[1], bias_grad ? g[2] : Tensor()};
+    const LinearWants wants(ctx, 1);
+    std::vector<Tensor> g = linear_grads_call(grads[0], s[0], s[1], wants.bias, wants.weight);
+    return {g[0], wants.weight_grad(g[1]), wants.bias ? g[2] : Tensor()};
   }
 };
 
@@ -1471,8 +1485,8 @@ Tensor tanh_gelu_backward(const Tensor& dy, const Tensor& h) {
 // traced_linear_gelu's autograd formula: from dy and GELU's input h, dh = GELU'(h) dy, then linear_grads' GEMMs
 // (db in dW's epilogue).
 std::vector<Tensor> linear_gelu_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, const Tensor& h,
-                                         bool bias_grad) {
-  return linear_grads_op(tanh_gelu_backward(dy, h), xn, w, bias_grad);
+                                         bool bias_grad, bool weight_grad) {
+  return linear_grads_op(tanh_gelu_backward(dy, h), xn, w, bias_grad, weight_grad);
 }
 
 // gelu(linear(xn, W, bias), approximate="tanh") for torch.compile's training graphs (ops/layernorm_linear_inductor.py
@@ -1499,17 +1513,17 @@ struct TracedLinearGeluFn : public torch::autograd::Function<TracedLinearGeluFn>
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("mojo_direct::linear_gelu_grads", "")
                                .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                          bool)>();
+                                                          bool, bool)>();
     auto s = ctx->get_saved_variables();
-    const bool bias_grad = ctx->saved_data["bias"].toBool();
-    if (!bias_grad || ctx->saved_data["bias_grad_in_gemm"].toBool()) {
-      std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], bias_grad);
-      return {g[0], g[1], bias_grad ? g[2] : Tensor(), Tensor()};
+    const LinearWants wants(ctx, 1);
+    if (!wants.bias || ctx->saved_data["bias_grad_in_gemm"].toBool()) {
+      std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], wants.bias, wants.weight);
+      return {g[0], wants.weight_grad(g[1]), wants.bias ? g[2] : Tensor(), Tensor()};
     }
     Tensor dh = tanh_gelu_backward(grads[0], s[2]);
     Tensor db = dh.reshape({-1, dh.size(-1)}).sum(0);
-    std::vector<Tensor> g = linear_grads_call(dh, s[0], s[1], false);
-    return {g[0], g[1], db, Tensor()};
+    std::vector<Tensor> g = linear_grads_call(dh, s[0], s[1], false, wants.weight);
+    return {g[0], wants.weight_grad(g[1]), db, Tensor()};
   }
 };
 
@@ -1545,14 +1559,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> layernorm_linear_train_fwd(
   return {y, xn, mean.reshape(stat_shape), rstd.reshape(stat_shape), act == 1 ? h : x.new_empty({0})};
 }
 
-// Its backward from dy and what the forward saved: [dx, dln_weight, dln_bias, dweight] and, with bias_grad, dbias.
+// Its backward from dy and what the forward saved: [dx, dln_weight, dln_bias, dweight] and, with bias_grad, dbias
+// (dweight empty, [0], and no dW GEMM without weight_grad).
 // GELU's derivative (act 1: tanh_gelu_backward), linear_grads' GEMMs (cuBLASLt, db in dW's epilogue), then
 // our LayerNorm backward on CUDA (torch's elsewhere).
 std::vector<Tensor> layernorm_linear_grads_op(const Tensor& dy, const Tensor& x, const Tensor& xn, const Tensor& lnw,
                                               const Tensor& lnb, const Tensor& w, const Tensor& mean,
-                                              const Tensor& rstd, const Tensor& h, int64_t act, bool bias_grad) {
+                                              const Tensor& rstd, const Tensor& h, int64_t act, bool bias_grad,
+                                              bool weight_grad) {
   const Tensor dh = act == 1 ? tanh_gelu_backward(dy, h) : dy;
-  auto [dxn, dw, db] = linear_grads(dh.contiguous(), xn.contiguous(), w, true, bias_grad);
+  auto [dxn, dw, db] = linear_grads(dh.contiguous(), xn.contiguous(), w, weight_grad, bias_grad);
+  if (!weight_grad) dw = w.new_empty({0});
   Tensor dx, dlnw, dlnb;
   if (x.is_cuda()) {
     std::tie(dx, dlnw, dlnb) = layernorm_bwd(dxn, x, lnw, lnb, mean, rstd, 0);
@@ -1593,12 +1610,12 @@ struct TracedLayerNormLinearFn : public torch::autograd::Function<TracedLayerNor
                                .findSchemaOrThrow("mojo_direct::layernorm_linear_grads", "")
                                .typed<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                           const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                          const Tensor&, int64_t, bool)>();
+                                                          const Tensor&, int64_t, bool, bool)>();
     auto s = ctx->get_saved_variables();
-    const bool bias_grad = ctx->saved_data["bias"].toBool();
+    const LinearWants wants(ctx, 3);
     std::vector<Tensor> g = op.call(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7],
-                                    ctx->saved_data["act"].toInt(), bias_grad);
-    return {g[0], g[1], g[2], g[3], bias_grad ? g[4] : Tensor(), Tensor(), Tensor()};
+                                    ctx->saved_data["act"].toInt(), wants.bias, wants.weight);
+    return {g[0], g[1], g[2], wants.weight_grad(g[3]), wants.bias ? g[4] : Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -1652,15 +1669,17 @@ TORCH_LIBRARY(mojo_direct, m) {
   // linear's kernel under its own name, for torch.compile's training graphs: its autograd kernel (TracedLinearFn,
   // whose backward is linear_grads) is one that eager calls of linear (no gradient to come) do not pass through.
   m.def("traced_linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
-  m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad) -> Tensor[]");
+  // The backwards' ops: dweight is empty ([0]) where weight_grad is false (a frozen weight: no dW GEMM).
+  m.def("linear_grads(Tensor dy, Tensor xn, Tensor weight, bool bias_grad, bool weight_grad=True) -> Tensor[]");
   m.def("linear_gelu(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_gelu_aux(Tensor xn, Tensor weight, Tensor? bias) -> (Tensor, Tensor)");
-  m.def("linear_gelu_grads(Tensor dy, Tensor xn, Tensor weight, Tensor h, bool bias_grad) -> Tensor[]");
+  m.def("linear_gelu_grads(Tensor dy, Tensor xn, Tensor weight, Tensor h, bool bias_grad, bool weight_grad=True) "
+        "-> Tensor[]");
   m.def("traced_linear_gelu(Tensor xn, Tensor weight, Tensor? bias, bool bias_grad_in_gemm=True) -> Tensor");
   m.def("layernorm_linear_train_fwd(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
         "float eps, int act) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("layernorm_linear_grads(Tensor dy, Tensor x, Tensor xn, Tensor ln_weight, Tensor ln_bias, Tensor weight, "
-        "Tensor mean, Tensor rstd, Tensor h, int act, bool bias_grad) -> Tensor[]");
+        "Tensor mean, Tensor rstd, Tensor h, int act, bool bias_grad, bool weight_grad=True) -> Tensor[]");
   m.def("traced_layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
         "float eps, int act=0) -> Tensor");
 }
