@@ -209,7 +209,10 @@ def pinned_threads(core: int | None) -> Iterator[None]:
     allowed = os.sched_getaffinity(0)
     if core not in allowed:
         raise ValueError(f"pin core: expected one of this process's CPUs {sorted(allowed)}, got {core}")
-    before = {tid: os.sched_getaffinity(tid) for tid in _thread_ids()}
+    before = {}
+    for tid in _thread_ids():
+        with contextlib.suppress(ProcessLookupError):   # a thread that ended since it was listed
+            before[tid] = os.sched_getaffinity(tid)
     for tid in before:
         _set_affinity(tid, {core})
     try:
