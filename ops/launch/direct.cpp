@@ -1560,16 +1560,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> layernorm_linear_train_fwd(
 }
 
 // Its backward from dy and what the forward saved: [dx, dln_weight, dln_bias, dweight] and, with bias_grad, dbias
-// (dweight empty, [0], and no dW GEMM without weight_grad).
-// GELU's derivative (act 1: tanh_gelu_backward), linear_grads' GEMMs (cuBLASLt, db in dW's epilogue), then
-// our LayerNorm backward on CUDA (torch's elsewhere).
+// (dweight empty, [0], and no dW GEMM without weight_grad). The Linear's part as linear_grads_op (act 0) or
+// linear_gelu_grads_op (act 1) computes it, then our LayerNorm backward on CUDA (torch's elsewhere).
 std::vector<Tensor> layernorm_linear_grads_op(const Tensor& dy, const Tensor& x, const Tensor& xn, const Tensor& lnw,
                                               const Tensor& lnb, const Tensor& w, const Tensor& mean,
                                               const Tensor& rstd, const Tensor& h, int64_t act, bool bias_grad,
                                               bool weight_grad) {
-  const Tensor dh = act == 1 ? tanh_gelu_backward(dy, h) : dy;
-  auto [dxn, dw, db] = linear_grads(dh.contiguous(), xn.contiguous(), w, weight_grad, bias_grad);
-  if (!weight_grad) dw = w.new_empty({0});
+  const std::vector<Tensor> linear = act == 1 ? linear_gelu_grads_op(dy, xn, w, h, bias_grad, weight_grad)
+                                              : linear_grads_op(dy, xn, w, bias_grad, weight_grad);
+  const Tensor& dxn = linear[0];
   Tensor dx, dlnw, dlnb;
   if (x.is_cuda()) {
     std::tie(dx, dlnw, dlnb) = layernorm_bwd(dxn, x, lnw, lnb, mean, rstd, 0);
@@ -1583,8 +1582,9 @@ std::vector<Tensor> layernorm_linear_grads_op(const Tensor& dy, const Tensor& x,
     std::tie(dx, dlnw, dlnb) = std::make_tuple(a.to(x.scalar_type()), b.to(lnw.scalar_type()),
                                                c.to(lnb.scalar_type()));
   }
-  if (bias_grad) return {dx, dlnw, dlnb, dw, db};
-  return {dx, dlnw, dlnb, dw};
+  std::vector<Tensor> grads{dx, dlnw, dlnb};
+  grads.insert(grads.end(), linear.begin() + 1, linear.end());   // dweight and, with bias_grad, dbias
+  return grads;
 }
 
 // traced_layernorm_linear's autograd kernel: the forward op below autograd, the backward the op
