@@ -305,13 +305,18 @@ def test_traced_linear_gelu_backward_graph(bias_grad_in_gemm: bool) -> None:
 
     assert direct.load_native().ops is not None and LL._native_linear_traceable()
     ops = torch.ops.mojo_direct
-    torch.manual_seed(0)
-    args = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((4, 5, 8), (3, 8), (3,))]
+    args = _linear_leaves()
     fn = lambda *t: ops.traced_linear_gelu(*t, bias_grad_in_gemm)  # noqa: E731
     backward = set(_aot_call_targets(fn, args, ("x", "w", "b"))[1])
     assert (ops.linear_gelu_grads.default in backward) == bias_grad_in_gemm, backward
     assert ({torch.ops.aten.gelu_backward.default, torch.ops.aten.sum.dim_IntList, ops.linear_grads.default}
             <= backward) == (not bias_grad_in_gemm), backward
+
+
+def _linear_leaves() -> list:
+    """float64 CPU leaves (xn [4, 5, 8], W [3, 8], bias [3]) that want grads."""
+    torch.manual_seed(0)
+    return [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((4, 5, 8), (3, 8), (3,))]
 
 
 def _layernorm_linear_leaves(shape: tuple[int, ...], with_bias: bool) -> list:
@@ -385,8 +390,7 @@ def test_traced_backward_skips_a_frozen_parameters_gradient(op: str, frozen: tup
         args, names = _layernorm_linear_leaves((4, 5, 8), True), ("x", "lnw", "lnb", "w", "b")
         fn, grads_op = (lambda *t: ops.traced_layernorm_linear(*t, 1e-5, 1)), ops.layernorm_linear_grads.default
     else:
-        torch.manual_seed(0)
-        args = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((4, 5, 8), (3, 8), (3,))]
+        args = _linear_leaves()
         names, fn = ("xn", "w", "b"), getattr(ops, op)
         grads_op = ops.linear_grads.default if op == "traced_linear" else ops.linear_gelu_grads.default
     for name, a in zip(names, args, strict=True):
