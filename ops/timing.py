@@ -193,6 +193,14 @@ def _set_affinity(tid: int, cpus: set[int]) -> None:
         os.sched_setaffinity(tid, cpus)
 
 
+def check_pin_core(core: int, name: str = "pin core") -> None:
+    """Raise ValueError, naming ``name``, unless ``core`` is one of the CPUs this process may run on
+    (``pinned_threads``' check, for a caller to make before it spends minutes compiling)."""
+    allowed = os.sched_getaffinity(0)
+    if core not in allowed:
+        raise ValueError(f"{name}: expected one of this process's CPUs {sorted(allowed)}, got {core}")
+
+
 @contextlib.contextmanager
 def pinned_threads(core: int | None) -> Iterator[None]:
     """Every thread of this process on the one CPU ``core`` while the block runs (``None``: nothing changes), then
@@ -206,9 +214,8 @@ def pinned_threads(core: int | None) -> Iterator[None]:
     if core is None:
         yield
         return
+    check_pin_core(core)
     allowed = os.sched_getaffinity(0)
-    if core not in allowed:
-        raise ValueError(f"pin core: expected one of this process's CPUs {sorted(allowed)}, got {core}")
     before = {}
     for tid in _thread_ids():
         with contextlib.suppress(ProcessLookupError):   # a thread that ended since it was listed

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import csv
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -56,6 +55,7 @@ from ops.timing import (  # noqa: E402
     Pipelined,
     appended,
     captured,
+    check_pin_core,
     commit,
     gpu_name,
     paired_ratio,
@@ -575,9 +575,8 @@ def parsed_sizes(arg: str) -> tuple[tuple[int, int], ...]:
 
 
 def write_reports(rows: list[dict], args: argparse.Namespace, modes: list[str],
-                  sizes: tuple[tuple[int, int], ...]) -> None:
+                  sizes: tuple[tuple[int, int], ...], timing: Timing) -> None:
     """The reports the run's flags ask for: the control's, the main one (all sizes), the A/Bs'."""
-    timing = Timing(args.processes, args.repeats, args.pin_core)
     if args.control:
         write_control(rows, timing)
     if set(sizes) == set(SIZES):
@@ -636,8 +635,11 @@ def main() -> None:
         write_breakdown(list(csv.DictReader(lines[1:])), lines[0].lstrip("# "))
         return
     modes, sizes = parsed_modes(args.modes), parsed_sizes(args.sizes)
-    if args.pin_core is not None and args.pin_core not in os.sched_getaffinity(0):   # before compiling for minutes
-        raise SystemExit(f"--pin-core: one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
+    if args.pin_core is not None:   # before compiling for minutes
+        try:
+            check_pin_core(args.pin_core, "--pin-core")
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     compile_abs = tuple(args.compile_abs)
     timing = Timing(args.processes, args.repeats, args.pin_core)
     if args.processes > 1:
@@ -650,7 +652,7 @@ def main() -> None:
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps(rows))
         return
-    write_reports(rows, args, modes, sizes)
+    write_reports(rows, args, modes, sizes, timing)
 
 
 if __name__ == "__main__":
