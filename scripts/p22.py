@@ -6,13 +6,18 @@
     poe p22 --check              compare your kernels with the solution's, kernel by kernel
     poe p22 --fused --batch 8 --seq 512 --hidden 768 --out 3072
 
-Runs on the GPU when torch sees one (force the CPU with --cpu). Exit code 0
-only when every result is correct; 2 when a needed kernel is still a stub.
+Runs on the GPU when torch sees one (force the CPU with --cpu); --check checks the CPU and the GPU.
+While MAX compiles, one line says what is being built (on standard error).
+
+Exit codes: 0 every result correct; 1 a wrong result; 2 a needed kernel is still a stub;
+3 a kernel does not compile (file:line and the compiler's message come first); 4 a usage error
+(bad option or sizes too large for memory); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from ops.launch import bridge  # noqa: E402
+from ops.launch import bridge, progress  # noqa: E402
 from ops.p22 import (  # noqa: E402
     PROBLEMS,
     SOLUTIONS,
@@ -33,10 +38,20 @@ from ops.p22 import (  # noqa: E402
     make_inputs,
     unfused,
 )
+from ops.p22_diagnose import (  # noqa: E402
+    CompileProblem,
+    harness_errors,
+    ops_broken_by,
+    parse_errors,
+    region_of,
+    unlocated,
+)
 from ops.reference import layernorm_linear_ref  # noqa: E402
 from ops.skeleton import regions_in  # noqa: E402
 from ops.timing import kernel_times, measure  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
+
+EXIT_OK, EXIT_WRONG, EXIT_STUB, EXIT_COMPILE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 # Above this many GFLOP per call the scalar CPU kernels take many seconds; a
 # GPU run then checks and times the GPU only (unless --cpu asks for the CPU).
@@ -75,8 +90,18 @@ def hint(name: str, target: str) -> str:
     return h if isinstance(h, str) else h[target]
 
 
+class UsageError(Exception):
+    """A bad option or size: the run stops before anything is built or allocated, with exit code 4."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would exit 2, the code of a stub
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="p22", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--unfused", action="store_true", help="run the unfused path")
     p.add_argument("--fused", action="store_true", help="run the fused path")
     p.add_argument("--variant", choices=["tiled", "naive"], default="tiled", help="fused kernel version")
@@ -204,24 +229,102 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         for m in dict.fromkeys(missing):
             print(f"not implemented yet: {m}")
-        return 2
-    k = P22Kernels(package)
-    t0 = time.perf_counter()
+        return EXIT_STUB
     devices = ["cpu", "cuda"] if gpu else ["cpu"]
     gflop = 2e-9 * args.batch * args.seq * args.hidden * args.out
     if gpu and gflop > CPU_GFLOP_LIMIT:
         devices = ["cuda"]
         print(f"  cpu path skipped: {gflop:.1f} GFLOP per call is too slow for the scalar CPU kernels "
               f"(limit {CPU_GFLOP_LIMIT}; run with --cpu to force it)")
-    for dev in devices:  # compile (or load from cache) every model this run uses
-        for mode in modes:
-            run_path(k, mode, args.variant, make_inputs(1, 1, 2, 2, device=dev))
+    check_memory(args, devices)
+    k = P22Kernels(package)
+    t0 = time.perf_counter()
+    if build_reported([(k, dev) for dev in devices], partial=False):
+        return EXIT_COMPILE
     print(f"  library loaded: {bridge.compile_count} models compiled in {time.perf_counter() - t0:.1f} s")
     ok = report_correctness(k, modes, args, devices)
     print(f"\nSummary: {'all results correct' if ok else 'SOME RESULTS ARE WRONG'}")
     if ok and not args.no_bench:
         benchmark(k, modes, args, devices)
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_WRONG
+
+
+def check_memory(args: argparse.Namespace, devices: list[str]) -> None:
+    """Refuse sizes whose tensors would not fit, before anything is allocated (UsageError)."""
+    b, s, h, o = args.batch, args.seq, args.hidden, args.out
+    inputs = b * s * h + 2 * h + o * h + o
+    outputs = b * s * h + h * o + 2 * b * s * o        # y and the unfused path's three intermediates
+    sets = 1 if args.no_bench else 5                    # the checked inputs and four benchmark sets
+    need = {"cpu": 4 * (sets * inputs + outputs) + 8 * (b * s * h + o * h + b * s * o)}  # + the float64 reference
+    if "cuda" in devices:
+        need["cuda"] = 4 * (sets * inputs + outputs)
+    for dev, nbytes in need.items():
+        free = _free_bytes(dev)
+        if free is not None and nbytes > free:
+            raise UsageError(f"--batch {b} --seq {s} --hidden {h} --out {o}: this run needs about "
+                             f"{nbytes / 1e9:.1f} GB of {'GPU' if dev == 'cuda' else 'host'} memory and "
+                             f"{free / 1e9:.1f} GB is free; choose smaller sizes")
+
+
+def _free_bytes(dev: str) -> int | None:
+    if dev == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- building, and compile errors
+
+def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tuple[Path, str], frozenset[str]]:
+    """Build every (kernels, device) of ``jobs``; print each compile error first and short.
+
+    Returns, for each job whose package does not compile, the ops that could not be built. With ``partial``
+    (``--check``) the package's other ops are built without them, so that they can still be checked.
+    """
+    unbuilt: dict[tuple[Path, str], frozenset[str]] = {}
+    for k, dev in jobs:
+        kind = bridge.device_kind(torch.device(dev))
+        try:
+            k.build(dev, f"{_show(k.package)} for {kind}")
+            continue
+        except bridge.MojoCompileError as e:
+            problems = parse_errors(e.log) or harness_errors(k.package, kind) or unlocated(e.log)
+            every = frozenset(op.name for op in k.all_ops())
+            broken = every if e.stage == "package" else frozenset(ops_broken_by(k.package, problems)) & every
+        if partial and broken != every:
+            try:
+                k.build(dev, f"{_show(k.package)} for {kind}, without those", skip=broken)
+            except bridge.MojoCompileError:
+                broken = every
+        print_compile_problems(k.package, kind, problems, broken)
+        unbuilt[(k.package, dev)] = broken
+    return unbuilt
+
+
+def print_compile_problems(package: Path, kind: str, problems: list[CompileProblem], broken: frozenset[str]) -> None:
+    print(f"\nCompile error: {_show(package)} does not build for {kind}")
+    for p in problems[:3]:
+        print(f"  {p.where(ROOT)}: in {region_of(p)}: error: {p.message}")
+        for quoted in p.source:
+            print(f"    {quoted}")
+    if len(problems) > 3:
+        more = len(problems) - 3
+        print(f"  ... and {more} more error{'s' if more > 1 else ''}")
+    print(f"  kernels that cannot run until it is fixed: {', '.join(sorted(broken))}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    progress.enable()
+    try:
+        return check(args) if args.check else run(args)
+    except UsageError as e:
+        print(f"p22: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 # ---------------------------------------------------------------- --check
@@ -230,15 +333,38 @@ CHECK_SHAPES = [(1, 1, 1, 1), (2, 3, 37, 7), (4, 4, 8, 16), (1, 7, 1000, 65), (2
 
 
 def check(args: argparse.Namespace) -> int:
-    dev = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() and not args.cpu else ["cpu"]
     bridge.poison_outputs = True  # an unwritten element is NaN and fails
-    learner, solution = P22Kernels(PROBLEMS), P22Kernels(SOLUTIONS)
-    print(f"p22 --check on {dev}: problems/p22 vs solutions/p22, outputs poisoned with NaN")
+    learner, solution = P22Kernels((args.package or PROBLEMS).resolve()), P22Kernels(SOLUTIONS)
+    print(f"p22 --check: {_show(learner.package)} against solutions/p22 on {', '.join(devices)}, "
+          "outputs poisoned with NaN")
+    unbuilt = build_reported([(k, dev) for dev in devices for k in (solution, learner)], partial=True)
+    wrong = False
+    for dev in devices:
+        skip = unbuilt.get((learner.package, dev), frozenset())
+        failures = check_device(learner, solution, dev, skip, args.seed)
+        target = bridge.device_kind(torch.device(dev))
+        print(f" on {dev}:")
+        for name in HINTS:
+            if name in skip:
+                print(f"  FAIL {name:16s} does not compile (the error above)")
+            elif name in failures:
+                print(f"  FAIL {name:16s} {failures[name]}\n       hint: {hint(name, target)}")
+            else:
+                print(f"  pass {name:16s} all {len(CHECK_SHAPES)} shapes")
+        wrong |= bool(failures)
+    return EXIT_COMPILE if unbuilt else EXIT_WRONG if wrong else EXIT_OK
+
+
+def check_device(learner: P22Kernels, solution: P22Kernels, dev: str, skip: frozenset[str],
+                 seed: int | None) -> dict[str, str]:
+    """Each learner kernel but those in ``skip`` against the solution's and float64 on every check shape:
+    kernel name -> its first failure."""
     failures: dict[str, str] = {}
     for shape in CHECK_SHAPES:
         mean = 1e3 if shape[2] > 100 else 0.0  # large-mean rows catch one-pass statistics
-        inputs = make_inputs(*shape, device=dev, mean=mean, seed=args.seed)
-        mine, theirs = kernel_cases(learner, inputs), kernel_cases(solution, inputs)
+        inputs = make_inputs(*shape, device=dev, mean=mean, seed=seed)
+        mine, theirs = kernel_cases(learner, inputs, skip), kernel_cases(solution, inputs, skip)
         for name, (got, ref, red) in mine.items():
             if name in failures:
                 continue
@@ -247,19 +373,14 @@ def check(args: argparse.Namespace) -> int:
                 compare(got, ref, torch.float32, reduction=red, cond=cond)
             if bad is not None:
                 failures[name] = f"shape {shape}: {bad}"
-    target = bridge.device_kind(torch.device(dev))
-    for name in HINTS:
-        if name in failures:
-            print(f"  FAIL {name:16s} {failures[name]}\n       hint: {hint(name, target)}")
-        else:
-            print(f"  pass {name:16s} all {len(CHECK_SHAPES)} shapes")
-    return 1 if failures else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return check(args) if args.check else run(args)
+    return failures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:   # at once, even while a compile's thread still runs: nothing half-built is kept
+        sys.stdout.flush()
+        print("\np22: interrupted", file=sys.stderr)
+        os._exit(EXIT_INTERRUPTED)
+    sys.exit(code)
