@@ -1,0 +1,204 @@
+"""The learner's loop, timed as a new learner meets it: fresh copy of the puzzle, empty caches.
+
+    poe learner-loop            # writes results/learner_loop.md
+    poe learner-loop --quick    # CI: the same steps on the caches already there; checks exit codes, writes nothing
+
+Each step runs `scripts/p22.py` of a copy of this checkout in a temporary directory, as a learner would
+after `pip install -e .`, with the project's and MAX's caches in fresh folders (full mode). The first edit
+pastes the solution's `row_stats_cpu` into its stub; later edits paste the other regions, a syntax error and
+its fix. Exits 1 when a step's exit code is not the one the puzzle promises (targets are reported, not enforced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ops.skeleton import parse  # noqa: E402
+
+OP = Path("problems/p22/op")
+RESULT = ROOT / "results" / "learner_loop.md"
+VERDICT = re.compile(r"^(Summary:|not implemented yet:)")
+# file:line:col of the syntax error the loop makes, as the runner must print it
+SYNTAX_AT = re.compile(r"problems/p22/op/layernorm\.mojo:\d+:\d+: in \[row_stats_cpu\]")
+
+
+@dataclass
+class Step:
+    """One command of the loop: what the learner did, the command, and what the puzzle promises."""
+
+    what: str
+    argv: list[str]
+    exit_cpu: int             # expected exit code without a GPU
+    exit_gpu: int             # ... with one (--check then checks the still-stubbed GPU kernels too)
+    target_s: float | None    # wall-time target, seconds to the verdict
+    edit: str = ""            # the edit made before the command (see edit())
+    must_show: re.Pattern[str] | None = None
+
+
+STEPS = [
+    Step("first --check after install", ["--check"], 1, 1, 90.0),
+    Step("--check again, nothing edited", ["--check"], 1, 1, 5.0),
+    Step("edit one stub (row_stats_cpu), --check", ["--check"], 0, 1, 20.0, edit="row_stats_cpu"),
+    Step("edit the other stubs, --check", ["--check"], 0, 0, 20.0, edit="rest"),
+    Step("edit one stub (a comment), --unfused", ["--unfused"], 0, 0, 20.0, edit="comment"),
+    Step("--unfused again, nothing edited", ["--unfused"], 0, 0, 5.0),
+    Step("edit one stub (a comment), --fused", ["--fused"], 0, 0, 20.0, edit="comment"),
+    Step("--fused again, nothing edited", ["--fused"], 0, 0, 5.0),
+    Step("syntax error in row_stats_cpu, --check", ["--check"], 3, 3, 20.0, edit="syntax", must_show=SYNTAX_AT),
+    Step("the error fixed, --check", ["--check"], 0, 0, 20.0, edit="fix"),
+]
+
+
+MEAN_LINE = "    var mean = s / Float32(hidden)"   # a line of the solution's row_stats_cpu that the edits change
+
+
+def edit(copy: Path, how: str, count: list[int]) -> None:
+    """Change the copy's problems/ as a learner would: paste solution regions, a comment, a syntax error, a fix."""
+    if how in ("row_stats_cpu", "rest"):
+        for f in sorted((copy / OP).glob("*.mojo")):
+            labels = {"row_stats_cpu"} if how == "row_stats_cpu" else None
+            paste_regions(f, copy / "solutions" / "p22" / "op" / f.name, labels)
+    elif how == "comment":
+        count[0] += 1
+        replace_in(copy / OP / "layernorm.mojo", MEAN_LINE, f"{MEAN_LINE}  # edit {count[0]}")
+    elif how == "syntax":
+        replace_in(copy / OP / "layernorm.mojo", MEAN_LINE, MEAN_LINE + " +")
+    elif how == "fix":
+        replace_in(copy / OP / "layernorm.mojo", MEAN_LINE + " +", MEAN_LINE)
+
+
+def replace_in(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    if old not in text:
+        raise SystemExit(f"learner_loop: {path}: expected {old!r} (has the solution's row_stats_cpu changed?)")
+    path.write_text(text.replace(old, new, 1))
+
+
+def paste_regions(problem: Path, solution: Path, labels: set[str] | None) -> None:
+    """The solution's body of each region (those in ``labels``, or all) pasted into the problem file."""
+    lines = problem.read_text().splitlines()
+    _, want = parse(solution.read_text(), str(solution))
+    bodies = {r.label: r.body for r in want if labels is None or r.label in labels}
+    _, have = parse(problem.read_text(), str(problem))
+    for reg in sorted(have, key=lambda r: -r.start):   # from the bottom, so earlier line numbers hold
+        if reg.label in bodies:
+            lines[reg.start:reg.end - 1] = bodies[reg.label]
+    problem.write_text("\n".join(lines) + "\n")
+
+
+def run_step(copy: Path, step: Step, env: dict[str, str]) -> tuple[int, float, float, str]:
+    """Run one step: exit code, seconds to the verdict line (else to the end), seconds to the end, output."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "scripts/p22.py", *step.argv], cwd=copy, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out, verdict = [], None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.append(line)
+        if verdict is None and VERDICT.match(line):
+            verdict = time.perf_counter() - start
+    code = proc.wait()
+    total = time.perf_counter() - start
+    return code, verdict if verdict is not None else total, total, "".join(out)
+
+
+def fresh_copy(dest: Path) -> Path:
+    """This checkout's tracked and untracked-not-ignored files, as a clone would hold them."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    for name in files:
+        src = ROOT / name
+        if src.is_file() and not name.startswith((".gpu/", ".whl/")):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {os.cpu_count()} cores, {gpu}"
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="keep the caches already there; check exit codes only")
+    p.add_argument("--out", type=Path, default=RESULT, help="the report (full mode)")
+    p.add_argument("--log", type=Path, default=None, help="also write every step's output here")
+    args = p.parse_args(argv)
+    import torch
+
+    gpu = torch.cuda.is_available()
+    with tempfile.TemporaryDirectory(prefix="learner_loop_") as tmp:
+        copy = fresh_copy(Path(tmp) / "p22-fusion")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if not args.quick:
+            env.update(OPS_CACHE_DIR=str(Path(tmp) / "ops_cache"), MODULAR_CACHE_DIR=str(Path(tmp) / "max_cache"))
+        rows, bad, log, comments = [], [], [], [0]
+        for step in STEPS:
+            if step.edit:
+                edit(copy, step.edit, comments)
+            code, verdict, total, out = run_step(copy, step, env)
+            want = step.exit_gpu if gpu else step.exit_cpu
+            shown = step.must_show is None or bool(step.must_show.search(out))
+            met = "" if step.target_s is None or args.quick else ("met" if verdict <= step.target_s else "NOT MET")
+            rows.append((step, code, want, verdict, total, met, shown))
+            log.append(f"=== {step.what}: p22 {' '.join(step.argv)} -> exit {code} in {total:.1f} s\n{out}")
+            if code != want or not shown:
+                bad.append(f"{step.what}: exit {code} (want {want}){'' if shown else ', no file:line shown'}")
+            print(f"{step.what:45s} exit {code} (want {want})  verdict {verdict:5.1f} s  total {total:5.1f} s  {met}",
+                  flush=True)
+    if args.log:
+        args.log.write_text("\n".join(log))
+    if not args.quick:
+        args.out.write_text(report(rows, gpu))
+        print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    for b in bad:
+        print(f"learner_loop: {b}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def report(rows: list[tuple], gpu: bool) -> str:
+    lines = ["# The learner's loop (scripts/learner_loop.py)", "",
+             f"Machine: {machine()}; commit {commit()}; fresh copy of the checkout, empty caches; "
+             f"{time.strftime('%Y-%m-%d')}.",
+             "Seconds from the command to its verdict (the `Summary:` line of `--unfused`/`--fused`, the end of "
+             "`--check`), and to its end (a run's benchmark included)." +
+             (" `--check` checks the CPU and the GPU." if gpu else ""), "",
+             "| step | command | exit | want | verdict s | total s | target s | |", "|---|---|---|---|---|---|---|---|"]
+    for step, code, want, verdict, total, met, shown in rows:
+        target = "" if step.target_s is None else f"<= {step.target_s:g}"
+        note = met + ("" if shown else ", file:line missing")
+        lines.append(f"| {step.what} | `p22 {' '.join(step.argv)}` | {code} | {want} | {verdict:.1f} | {total:.1f} | "
+                     f"{target} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
