@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ops.launch.bridge import ROOT, GraphOp, Out, load_together
+from ops.launch.bridge import ROOT, GraphOp, Out
 from ops.reference import layernorm_linear_ref, layernorm_ref
 from ops.validate import check_same, check_size, check_tensor
 
@@ -57,19 +57,10 @@ class P22Kernels:
         """Every op of the package: LayerNorm, transpose, matmul, bias-add, fused tiled, fused naive."""
         return [self.layernorm, self.transpose, self.matmul, self.bias_add, *self._fused.values()]
 
-    def build(self, device: str | torch.device, label: str, skip: frozenset[str] = frozenset()) -> int:
-        """Compile every op of the package for ``device`` but those named in ``skip``, in one MAX compile
-        (``load_together``: about 10 s on a 2-core CPU for all six, against about 8 s for each alone), so that
-        each later call finds its model loaded. ``label`` names the build on the progress line.
-
-        Returns:
-            How many graphs it compiled or loaded from MAX's cache.
-
-        Raises:
-            MojoCompileError: a kernel does not compile.
-        """
-        calls = [(op, (torch.float32,) * len(op.inputs)) for op in self.all_ops() if op.name not in skip]
-        return load_together(calls, torch.device(device), label)
+    def calls(self, skip: frozenset[str] = frozenset()) -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
+        """(op, input dtypes) of every op but those named in ``skip``: what ``bridge.load_groups`` builds in one
+        MAX compile per device (about 10 s on a 2-core CPU for all six, against about 8 s for each alone)."""
+        return [(op, (torch.float32,) * len(op.inputs)) for op in self.all_ops() if op.name not in skip]
 
     def fused_op(self, variant: str = "tiled") -> GraphOp:
         """The fused kernel: "tiled" (the solution's main one) or "naive" (the first version)."""

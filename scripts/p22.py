@@ -280,29 +280,35 @@ def _free_bytes(dev: str) -> int | None:
 # ---------------------------------------------------------------- building, and compile errors
 
 def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tuple[Path, str], frozenset[str]]:
-    """Build every (kernels, device) of ``jobs``; print each compile error first and short.
+    """Build every (kernels, device) of ``jobs``, all at once; print each compile error first and short.
 
     Returns, for each job whose package does not compile, the ops that could not be built. With ``partial``
     (``--check``) the package's other ops are built without them, so that they can still be checked.
     """
-    unbuilt: dict[tuple[Path, str], frozenset[str]] = {}
-    for k, dev in jobs:
+    done = bridge.load_groups([(k.calls(), torch.device(dev), _label(k, dev)) for k, dev in jobs])
+    failed = [(k, dev, e) for (k, dev), e in zip(jobs, done, strict=True) if isinstance(e, bridge.MojoCompileError)]
+    unbuilt, reports = {}, []
+    for k, dev, e in failed:
         kind = bridge.device_kind(torch.device(dev))
-        try:
-            k.build(dev, f"{_show(k.package)} for {kind}")
-            continue
-        except bridge.MojoCompileError as e:
-            problems = parse_errors(e.log) or harness_errors(k.package, kind) or unlocated(e.log)
-            every = frozenset(op.name for op in k.all_ops())
-            broken = every if e.stage == "package" else frozenset(ops_broken_by(k.package, problems)) & every
-        if partial and broken != every:
-            try:
-                k.build(dev, f"{_show(k.package)} for {kind}, without those", skip=broken)
-            except bridge.MojoCompileError:
-                broken = every
-        print_compile_problems(k.package, kind, problems, broken)
+        problems = parse_errors(e.log) or harness_errors(k.package, kind) or unlocated(e.log)
+        every = frozenset(op.name for op in k.all_ops())
+        broken = every if e.stage == "package" else frozenset(ops_broken_by(k.package, problems)) & every
         unbuilt[(k.package, dev)] = broken
+        reports.append((k, dev, problems))
+    if partial:   # the ops the errors leave alone, so that --check reports every kernel it could build
+        rest = [(k, dev) for k, dev, _ in failed if unbuilt[(k.package, dev)] != {op.name for op in k.all_ops()}]
+        again = bridge.load_groups([(k.calls(unbuilt[(k.package, dev)]), torch.device(dev),
+                                     _label(k, dev) + " without those") for k, dev in rest])
+        for (k, dev), e in zip(rest, again, strict=True):
+            if isinstance(e, bridge.MojoCompileError):
+                unbuilt[(k.package, dev)] = frozenset(op.name for op in k.all_ops())
+    for k, dev, problems in reports:
+        print_compile_problems(k.package, bridge.device_kind(torch.device(dev)), problems, unbuilt[(k.package, dev)])
     return unbuilt
+
+
+def _label(k: P22Kernels, dev: str) -> str:
+    return f"{_show(k.package)} for {bridge.device_kind(torch.device(dev))}"
 
 
 def print_compile_problems(package: Path, kind: str, problems: list[CompileProblem], broken: frozenset[str]) -> None:
@@ -319,7 +325,6 @@ def print_compile_problems(package: Path, kind: str, problems: list[CompileProbl
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    progress.enable()
     try:
         return check(args) if args.check else run(args)
     except UsageError as e:
@@ -377,6 +382,7 @@ def check_device(learner: P22Kernels, solution: P22Kernels, dev: str, skip: froz
 
 
 if __name__ == "__main__":
+    progress.enable()   # a learner at a keyboard sees every build that takes a while
     try:
         code = main()
     except KeyboardInterrupt:   # at once, even while a compile's thread still runs: nothing half-built is kept

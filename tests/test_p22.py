@@ -18,6 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import p22 as cli  # noqa: E402
 
 SOL = P22Kernels(SOLUTIONS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def solution_built() -> None:
+    """Every solution op, for each device, in one MAX compile per device rather than one per op."""
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    for done in bridge.load_groups([(SOL.calls(), torch.device(d), f"solutions/p22 for {d}") for d in devices]):
+        assert isinstance(done, int), done
+
 # The last: 3 row strips of the 128 x 128 GPU tile (the last partial) x 3 column tiles (the last partial).
 SHAPES = [(1, 1, 1, 1), (2, 3, 37, 7), (4, 4, 8, 16), (1, 7, 1000, 33), (2, 2, 1023, 64), (1, 3, 256, 130),
           (3, 100, 200, 300)]
