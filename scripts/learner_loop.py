@@ -118,12 +118,18 @@ def run_step(copy: Path, step: Step, env: dict[str, str]) -> tuple[int, float, f
 
 
 def fresh_copy(dest: Path) -> Path:
-    """This checkout's tracked and untracked-not-ignored files, as a clone would hold them."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
+    """This checkout's tracked and untracked-not-ignored files, as a clone would hold them (without git: the
+    tree less virtual environments, caches and bundles)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True)
+    skip = (".git/", ".venv/", ".gpu/", ".whl/", ".device/")
+    if listed.returncode == 0:
+        files = listed.stdout.splitlines()
+    else:
+        files = [str(f.relative_to(ROOT)) for f in ROOT.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
     for name in files:
         src = ROOT / name
-        if src.is_file() and not name.startswith((".gpu/", ".whl/")):
+        if src.is_file() and not name.startswith(skip):
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     return dest
@@ -142,6 +148,8 @@ def machine() -> str:
 
 
 def commit() -> str:
+    if os.environ.get("P22_COMMIT"):   # a copy without git (the GPU machine): the caller names it
+        return os.environ["P22_COMMIT"]
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()
