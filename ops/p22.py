@@ -58,7 +58,7 @@ class P22Kernels:
         return [self.layernorm, self.transpose, self.matmul, self.bias_add, *self._fused.values()]
 
     def calls(self, skip: frozenset[str] = frozenset()) -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
-        """(op, input dtypes) of every op but those named in ``skip``: what ``bridge.load_groups`` builds in one
+        """(op, input dtypes) of every op but those named in ``skip``: what ``together.load_groups`` builds in one
         MAX compile per device (about 10 s on a 2-core CPU for all six, against about 8 s for each alone)."""
         return [(op, (torch.float32,) * len(op.inputs)) for op in self.all_ops() if op.name not in skip]
 

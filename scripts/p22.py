@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from ops.launch import bridge, progress  # noqa: E402
+from ops.launch import bridge, progress, together  # noqa: E402
 from ops.p22 import (  # noqa: E402
     PROBLEMS,
     SOLUTIONS,
@@ -285,7 +285,7 @@ def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tu
     Returns, for each job whose package does not compile, the ops that could not be built. With ``partial``
     (``--check``) the package's other ops are built without them, so that they can still be checked.
     """
-    done = bridge.load_groups([(k.calls(), torch.device(dev), _label(k, dev)) for k, dev in jobs])
+    done = together.load_groups([(k.calls(), torch.device(dev), _label(k, dev)) for k, dev in jobs])
     failed = [(k, dev, e) for (k, dev), e in zip(jobs, done, strict=True) if isinstance(e, bridge.MojoCompileError)]
     unbuilt, reports = {}, []
     for k, dev, e in failed:
@@ -297,7 +297,7 @@ def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tu
         reports.append((k, dev, problems))
     if partial:   # the ops the errors leave alone, so that --check reports every kernel it could build
         rest = [(k, dev) for k, dev, _ in failed if unbuilt[(k.package, dev)] != {op.name for op in k.all_ops()}]
-        again = bridge.load_groups([(k.calls(unbuilt[(k.package, dev)]), torch.device(dev),
+        again = together.load_groups([(k.calls(unbuilt[(k.package, dev)]), torch.device(dev),
                                      _label(k, dev) + " without those") for k, dev in rest])
         for (k, dev), e in zip(rest, again, strict=True):
             if isinstance(e, bridge.MojoCompileError):

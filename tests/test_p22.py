@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.launch import bridge
+from ops.launch import bridge, together
 from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, col_tiles_override, fused, kernel_cases, make_inputs, unfused
 from ops.reference import layernorm_linear_ref
 from ops.tolerance import compare
@@ -24,7 +24,7 @@ SOL = P22Kernels(SOLUTIONS)
 def solution_built() -> None:
     """Every solution op, for each device, in one MAX compile per device rather than one per op."""
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-    for done in bridge.load_groups([(SOL.calls(), torch.device(d), f"solutions/p22 for {d}") for d in devices]):
+    for done in together.load_groups([(SOL.calls(), torch.device(d), f"solutions/p22 for {d}") for d in devices]):
         assert isinstance(done, int), done
 
 # The last: 3 row strips of the 128 x 128 GPU tile (the last partial) x 3 column tiles (the last partial).

@@ -32,15 +32,13 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from ops.launch import progress
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "ops" / "kernels"
@@ -162,7 +160,7 @@ def _hash_sources(package: Path) -> str:
     return h.hexdigest()[:20]
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     base = os.environ.get("OPS_CACHE_DIR") or Path(tempfile.gettempdir()) / f"ops_cache_{os.getuid()}"
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True)
@@ -181,7 +179,7 @@ def built_once(name: str) -> Iterator[None]:
     """
     import fcntl
 
-    locks = _cache_dir() / "locks"
+    locks = cache_dir() / "locks"
     locks.mkdir(exist_ok=True)
     start = time.perf_counter()
     with open(locks / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.lock", "w") as f:
@@ -215,7 +213,7 @@ def compile_package(package: Path) -> Path:
     if not (package / "__init__.mojo").is_file():
         raise ValueError(f"package: {package} is not a Mojo package (no __init__.mojo)")
     digest = package_digest(package)
-    final = _cache_dir() / digest / f"{package.name}.mojoc"
+    final = cache_dir() / digest / f"{package.name}.mojoc"
     return built_file(final, f"package {final}", lambda: _precompile(package, final, digest))
 
 
@@ -225,7 +223,7 @@ def _precompile(package: Path, final: Path, digest: str) -> None:
 
     # The compiler bakes the file stem in as the module name, so the staging
     # copy must already carry the final file name; publish by atomic rename.
-    staging = _cache_dir() / f".staging-{digest}-{os.getpid()}"
+    staging = cache_dir() / f".staging-{digest}-{os.getpid()}"
     staging.mkdir(parents=True, exist_ok=True)
     built = staging / final.name
     proc = subprocess_run_mojo(["precompile", str(package), "-o", str(built)],
@@ -301,7 +299,7 @@ def _device_ref(kind: str, index: int) -> Any:
 
 
 _models: dict[tuple, Any] = {}
-_models_lock = threading.Lock()
+models_lock = threading.Lock()   # held while this process compiles or loads a model
 compile_count = 0  # graphs compiled by this process (tests check reuse)
 _generation = 0  # bumped by clear_caches(): invalidates every GraphOp memo
 
@@ -366,120 +364,27 @@ def _model_key(op: GraphOp, dtypes: tuple[torch.dtype, ...], kind: str, index: i
     return (package_digest(op.package), op.name, op.parameters, dtypes, kind, index)
 
 
-def load_together(calls: Sequence[tuple[GraphOp, tuple[torch.dtype, ...]]], device: torch.device,
-                  label: str) -> int:
-    """Compile every (op, input dtypes) of ``calls`` not yet loaded for ``device`` in one MAX compile.
-
-    Each op keeps a graph of its own (so it is called alone, as ``load_model``'s), but the graphs go to MAX as one
-    module: its compile's fixed cost (about 8 s on a 2-core CPU, even for a one-add graph) is paid once for all
-    of them, and a cached module loads in milliseconds. While it builds, ``progress`` shows ``label``.
-
-    Returns:
-        How many graphs it compiled (or loaded from MAX's cache); 0 when all were loaded already.
-
-    Raises:
-        MojoCompileError: the package or any graph does not compile (``log``: the compiler's messages).
-    """
-    (done,) = load_groups([(calls, device, label)])
-    if isinstance(done, MojoCompileError):
-        raise done
-    return done
+def model_key(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.device) -> tuple:
+    """What names ``op``'s compiled model for these input dtypes on ``device``: its package's content digest,
+    the op, its parameters, the dtypes and the device."""
+    return _model_key(op, dtypes, *_where(device))
 
 
-def load_groups(groups: Sequence[tuple[Sequence[tuple[GraphOp, tuple[torch.dtype, ...]]], torch.device, str]]
-                ) -> list[int | MojoCompileError]:
-    """``load_together`` for each (calls, device, label) of ``groups``, their MAX compiles running at once (they
-    overlap: two six-op CPU modules took 14 s together on 2 cores, 10 s each alone), under one progress line.
+def loaded(key: tuple) -> bool:
+    """Whether this process holds the model ``key`` names."""
+    return key in _models
 
-    Returns:
-        Per group, how many graphs it compiled, or the MojoCompileError that stopped it (the others go on).
-    """
+
+def keep(key: tuple, model: Any) -> None:
+    """Hold ``model`` as the one ``key`` names (``ops/launch/together.py`` compiles them several at a time)."""
     global compile_count
-    owner: dict[tuple, int] = {}   # model key -> the group that builds it (two packages alike to the byte: one)
-    plans = [_Plan(calls, device, label, owner, i) for i, (calls, device, label) in enumerate(groups)]
-    results: list[int | MojoCompileError] = [0] * len(plans)
-    busy = [i for i, plan in enumerate(plans) if plan.todo]
-    if not busy:
-        return results
-    label = ", ".join(plans[i].label for i in busy)
-    with _models_lock, ExitStack() as locks, progress.building(label) as build:
-        for i in busy:
-            locks.enter_context(built_once(f"module {plans[i].keys}"))
-        ready = []
-        for i in busy:
-            try:
-                ready.append((i, plans[i].prepare(build)))
-            except MojoCompileError as e:   # the package itself does not compile
-                results[i] = e
-        outcomes = build.run(lambda: _load_all_at_once([job for _, job in ready]))
-        for (i, _), outcome in zip(ready, outcomes, strict=True):
-            if isinstance(outcome, MojoCompileError):
-                results[i] = outcome
-                continue
-            for name, key in zip(plans[i].names, plans[i].keys, strict=True):
-                _models[key] = outcome[name]
-            compile_count += len(plans[i].todo)
-            results[i] = len(plans[i].todo)
-    for i, plan in enumerate(plans):   # a group whose graphs another built shares that one's failure
-        errors = [results[j] for j in plan.borrowed(owner) if isinstance(results[j], MojoCompileError)]
-        if errors and not isinstance(results[i], MojoCompileError):
-            results[i] = errors[0]
-    return results
+    _models[key] = model
+    compile_count += 1
 
 
-class _Plan:
-    """What one group of ``load_groups`` still needs: the ops not loaded for its device, their graphs' names."""
-
-    def __init__(self, calls: Sequence[tuple[GraphOp, tuple[torch.dtype, ...]]], device: torch.device,
-                 label: str, owner: dict[tuple, int], me: int) -> None:
-        self.kind, self.index = _where(device)
-        self.label, self.me = label, me
-        self.wanted = [_model_key(op, tuple(dt), self.kind, self.index) for op, dt in calls]
-        self.todo = [(op, tuple(dt)) for (op, dt), key in zip(calls, self.wanted, strict=True)
-                     if key not in _models and owner.setdefault(key, me) == me]
-        self.names = [f"{op.name}_{i}" for i, (op, _) in enumerate(self.todo)]
-        self.keys = [_model_key(op, dt, self.kind, self.index) for op, dt in self.todo]
-
-    def borrowed(self, owner: dict[tuple, int]) -> set[int]:
-        """The other groups that build graphs this one needs."""
-        return {owner[key] for key in self.wanted if key in owner} - {self.me}
-
-    def prepare(self, build: progress.building) -> tuple[Any, Any, list[Path], str]:
-        """Precompile the packages and build the module (in this thread: MAX's graph building needs its MLIR
-        context, which is the main thread's): (session, module, libraries, label) for ``_load_all_at_once``."""
-        session = _session(self.kind, self.index)   # MAX first imported here, in this thread
-        libraries = [build.run(lambda p=p: compile_package(p)) for p in {op.package for op, _ in self.todo}]
-        return session, _module(self.names, self.todo, self.kind, self.index), libraries, self.label
-
-
-def _load_all_at_once(jobs: Sequence[tuple[Any, Any, list[Path], str]]) -> list[dict[str, Any] | MojoCompileError]:
-    """``session.load_all(module)`` for every job, each in a thread of its own: the models, or the error."""
-    out: list[dict[str, Any] | MojoCompileError] = [MojoCompileError("not compiled")] * len(jobs)
-
-    def one(i: int, session: Any, module: Any, libraries: list[Path], label: str) -> None:
-        try:
-            out[i] = session.load_all(module, custom_extensions=libraries)
-        except RuntimeError as e:   # MAX's own message is the cause; its wrapper says only "file an issue"
-            log = str(e.__cause__ or e)
-            out[i] = MojoCompileError(f"MAX could not compile {label}:\n{log}", log=log)
-
-    threads = [threading.Thread(target=one, args=(i, *job), daemon=True) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
-
-
-def _module(names: Sequence[str], calls: Sequence[tuple[GraphOp, tuple[torch.dtype, ...]]], kind: str,
-            index: int) -> Any:
-    """A ``max.graph.Module`` holding one graph per (op, input dtypes), each named by ``names``."""
-    from max.graph import Module
-
-    module = Module()
-    for name, (op, dtypes) in zip(names, calls, strict=True):
-        build_multi_graph(name, [(op, dtypes)], kind, index, module=module)
-    return module
+def session(device: torch.device) -> Any:
+    """MAX's inference session for ``device`` (one per device and process)."""
+    return _session(*_where(device))
 
 
 def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.device) -> Any:
@@ -490,7 +395,7 @@ def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.devic
     model = _models.get(key)
     if model is not None:
         return model
-    with _models_lock:
+    with models_lock:
         if key not in _models:
             with built_once(f"graph {key}"):
                 _models[key] = _session(kind, index).load(build_graph(op, dtypes, kind, index))
@@ -698,7 +603,7 @@ def clear_caches() -> None:
     """Forget compiled models and cached weight views (tests use this)."""
     global _generation
     _generation += 1
-    with _models_lock:
+    with models_lock:
         _models.clear()
     _digests.clear()
     weight_cache.clear()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ops.launch.bridge import LIBRARY, MojoCompileError, _cache_dir, built_file, built_once, package_digest
+from ops.launch.bridge import LIBRARY, MojoCompileError, built_file, built_once, cache_dir, package_digest
 
 # CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
 TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
@@ -88,7 +88,7 @@ def ptx_dir(target: str) -> Path:
     """Where PTX for ``target`` from the kernel package as it is on disk now lives: named by the sources'
     digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU machine
     running PTX built elsewhere), the build of these sources by any Mojo version."""
-    root = _cache_dir() / "ptx"
+    root = cache_dir() / "ptx"
     try:
         mojo = importlib.metadata.version("mojo")
     except importlib.metadata.PackageNotFoundError:
@@ -357,7 +357,7 @@ def native_library_path() -> Path:
     torch's version and C++ ABI: torch's C++ API is not stable across versions, so it is built per torch)."""
     key = hashlib.sha256(NATIVE_SOURCE.read_bytes())
     key.update(f"{torch.__version__}-{torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
-    return _cache_dir() / "native" / key.hexdigest()[:24] / "mojo_direct.so"
+    return cache_dir() / "native" / key.hexdigest()[:24] / "mojo_direct.so"
 
 
 def build_native(quiet: bool = False) -> Path:

@@ -1,0 +1,180 @@
+"""Many MAX graphs compiled at once: one module per package and device, new modules in parallel processes.
+
+A MAX compile has a large fixed cost (about 8 s on a 2-core CPU even for a one-add graph; 10 s for a one-op GPU
+graph on the H200's host), so ``load_groups`` puts each group's graphs (one per op, called alone as
+``bridge.load_model``'s) into one ``max.graph.Module``: a six-op module compiles in about 10 s and loads from
+MAX's cache in milliseconds. MAX compiles one module at a time per process (two in threads: 18 s against 8 + 14 s
+apart), so when several modules are new, all but the first compile in worker processes of their own, which
+leave their result in MAX's disk cache for this process to load. A module this process has built once leaves a
+marker in the project's cache, so a rerun loads it here and starts no worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ops.launch import bridge, progress
+from ops.launch.bridge import GraphOp, MojoCompileError
+
+Calls = Sequence[tuple[GraphOp, tuple[torch.dtype, ...]]]
+WORKER_FAILED = 3   # a worker's exit code when its module does not compile (its log on stdout)
+
+
+def load_together(calls: Calls, device: torch.device, label: str) -> int:
+    """Compile every (op, input dtypes) of ``calls`` not yet loaded for ``device`` in one MAX compile.
+
+    Returns:
+        How many graphs it compiled (or loaded from MAX's cache); 0 when all were loaded already.
+
+    Raises:
+        MojoCompileError: the package or any graph does not compile (``log``: the compiler's messages).
+    """
+    (done,) = load_groups([(calls, device, label)])
+    if isinstance(done, MojoCompileError):
+        raise done
+    return done
+
+
+def load_groups(groups: Sequence[tuple[Calls, torch.device, str]]) -> list[int | MojoCompileError]:
+    """``load_together`` for each (calls, device, label) of ``groups``, under one progress line; the new modules
+    compile in parallel processes. Groups whose packages are alike to the byte share one compile.
+
+    Returns:
+        Per group, how many graphs it compiled, or the MojoCompileError that stopped it (the others go on).
+    """
+    owner: dict[tuple, int] = {}   # model key -> the group that builds it
+    plans = [_Plan(calls, device, label, owner, i) for i, (calls, device, label) in enumerate(groups)]
+    results: list[int | MojoCompileError] = [0] * len(plans)
+    busy = sorted((p for p in plans if p.todo), key=lambda p: p.kind != "gpu")   # a GPU module takes longest
+    if busy:
+        with bridge.models_lock, ExitStack() as locks, progress.building(", ".join(p.label for p in busy)) as b:
+            for plan in busy:
+                locks.enter_context(bridge.built_once(f"module {plan.keys}"))
+            _build(busy, results, b)
+    for plan in plans:   # a group whose graphs another built shares that one's failure
+        errors = [results[j] for j in plan.borrowed(owner) if isinstance(results[j], MojoCompileError)]
+        if errors and not isinstance(results[plan.me], MojoCompileError):
+            results[plan.me] = errors[0]
+    return results
+
+
+def _build(busy: list[_Plan], results: list[int | MojoCompileError], build: progress.building) -> None:
+    """Precompile each plan's package, start a worker for every new module but the first, compile or load the
+    rest here, then load the workers' modules from MAX's cache. Fills ``results``."""
+    ready = []
+    for plan in busy:
+        try:
+            plan.libraries = [build.run(lambda p=p: bridge.compile_package(p)) for p in plan.packages]
+            ready.append(plan)
+        except MojoCompileError as e:   # the package itself does not compile
+            results[plan.me] = e
+    new = [p for p in ready if not p.marker.is_file()]
+    workers = {p.me: _Worker(p) for p in new[1:]}
+    try:
+        for plan in [p for p in ready if p.me not in workers] + [p for p in ready if p.me in workers]:
+            failed = workers[plan.me].wait(build) if plan.me in workers else None
+            results[plan.me] = failed or plan.load_here(build)
+    finally:
+        for worker in workers.values():
+            worker.stop()
+
+
+class _Plan:
+    """What one group still needs: the ops not loaded for its device, their graphs' names and model keys."""
+
+    def __init__(self, calls: Calls, device: torch.device, label: str, owner: dict[tuple, int], me: int) -> None:
+        self.device, self.kind = device, bridge.device_kind(device)
+        self.label, self.me = label, me
+        self.wanted = [bridge.model_key(op, tuple(dt), device) for op, dt in calls]
+        self.todo = [(op, tuple(dt)) for (op, dt), key in zip(calls, self.wanted, strict=True)
+                     if not bridge.loaded(key) and owner.setdefault(key, me) == me]
+        self.names = [f"{op.name}_{i}" for i, (op, _) in enumerate(self.todo)]
+        self.keys = [bridge.model_key(op, dt, device) for op, dt in self.todo]
+        self.packages = sorted({op.package for op, _ in self.todo})
+        self.libraries: list[Path] = []
+        digest = hashlib.sha256(repr(self.keys).encode()).hexdigest()[:24]
+        self.marker = bridge.cache_dir() / "modules" / digest   # this module was built on this machine
+
+    def borrowed(self, owner: dict[tuple, int]) -> set[int]:
+        """The other groups that build graphs this one needs."""
+        return {owner[key] for key in self.wanted if key in owner} - {self.me}
+
+    def load_here(self, build: progress.building) -> int | MojoCompileError:
+        """Compile (or load from MAX's cache) the module in this process and keep its models."""
+        module = _module(self.names, self.todo, self.device)   # MAX builds graphs in its context's thread
+        session = bridge.session(self.device)
+        try:
+            models = build.run(lambda: session.load_all(module, custom_extensions=self.libraries))
+        except RuntimeError as e:   # MAX's own message is the cause; its wrapper says only "file an issue"
+            log = str(e.__cause__ or e)
+            return MojoCompileError(f"MAX could not compile {self.label}:\n{log}", log=log)
+        for name, key in zip(self.names, self.keys, strict=True):
+            bridge.keep(key, models[name])
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        self.marker.touch()
+        return len(self.todo)
+
+
+def _module(names: Sequence[str], calls: Calls, device: torch.device) -> Any:
+    """A ``max.graph.Module`` holding one graph per (op, input dtypes), each named by ``names``."""
+    from max.graph import Module
+
+    kind, index = bridge.device_kind(device), device.index or 0
+    module = Module()
+    for name, (op, dtypes) in zip(names, calls, strict=True):
+        bridge.build_multi_graph(name, [(op, dtypes)], kind, index, module=module)
+    return module
+
+
+class _Worker:
+    """A process compiling one plan's module into MAX's disk cache (``python -m ops.launch.together``)."""
+
+    def __init__(self, plan: _Plan) -> None:
+        root = str(bridge.ROOT)
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen([sys.executable, "-m", "ops.launch.together"], cwd=root, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(pickle.dumps((plan.names, plan.todo, str(plan.device), plan.libraries, plan.label)))
+        self.proc.stdin.close()
+        self.label = plan.label
+
+    def wait(self, build: progress.building) -> MojoCompileError | None:
+        """The worker's compile error, or None (built; or it broke otherwise, and this process compiles it)."""
+        assert self.proc.stdout is not None
+        out = build.run(lambda: self.proc.stdout.read().decode(errors="replace"))
+        self.proc.wait()
+        if self.proc.returncode == WORKER_FAILED:
+            return MojoCompileError(f"MAX could not compile {self.label}:\n{out}", log=out)
+        return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _worker_main() -> int:
+    names, calls, device, libraries, _ = pickle.loads(sys.stdin.buffer.read())
+    device = torch.device(device)
+    module = _module(names, calls, device)
+    try:
+        bridge.session(device).load_all(module, custom_extensions=libraries)
+    except RuntimeError as e:
+        print(str(e.__cause__ or e))
+        return WORKER_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())
