@@ -155,6 +155,27 @@ def test_killed_build_leaves_nothing_that_breaks_the_next_run(tmp_path: Path) ->
     assert again.stdout.count("pass p22_") == 6 * (2 if HAS_GPU else 1)
 
 
+def test_a_damaged_saved_module_is_rebuilt(tmp_path: Path) -> None:
+    """A saved module cut short, or whose checksum does not match: said in a line, rebuilt, the verdict right."""
+    pkg = package_copy(tmp_path, SOLUTIONS, "damaged")
+    env = dict(os.environ, OPS_CACHE_DIR=str(tmp_path / "cache"))
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*P22, "--check", "--package", str(pkg), "--cpu"], cwd=ROOT, capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, env=env)
+
+    assert check().returncode == 0
+    saved = sorted((tmp_path / "cache" / "modules").glob("*.mef"))
+    assert len(saved) == 2   # the learner's module and the solution's
+    saved[0].write_bytes(saved[0].read_bytes()[:1000])
+    saved[1].with_suffix(".sha256").write_text("0" * 64 + "\n")
+    got = check()
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert got.stderr.count("does not match; rebuilding it") == 2, got.stderr
+    again = check()
+    assert again.returncode == 0 and "rebuilding" not in again.stderr, again.stderr
+
+
 # ---------------------------------------------------------------- compile errors and stale verdicts
 
 

@@ -4,14 +4,18 @@ A MAX compile has a large fixed cost (about 8 s on a 2-core CPU even for a one-a
 graph on the H200's host), so ``load_groups`` puts each group's graphs (one per op, called alone as
 ``bridge.load_model``'s) into one ``max.graph.Module``: a six-op module compiles in about 10 s and loads from
 MAX's cache in milliseconds. MAX compiles one module at a time per process (two in threads: 18 s against 8 + 14 s
-apart), so when several modules are new, all but the first compile in worker processes of their own, which
-leave their result in MAX's disk cache for this process to load. A module this process has built once leaves a
-marker in the project's cache, so a rerun loads it here and starts no worker.
+apart), so when several modules are new, all but the first compile in worker processes of their own.
+
+Each compiled module is saved as a MEF file in the project's cache (``modules/``, named by its ops' content keys,
+MAX's version and the GPU's compute capability), published by an atomic rename with its SHA-256 beside it. A
+rerun loads it in milliseconds (building the graphs again to find them in MAX's cache took 0.7 s a module);
+one that does not verify or load is removed and rebuilt, with a line saying so.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import pickle
 import subprocess
@@ -28,6 +32,7 @@ from ops.launch.bridge import GraphOp, MojoCompileError
 
 Calls = Sequence[tuple[GraphOp, tuple[torch.dtype, ...]]]
 WORKER_FAILED = 3   # a worker's exit code when its module does not compile (its log on stdout)
+KEEP_SAVED = 200    # saved modules kept, the least recently used removed past it (each edit of a kernel adds one)
 
 
 def load_together(calls: Calls, device: torch.device, label: str) -> int:
@@ -69,23 +74,27 @@ def load_groups(groups: Sequence[tuple[Calls, torch.device, str]]) -> list[int |
 
 
 def _build(busy: list[_Plan], results: list[int | MojoCompileError], build: progress.building) -> None:
-    """Precompile each plan's package, start a worker for every new module but the first, compile or load the
-    rest here, then load the workers' modules from MAX's cache. Fills ``results``."""
-    ready = []
+    """Load each plan's saved module, or precompile its package and compile it: the first new one here, the
+    others in workers at the same time, whose saved modules this process then loads. Fills ``results``."""
+    new = []
     for plan in busy:
+        if plan.load_saved():
+            results[plan.me] = len(plan.todo)
+            continue
         try:
             plan.libraries = [build.run(lambda p=p: bridge.compile_package(p)) for p in plan.packages]
-            ready.append(plan)
+            new.append(plan)
         except MojoCompileError as e:   # the package itself does not compile
             results[plan.me] = e
-    new = [p for p in ready if not p.marker.is_file()]
-    workers = {p.me: _Worker(p) for p in new[1:]}
+    workers = [_Worker(plan) for plan in new[1:]]
     try:
-        for plan in [p for p in ready if p.me not in workers] + [p for p in ready if p.me in workers]:
-            failed = workers[plan.me].wait(build) if plan.me in workers else None
-            results[plan.me] = failed or plan.load_here(build)
+        if new:
+            results[new[0].me] = new[0].compile_here(build)
+        for plan, worker in zip(new[1:], workers, strict=True):
+            failed = worker.wait(build)
+            results[plan.me] = failed or (len(plan.todo) if plan.load_saved() else plan.compile_here(build))
     finally:
-        for worker in workers.values():
+        for worker in workers:
             worker.stop()
 
 
@@ -102,27 +111,74 @@ class _Plan:
         self.keys = [bridge.model_key(op, dt, device) for op, dt in self.todo]
         self.packages = sorted({op.package for op, _ in self.todo})
         self.libraries: list[Path] = []
-        digest = hashlib.sha256(repr(self.keys).encode()).hexdigest()[:24]
-        self.marker = bridge.cache_dir() / "modules" / digest   # this module was built on this machine
+        self.saved = _saved_path(self.names, self.keys, device)
 
     def borrowed(self, owner: dict[tuple, int]) -> set[int]:
         """The other groups that build graphs this one needs."""
         return {owner[key] for key in self.wanted if key in owner} - {self.me}
 
-    def load_here(self, build: progress.building) -> int | MojoCompileError:
-        """Compile (or load from MAX's cache) the module in this process and keep its models."""
-        module = _module(self.names, self.todo, self.device)   # MAX builds graphs in its context's thread
-        session = bridge.session(self.device)
+    def load_saved(self) -> bool:
+        """Keep the models of the saved module if there is one that verifies and loads; else remove it."""
+        if not self.saved.is_file():
+            return False
         try:
-            models = build.run(lambda: session.load_all(module, custom_extensions=self.libraries))
-        except RuntimeError as e:   # MAX's own message is the cause; its wrapper says only "file an issue"
-            log = str(e.__cause__ or e)
-            return MojoCompileError(f"MAX could not compile {self.label}:\n{log}", log=log)
+            data = self.saved.read_bytes()
+            if hashlib.sha256(data).hexdigest() != self.saved.with_suffix(".sha256").read_text().strip():
+                raise ValueError("its SHA-256 does not match")
+            models = bridge.session(self.device).load_all(str(self.saved))
+            self._keep(models)
+            os.utime(self.saved)   # recently used: the last to be swept
+            return True
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            print(f"  {self.saved}: {e}; rebuilding it", file=sys.stderr)
+            for f in (self.saved, self.saved.with_suffix(".sha256")):
+                f.unlink(missing_ok=True)
+            return False
+
+    def compile_here(self, build: progress.building) -> int | MojoCompileError:
+        """Compile the module in this process (MAX builds graphs in its context's thread), save it, keep it."""
+        session = bridge.session(self.device)
+        module = _module(self.names, self.todo, self.device)
+        try:
+            compiled = build.run(lambda: session.compile(module, custom_extensions=self.libraries))
+        except RuntimeError as e:
+            return _compile_error(self.label, e)
+        _save(compiled, self.saved)
+        self._keep(session.init_all(compiled))
+        return len(self.todo)
+
+    def _keep(self, models: dict[str, Any]) -> None:
         for name, key in zip(self.names, self.keys, strict=True):
             bridge.keep(key, models[name])
-        self.marker.parent.mkdir(parents=True, exist_ok=True)
-        self.marker.touch()
-        return len(self.todo)
+
+
+def _compile_error(label: str, e: RuntimeError) -> MojoCompileError:
+    """MAX's own message is the cause; its wrapper says only "file an issue"."""
+    log = str(e.__cause__ or e)
+    return MojoCompileError(f"MAX could not compile {label}:\n{log}", log=log)
+
+
+def _saved_path(names: Sequence[str], keys: Sequence[tuple], device: torch.device) -> Path:
+    """Where the module of these graphs is saved: named by their keys, MAX's version and the GPU's capability."""
+    gpu = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    what = repr((list(names), list(keys), importlib.metadata.version("max"), gpu))
+    return bridge.cache_dir() / "modules" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.mef"
+
+
+def _save(compiled: Any, path: Path) -> None:
+    """Write ``compiled`` to ``path`` and its SHA-256 beside it, each published by an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    compiled.export_mef(str(staging))
+    digest = path.with_suffix(".sha256")
+    staged_digest = digest.with_name(f".{digest.name}.{os.getpid()}")
+    staged_digest.write_text(hashlib.sha256(staging.read_bytes()).hexdigest() + "\n")
+    os.replace(staged_digest, digest)
+    os.replace(staging, path)
+    saved = sorted(path.parent.glob("*.mef"), key=lambda f: f.stat().st_mtime)
+    for old in saved[:-KEEP_SAVED]:
+        for f in (old, old.with_suffix(".sha256")):
+            f.unlink(missing_ok=True)
 
 
 def _module(names: Sequence[str], calls: Calls, device: torch.device) -> Any:
@@ -137,7 +193,7 @@ def _module(names: Sequence[str], calls: Calls, device: torch.device) -> Any:
 
 
 class _Worker:
-    """A process compiling one plan's module into MAX's disk cache (``python -m ops.launch.together``)."""
+    """A process compiling one plan's module and saving it (``python -m ops.launch.together``)."""
 
     def __init__(self, plan: _Plan) -> None:
         root = str(bridge.ROOT)
@@ -145,12 +201,13 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "ops.launch.together"], cwd=root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert self.proc.stdin is not None
-        self.proc.stdin.write(pickle.dumps((plan.names, plan.todo, str(plan.device), plan.libraries, plan.label)))
+        job = (plan.names, plan.todo, str(plan.device), plan.libraries, plan.saved)
+        self.proc.stdin.write(pickle.dumps(job))
         self.proc.stdin.close()
         self.label = plan.label
 
     def wait(self, build: progress.building) -> MojoCompileError | None:
-        """The worker's compile error, or None (built; or it broke otherwise, and this process compiles it)."""
+        """The worker's compile error, or None (saved; or it broke otherwise, and this process compiles it)."""
         assert self.proc.stdout is not None
         out = build.run(lambda: self.proc.stdout.read().decode(errors="replace"))
         self.proc.wait()
@@ -165,14 +222,15 @@ class _Worker:
 
 
 def _worker_main() -> int:
-    names, calls, device, libraries, _ = pickle.loads(sys.stdin.buffer.read())
+    names, calls, device, libraries, saved = pickle.loads(sys.stdin.buffer.read())
     device = torch.device(device)
     module = _module(names, calls, device)
     try:
-        bridge.session(device).load_all(module, custom_extensions=libraries)
+        compiled = bridge.session(device).compile(module, custom_extensions=libraries)
     except RuntimeError as e:
         print(str(e.__cause__ or e))
         return WORKER_FAILED
+    _save(compiled, saved)
     return 0
 
 
