@@ -59,7 +59,7 @@ class P22Kernels:
 
     def calls(self, skip: frozenset[str] = frozenset()) -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
         """(op, input dtypes) of every op but those named in ``skip``: what ``together.load_groups`` builds in one
-        MAX compile per device (about 10 s on a 2-core CPU for all six, against about 8 s for each alone)."""
+        MAX compile per device (a compile's fixed cost is most of it: six ops in one cost about what one does)."""
         return [(op, (torch.float32,) * len(op.inputs)) for op in self.all_ops() if op.name not in skip]
 
     def fused_op(self, variant: str = "tiled") -> GraphOp:

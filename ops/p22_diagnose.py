@@ -2,7 +2,7 @@
 
 ``mojo precompile`` reports parse and type errors with file:line:col. Errors that Mojo finds only when it builds
 a kernel for a device (a SIMD width that is not a power of two, say) come out of MAX with no location at all; a
-small harness that instantiates every kernel function of the package with ``mojo build`` (about 2 s) finds them
+small harness that instantiates every kernel function of the package with ``mojo build`` (seconds) finds them
 with their location. Each error is mapped to the fill-in region (or the function) it sits in, and to the ops that
 cannot be built while it stands: the ops registered in its file and in every file that imports from it.
 """

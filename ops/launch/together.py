@@ -1,15 +1,14 @@
 """Many MAX graphs compiled at once: one module per package and device, new modules in parallel processes.
 
-A MAX compile has a large fixed cost (about 8 s on a 2-core CPU even for a one-add graph; 10 s for a one-op GPU
-graph on the H200's host), so ``load_groups`` puts each group's graphs (one per op, called alone as
-``bridge.load_model``'s) into one ``max.graph.Module``: a six-op module compiles in about 10 s and loads from
-MAX's cache in milliseconds. MAX compiles one module at a time per process (two in threads: 18 s against 8 + 14 s
-apart), so when several modules are new, all but the first compile in worker processes of their own.
+A MAX compile has a large fixed cost, even for a one-add graph, so ``load_groups`` puts each group's graphs (one
+per op, each called alone as ``bridge.load_model``'s) into one ``max.graph.Module``: six ops cost about what one
+does. MAX compiles one module at a time per process (two in threads overlap little), so when several modules are
+new, all but the first compile in worker processes of their own. docs/learner_loop.md has the measurements.
 
 Each compiled module is saved as a MEF file in the project's cache (``modules/``, named by its ops' content keys,
 MAX's version and the GPU's compute capability), published by an atomic rename with its SHA-256 beside it. A
-rerun loads it in milliseconds (building the graphs again to find them in MAX's cache took 0.7 s a module);
-one that does not verify or load is removed and rebuilt, with a line saying so.
+rerun loads it in milliseconds instead of building its graphs again to find them in MAX's cache; one that does
+not verify or load is removed and rebuilt, with a line saying so.
 """
 
 from __future__ import annotations
