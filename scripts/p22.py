@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if build_reported([(k, dev) for dev in devices], partial=False):
         return EXIT_COMPILE
-    print(f"  library loaded: {bridge.compile_count} models compiled in {time.perf_counter() - t0:.1f} s")
+    print(f"  library loaded: {bridge.compile_count} models in {time.perf_counter() - t0:.1f} s")
     ok = report_correctness(k, modes, args, devices)
     print(f"\nSummary: {'all results correct' if ok else 'SOME RESULTS ARE WRONG'}")
     if ok and not args.no_bench:

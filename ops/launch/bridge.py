@@ -161,6 +161,8 @@ def _hash_sources(package: Path) -> str:
 
 
 def cache_dir() -> Path:
+    """The project's build cache (packages, PTX, the C++ launcher, saved modules): ``OPS_CACHE_DIR``, else a
+    folder of this user's in the system's temporary directory."""
     base = os.environ.get("OPS_CACHE_DIR") or Path(tempfile.gettempdir()) / f"ops_cache_{os.getuid()}"
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True)
@@ -300,7 +302,7 @@ def _device_ref(kind: str, index: int) -> Any:
 
 _models: dict[tuple, Any] = {}
 models_lock = threading.Lock()   # held while this process compiles or loads a model
-compile_count = 0  # graphs compiled by this process (tests check reuse)
+compile_count = 0  # graphs compiled or loaded by this process (tests check reuse)
 _generation = 0  # bumped by clear_caches(): invalidates every GraphOp memo
 
 
@@ -326,7 +328,7 @@ def build_multi_graph(name: str, calls: Sequence[tuple[GraphOp, Sequence[torch.d
     Compiling a graph costs mostly a fixed overhead, so checking many ops in
     one graph is several times cheaper than one graph each. Dims are
     namespaced per call when there are several. With ``module`` (a
-    ``max.graph.Module``) the graph is added to it, for ``load_together``.
+    ``max.graph.Module``) the graph is added to it (``ops/launch/together.py``).
     """
     from max.graph import BufferType, Graph, TensorType, ops
 

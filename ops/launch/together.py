@@ -34,24 +34,13 @@ WORKER_FAILED = 3   # a worker's exit code when its module does not compile (its
 KEEP_SAVED = 200    # saved modules kept, the least recently used removed past it (each edit of a kernel adds one)
 
 
-def load_together(calls: Calls, device: torch.device, label: str) -> int:
-    """Compile every (op, input dtypes) of ``calls`` not yet loaded for ``device`` in one MAX compile.
-
-    Returns:
-        How many graphs it compiled (or loaded from MAX's cache); 0 when all were loaded already.
-
-    Raises:
-        MojoCompileError: the package or any graph does not compile (``log``: the compiler's messages).
-    """
-    (done,) = load_groups([(calls, device, label)])
-    if isinstance(done, MojoCompileError):
-        raise done
-    return done
-
-
 def load_groups(groups: Sequence[tuple[Calls, torch.device, str]]) -> list[int | MojoCompileError]:
-    """``load_together`` for each (calls, device, label) of ``groups``, under one progress line; the new modules
-    compile in parallel processes. Groups whose packages are alike to the byte share one compile.
+    """Compile, or load saved, every (op, input dtypes) of each group's calls not yet loaded for its device: one
+    MAX module per group, the new ones in parallel processes, under one progress line showing the labels. Groups
+    whose packages are alike to the byte share one compile.
+
+    Args:
+        groups: (calls, device, label) per group: calls are (op, input dtypes); label names it on the line.
 
     Returns:
         Per group, how many graphs it compiled, or the MojoCompileError that stopped it (the others go on).
