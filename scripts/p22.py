@@ -25,9 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ops.launch import packages  # noqa: E402  (no torch)
+
+if __name__ == "__main__":   # the puzzle's packages precompile while torch loads (seconds on a slow host)
+    packages.precompile_soon(ROOT / "problems", ROOT / "solutions")
+
 import torch  # noqa: E402
 
 from ops.launch import bridge, progress, together  # noqa: E402
+from ops.launch.packages import MojoCompileError  # noqa: E402
 from ops.p22 import (  # noqa: E402
     PROBLEMS,
     SOLUTIONS,
@@ -286,7 +292,7 @@ def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tu
     (``--check``) the package's other ops are built without them, so that they can still be checked.
     """
     done = together.load_groups([(k.calls(), torch.device(dev), _label(k, dev)) for k, dev in jobs])
-    failed = [(k, dev, e) for (k, dev), e in zip(jobs, done, strict=True) if isinstance(e, bridge.MojoCompileError)]
+    failed = [(k, dev, e) for (k, dev), e in zip(jobs, done, strict=True) if isinstance(e, MojoCompileError)]
     unbuilt, reports = {}, []
     for k, dev, e in failed:
         kind = bridge.device_kind(torch.device(dev))
@@ -300,7 +306,7 @@ def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tu
         again = together.load_groups([(k.calls(unbuilt[(k.package, dev)]), torch.device(dev),
                                      _label(k, dev) + " without those") for k, dev in rest])
         for (k, dev), e in zip(rest, again, strict=True):
-            if isinstance(e, bridge.MojoCompileError):
+            if isinstance(e, MojoCompileError):
                 unbuilt[(k.package, dev)] = frozenset(op.name for op in k.all_ops())
     for k, dev, problems in reports:
         print_compile_problems(k.package, bridge.device_kind(torch.device(dev)), problems, unbuilt[(k.package, dev)])

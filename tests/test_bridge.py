@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.launch import bridge
+from ops.launch import bridge, packages
 from ops.p22 import SOLUTIONS, P22Kernels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,11 +88,11 @@ def test_derived_cache_single_source() -> None:
 def test_package_digest_follows_content(tmp_path: Path) -> None:
     pkg = tmp_path / "op"
     shutil.copytree(SOLUTIONS, pkg)
-    d1 = bridge.package_digest(pkg)
+    d1 = packages.package_digest(pkg)
     (pkg / "bias_add.mojo").write_text((pkg / "bias_add.mojo").read_text() + "\n# edit\n")
-    assert bridge.package_digest(pkg) == d1  # memoised within the process ...
+    assert packages.package_digest(pkg) == d1  # memoised within the process ...
     bridge.clear_caches()
-    assert bridge.package_digest(pkg) != d1  # ... and re-read after a reset
+    assert packages.package_digest(pkg) != d1  # ... and re-read after a reset
 
 
 def test_compile_error_is_reported(tmp_path: Path) -> None:
@@ -100,8 +100,24 @@ def test_compile_error_is_reported(tmp_path: Path) -> None:
     shutil.copytree(SOLUTIONS, pkg)
     (pkg / "bias_add.mojo").write_text((pkg / "bias_add.mojo").read_text().replace("comptime BIAS_BLOCK = 256",
                                                                                   "comptime BIAS_BLOCK = oops"))
-    with pytest.raises(bridge.MojoCompileError, match="oops"):
-        bridge.compile_package(pkg)
+    with pytest.raises(packages.MojoCompileError, match="oops"):
+        packages.compile_package(pkg)
+
+
+def test_precompile_soon_builds_and_leaves_errors_to_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner starts its packages precompiling while torch loads: a good one is built and found; a broken one
+    raises where it is needed, not in the thread."""
+    monkeypatch.setenv("OPS_CACHE_DIR", str(tmp_path / "cache"))
+    good, bad = tmp_path / "good" / "op", tmp_path / "bad" / "op"
+    shutil.copytree(SOLUTIONS, good)
+    shutil.copytree(SOLUTIONS, bad)
+    (bad / "bias_add.mojo").write_text((bad / "bias_add.mojo").read_text() + "\noops here\n")
+    packages.precompile_soon(tmp_path / "good", tmp_path / "bad").join(timeout=120)
+    built = tmp_path / "cache" / packages.package_digest(good) / "op.mojoc"
+    assert built.is_file() and packages.compile_package(good) == built
+    assert not (tmp_path / "cache" / packages.package_digest(bad)).exists()
+    with pytest.raises(packages.MojoCompileError, match="oops"):
+        packages.compile_package(bad)
 
 
 @pytest.mark.gpu

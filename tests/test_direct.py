@@ -11,7 +11,7 @@ import torch
 
 from ops import layernorm_config as config
 from ops import layernorm_linear_config as lnl_config
-from ops.launch import bridge, direct
+from ops.launch import bridge, direct, packages
 from ops.timing import captured, kernel_times
 
 SPEC = config.reduce_spec(torch.float32, 768)
@@ -21,9 +21,9 @@ SPEC = config.reduce_spec(torch.float32, 768)
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh cache directory (and fresh source digests) for this test."""
     monkeypatch.setenv("OPS_CACHE_DIR", str(tmp_path / "cache"))
-    bridge._digests.clear()
+    packages.forget_digests()
     yield tmp_path / "cache"
-    bridge._digests.clear()
+    packages.forget_digests()
 
 
 def test_build_writes_ptx_once(cache: Path) -> None:
@@ -46,7 +46,7 @@ def test_edited_kernel_is_rebuilt(cache: Path, tmp_path: Path, monkeypatch: pyte
     before = direct.ptx_dir("H100")
     src = package / "layernorm.mojo"
     src.write_text(src.read_text() + "\n# edited\n")
-    bridge._digests.clear()
+    packages.forget_digests()
     assert direct.ptx_dir("H100") != before
     assert direct.build([SPEC], "H100", quiet=True) == 1
 

@@ -23,22 +23,20 @@ results/bench_dispatch.md).
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
 import sys
-import tempfile
 import threading
-import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ops.launch.packages import built_once, compile_package, forget_digests, package_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "ops" / "kernels"
@@ -130,125 +128,6 @@ class GraphOp:
 # Tests and the puzzle checker turn this on: every output starts as NaN, so an
 # element a kernel forgot to write can never pass a comparison.
 poison_outputs = os.environ.get("OPS_POISON", "") == "1"
-
-
-# --------------------------------------------------------------------------
-# Packages: precompile once per content digest.
-# --------------------------------------------------------------------------
-
-_digests: dict[Path, str] = {}
-
-
-def package_digest(package: Path) -> str:
-    """SHA-256 over the relative paths and bytes of every .mojo file in ``package``.
-
-    Memoised per process (the hot path must not re-read sources on every
-    call); ``clear_caches()`` forgets it, and every new process re-reads.
-    """
-    package = Path(package)
-    digest = _digests.get(package)
-    if digest is None:
-        digest = _digests[package] = _hash_sources(package)
-    return digest
-
-
-def _hash_sources(package: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(package.rglob("*.mojo")):
-        h.update(str(f.relative_to(package)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:20]
-
-
-def cache_dir() -> Path:
-    """The project's build cache (packages, PTX, the C++ launcher, saved modules): ``OPS_CACHE_DIR``, else a
-    folder of this user's in the system's temporary directory."""
-    base = os.environ.get("OPS_CACHE_DIR") or Path(tempfile.gettempdir()) / f"ops_cache_{os.getuid()}"
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@contextmanager
-def built_once(name: str) -> Iterator[None]:
-    """Hold the cache's lock named ``name`` while building the thing it names, and log the build's time.
-
-    Processes that share the cache (pytest-xdist workers, the ranks of one host) then build each package,
-    graph or library once: the others wait, and find it in the cache (the graph in MAX's own, ~/.cache/modular)
-    at a few seconds' cost instead of compiling it again at the same time. Where ``OPS_COMPILE_LOG`` names a
-    file, each build appends a line to it: pid, seconds waited, seconds held, name (``scripts/gpu_check.sh``
-    sums it up).
-    """
-    import fcntl
-
-    locks = cache_dir() / "locks"
-    locks.mkdir(exist_ok=True)
-    start = time.perf_counter()
-    with open(locks / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)   # released when f closes
-        held = time.perf_counter()
-        yield
-        if log := os.environ.get("OPS_COMPILE_LOG"):
-            now = time.perf_counter()
-            with open(log, "a") as out:
-                out.write(f"{os.getpid()}\t{held - start:.1f}\t{now - held:.1f}\t{name}\n")
-
-
-def built_file(path: Path, name: str, make: Callable[[], None]) -> Path:
-    """``path``, made by ``make`` under the cache's lock ``name`` (``built_once``) unless it is there already or
-    another process made it while this one waited for the lock."""
-    if not path.is_file():
-        with built_once(name):
-            if not path.is_file():
-                make()
-    return path
-
-
-def compile_package(package: Path) -> Path:
-    """Return a ``.mojoc`` built from ``package`` as it is on disk now.
-
-    The file lives under a directory named by the content digest, so an
-    edited kernel never reuses an old build and an unchanged one is built once
-    per machine (not once per graph, as MAX does for source directories).
-    """
-    package = Path(package).resolve()
-    if not (package / "__init__.mojo").is_file():
-        raise ValueError(f"package: {package} is not a Mojo package (no __init__.mojo)")
-    digest = package_digest(package)
-    final = cache_dir() / digest / f"{package.name}.mojoc"
-    return built_file(final, f"package {final}", lambda: _precompile(package, final, digest))
-
-
-def _precompile(package: Path, final: Path, digest: str) -> None:
-    """``mojo precompile package`` into ``final``, published by an atomic rename."""
-    from mojo.run import subprocess_run_mojo
-
-    # The compiler bakes the file stem in as the module name, so the staging
-    # copy must already carry the final file name; publish by atomic rename.
-    staging = cache_dir() / f".staging-{digest}-{os.getpid()}"
-    staging.mkdir(parents=True, exist_ok=True)
-    built = staging / final.name
-    proc = subprocess_run_mojo(["precompile", str(package), "-o", str(built)],
-                               capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise MojoCompileError(f"mojo precompile {package} failed:\n{proc.stdout}{proc.stderr}",
-                               log=proc.stdout + proc.stderr, stage="package")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(built, final)
-    staging.rmdir()
-
-
-class MojoCompileError(RuntimeError):
-    """A Mojo package or graph failed to compile.
-
-    ``log`` holds the compiler's own messages; ``stage`` is "package" when the package itself does not compile
-    (``mojo precompile``: nothing in it can be built), "graph" when a graph of its ops does not.
-    """
-
-    def __init__(self, message: str, log: str = "", stage: str = "graph") -> None:
-        super().__init__(message)
-        self.log = log or message
-        self.stage = stage
 
 
 # --------------------------------------------------------------------------
@@ -607,5 +486,5 @@ def clear_caches() -> None:
     _generation += 1
     with models_lock:
         _models.clear()
-    _digests.clear()
+    forget_digests()
     weight_cache.clear()

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from ops.launch.bridge import LIBRARY, MojoCompileError, built_file, built_once, cache_dir, package_digest
+from ops.launch.bridge import LIBRARY
+from ops.launch.packages import MojoCompileError, built_file, built_once, cache_dir, package_digest
 
 # CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
 TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),

@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from ops.launch import bridge, progress
-from ops.launch.bridge import GraphOp, MojoCompileError
+from ops.launch import bridge, packages, progress
+from ops.launch.bridge import GraphOp
+from ops.launch.packages import MojoCompileError
 
 Calls = Sequence[tuple[GraphOp, tuple[torch.dtype, ...]]]
 WORKER_FAILED = 3   # a worker's exit code when its module does not compile (its log on stdout)
@@ -52,7 +53,7 @@ def load_groups(groups: Sequence[tuple[Calls, torch.device, str]]) -> list[int |
     if busy:
         with bridge.models_lock, ExitStack() as locks, progress.building(", ".join(p.label for p in busy)) as b:
             for plan in busy:
-                locks.enter_context(bridge.built_once(f"module {plan.keys}"))
+                locks.enter_context(packages.built_once(f"module {plan.keys}"))
             _build(busy, results, b)
     for plan in plans:   # a group whose graphs another built shares that one's failure
         errors = [results[j] for j in plan.borrowed(owner) if isinstance(results[j], MojoCompileError)]
@@ -70,7 +71,7 @@ def _build(busy: list[_Plan], results: list[int | MojoCompileError], build: prog
             results[plan.me] = len(plan.todo)
             continue
         try:
-            plan.libraries = [build.run(lambda p=p: bridge.compile_package(p)) for p in plan.packages]
+            plan.libraries = [build.run(lambda p=p: packages.compile_package(p)) for p in plan.packages]
             new.append(plan)
         except MojoCompileError as e:   # the package itself does not compile
             results[plan.me] = e
@@ -150,7 +151,7 @@ def _saved_path(names: Sequence[str], keys: Sequence[tuple], device: torch.devic
     """Where the module of these graphs is saved: named by their keys, MAX's version and the GPU's capability."""
     gpu = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     what = repr((list(names), list(keys), importlib.metadata.version("max"), gpu))
-    return bridge.cache_dir() / "modules" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.mef"
+    return packages.cache_dir() / "modules" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.mef"
 
 
 def _save(compiled: Any, path: Path) -> None:
