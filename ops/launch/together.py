@@ -3,7 +3,7 @@
 A MAX compile has a large fixed cost, even for a one-add graph, so ``load_groups`` puts each group's graphs (one
 per op, each called alone as ``bridge.load_model``'s) into one ``max.graph.Module``: six ops cost about what one
 does. MAX compiles one module at a time per process (two in threads overlap little), so when several modules are
-new, all but the first compile in worker processes of their own. docs/learner_loop.md has the measurements.
+new, all but the first compile in worker processes of their own (docs/learner_loop.md says why).
 
 Each compiled module is saved as a MEF file in the project's cache (``modules/``, named by its ops' content keys,
 MAX's version and the GPU's compute capability), published by an atomic rename with its SHA-256 beside it. A
