@@ -80,8 +80,17 @@ from ops.validate import INT32_MAX, as_size, check_grad, check_int32_rows, check
 __all__ = ["ALGOS", "FusedLayerNormLinear", "layernorm_linear", "layernorm_linear_bwd", "layernorm_linear_fwd"]
 
 DTYPES = layernorm.DTYPES
-ALGOS = ("auto", "fused", "sm90", "unfused")
-ALGO_IDS = {a: i for i, a in enumerate(ALGOS)}   # the C++ entry's algo argument
+ALGOS, ALGO_IDS = config.ALGOS, config.ALGO_IDS   # public here: the API takes algo= by these names
+
+
+def _configure_native(native: object) -> None:
+    """This op's tuning of the C++ side's GEMMs and capture streams, handed over when the C++ entries load."""
+    native.set_gemm_tuning(config.LT_NO_WORKSPACE_MAX_K_PER_N)
+    native.set_capture_overlap(config.CAPTURED_WEIGHT_GRADS_BESIDE)
+    native.set_accumulate_beside(config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS)
+
+
+direct.on_native_load(_configure_native)   # every C++ GEMM call comes through this module, so it is set first
 
 
 @cache

@@ -20,6 +20,8 @@ import torch
 from ops.launch.direct import KernelSpec
 
 MODULE, SM90_MODULE = "layernorm_linear", "layernorm_linear_sm90"
+ALGOS = ("auto", "fused", "sm90", "unfused")   # the op's algo argument: auto picks; the others force a route
+ALGO_IDS = {a: i for i, a in enumerate(ALGOS)}   # the C++ entry's algo argument
 VECTOR_BYTES = 16   # ALIGN: one vector load
 
 # ops/kernels/layernorm_linear.mojo

@@ -54,11 +54,9 @@ def _unfused_in_place_of(graph: fx.Graph, source: fx.Node) -> tuple | None:
     """For ``mojo_direct.layernorm_linear_infer`` (the fused or Hopper forward auto picked) of 16-bit x with the
     default algo, under the default compiled LayerNorm (inductor's): ``(xn, W, b)``, with xn torch's ``layer_norm``
     of x inserted before ``source``; else None (an algo asked for by name, float32, or no metadata)."""
-    from ops.layernorm_linear import ALGO_IDS
-
     x, ln_weight, ln_bias, weight, bias, eps, algo = source.args
     value = x.meta.get("example_value") if isinstance(x, fx.Node) else None
-    if (algo != ALGO_IDS["auto"] or layernorm_config.COMPILED_LAYERNORM != "inductor"
+    if (algo != config.ALGO_IDS["auto"] or layernorm_config.COMPILED_LAYERNORM != "inductor"
             or getattr(value, "dtype", None) not in (torch.float16, torch.bfloat16)):
         return None
     with graph.inserting_before(source):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from ops import layernorm_config as config
 from ops import layernorm_linear_config as lnl_config
 from ops.launch import bridge, direct, packages
 from ops.timing import captured, kernel_times
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SPEC = config.reduce_spec(torch.float32, 768)
 
@@ -121,6 +125,45 @@ def test_argument_layout() -> None:
 
 
 # ---------------------------------------------------------------- the C++ entries (ops/launch/direct.cpp)
+
+class _Recorder:
+    """Stands in for torch.ops.mojo_direct: records each setter's call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return lambda value: self.calls.append((name, value))
+
+
+def test_on_native_load_runs_at_loading_or_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook given before the C++ entries load runs when they do; one given after, at once."""
+    monkeypatch.setattr(direct, "_on_load", [])
+    monkeypatch.setattr(direct.NATIVE, "ops", None)
+    seen: list[object] = []
+    direct.on_native_load(seen.append)
+    assert seen == [] and direct._on_load == [seen.append]
+    fake = _Recorder()
+    monkeypatch.setattr(direct.NATIVE, "ops", fake)
+    direct.on_native_load(seen.append)
+    assert seen == [fake]
+
+
+def test_layernorm_linear_hands_its_tuning_to_the_cpp_side() -> None:
+    """ops.layernorm_linear registers its tuning of the C++ GEMMs when imported (checked in a fresh interpreter,
+    before anything loads the C++ entries), with its config's values."""
+    from ops import layernorm_linear as LL
+
+    code = ("from ops import layernorm_linear as LL; from ops.launch import direct;"
+            "print(direct.NATIVE.ops is None and LL._configure_native in direct._on_load)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stdout + out.stderr
+    fake = _Recorder()
+    LL._configure_native(fake)
+    assert fake.calls == [("set_gemm_tuning", lnl_config.LT_NO_WORKSPACE_MAX_K_PER_N),
+                          ("set_capture_overlap", lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE),
+                          ("set_accumulate_beside", lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS)]
+
 
 def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     """The C++ library builds against the installed torch (CI has a compiler) and loads; its entries return None

@@ -7,7 +7,7 @@ This module:
   ``KernelSpec``) to PTX for the GPU's architecture with ``std.compile.compile_info`` in one
   ``mojo run`` per batch, into a cache keyed by the kernel package's content digest, the Mojo version and
   the target (an edited kernel is never stale); built lazily on first use with a progress line, or up front
-  by ``poe build-kernels`` (``python -m ops.launch.direct``), on any machine, GPU or not;
+  by ``poe build-kernels`` (``python -m ops.build_kernels``), on any machine, GPU or not;
 * loads it with NVIDIA's ``cuda-core`` (``ObjectCode.from_ptx``) once per device;
 * launches it with ``cuda-bindings``' ``cuLaunchKernel`` on ``torch.cuda.current_stream()`` (so it is
   ordered with torch's work and captured by ``torch.cuda.graph``), its arguments packed into one reused
@@ -419,11 +419,8 @@ def load_native() -> NativeOps:
         from ops.launch import bridge
 
         ops.set_poison(bool(bridge.poison_outputs))
-        from ops import layernorm_linear_config
-
-        ops.set_gemm_tuning(layernorm_linear_config.LT_NO_WORKSPACE_MAX_K_PER_N)
-        ops.set_capture_overlap(layernorm_linear_config.CAPTURED_WEIGHT_GRADS_BESIDE)
-        ops.set_accumulate_beside(layernorm_linear_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS)
+        for configure in _on_load:   # the ops' tuning of the C++ side (on_native_load)
+            configure(ops)
         # the overloads' own callables: no OpOverload.__call__ frame per call
         NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
         NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
@@ -436,6 +433,19 @@ def load_native() -> NativeOps:
         NATIVE.linear = getattr(ops.linear.default, "_op", ops.linear.default)
         NATIVE.linear_grads = getattr(ops.linear_grads.default, "_op", ops.linear_grads.default)
     return NATIVE
+
+
+_on_load: list[Callable[[object], None]] = []
+
+
+def on_native_load(configure: Callable[[object], None]) -> None:
+    """Call ``configure(torch.ops.mojo_direct)`` once the C++ entries are loaded, or now if they are: how an op
+    module hands its tuning to the C++ side (the op imports this module, never the other way round)."""
+    with _build_lock:
+        if NATIVE.ops is None:
+            _on_load.append(configure)
+            return
+    configure(NATIVE.ops)
 
 
 PLANS_MAX = 4096   # plans kept per table (a model with ever new shapes must not grow them without end)
@@ -512,24 +522,3 @@ def launches(x: torch.Tensor) -> bool:
     return x.is_cuda and not torch.compiler.is_compiling() and available(x.device)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``poe build-kernels``: compile every instantiation the ops launch by default, for a target."""
-    import argparse
-
-    from ops import layernorm_config, layernorm_linear_config
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--target", default="H100", choices=[t for t, _ in TARGETS.values()])
-    a = p.parse_args(argv)
-    specs = layernorm_config.all_specs() + layernorm_linear_config.all_specs()
-    built = build(specs, a.target)
-    print(f"{len(specs)} kernels for {a.target}: {built} built, {len(specs) - built} cached, in {ptx_dir(a.target)}")
-    try:
-        print(f"C++ launcher: {build_native()}")
-    except NativeBuildError as e:
-        print(f"C++ launcher not built (calls take the Python route): {e}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
