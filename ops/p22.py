@@ -57,6 +57,10 @@ class P22Kernels:
         """Every op of the package: LayerNorm, transpose, matmul, bias-add, fused tiled, fused naive."""
         return [self.layernorm, self.transpose, self.matmul, self.bias_add, *self._fused.values()]
 
+    def op_names(self) -> frozenset[str]:
+        """The registered names of every op of the package."""
+        return frozenset(op.name for op in self.all_ops())
+
     def calls(self, skip: frozenset[str] = frozenset()) -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
         """(op, input dtypes) of every op but those named in ``skip``: what ``together.load_groups`` builds in one
         MAX compile per device (a compile's fixed cost is most of it: six ops in one cost about what one does)."""

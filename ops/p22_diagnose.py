@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.skeleton import regions_in
+from ops.skeleton import parse
 
 # file:line:col: error: message   (mojo's own format; a relative or an absolute path)
 _ERROR = re.compile(r"^(?P<path>[^:\n]+\.mojo):(?P<line>\d+):(?P<col>\d+): error: (?P<msg>.+)$", re.M)
@@ -105,10 +105,11 @@ def region_of(problem: CompileProblem) -> str:
     """The fill-in region's label (``[row_stats_cpu]``) holding the error, else the function's name around it."""
     if problem.path is None or not problem.path.is_file():
         return "unknown"
-    for path, reg in regions_in(problem.path.parent):
-        if path == problem.path and reg.start < problem.line < reg.end:
+    text = problem.path.read_text()
+    for reg in parse(text, str(problem.path))[1]:
+        if reg.start < problem.line < reg.end:
             return f"[{reg.label}]"
-    lines = problem.path.read_text().splitlines()[:problem.line]
+    lines = text.splitlines()[:problem.line]
     for text in reversed(lines):
         if m := _DEF.match(text):
             return m["name"]

@@ -297,17 +297,17 @@ def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tu
     for k, dev, e in failed:
         kind = bridge.device_kind(torch.device(dev))
         problems = parse_errors(e.log) or harness_errors(k.package, kind) or unlocated(e.log)
-        every = frozenset(op.name for op in k.all_ops())
+        every = k.op_names()
         broken = every if e.stage == "package" else frozenset(ops_broken_by(k.package, problems)) & every
         unbuilt[(k.package, dev)] = broken
         reports.append((k, dev, problems))
     if partial:   # the ops the errors leave alone, so that --check reports every kernel it could build
-        rest = [(k, dev) for k, dev, _ in failed if unbuilt[(k.package, dev)] != {op.name for op in k.all_ops()}]
+        rest = [(k, dev) for k, dev, _ in failed if unbuilt[(k.package, dev)] != k.op_names()]
         again = together.load_groups([(k.calls(unbuilt[(k.package, dev)]), torch.device(dev),
                                      _label(k, dev) + " without those") for k, dev in rest])
         for (k, dev), e in zip(rest, again, strict=True):
             if isinstance(e, MojoCompileError):
-                unbuilt[(k.package, dev)] = frozenset(op.name for op in k.all_ops())
+                unbuilt[(k.package, dev)] = k.op_names()
     for k, dev, problems in reports:
         print_compile_problems(k.package, bridge.device_kind(torch.device(dev)), problems, unbuilt[(k.package, dev)])
     return unbuilt

@@ -27,12 +27,6 @@ def enable(stream: TextIO | None = None) -> None:
     _stream = stream or sys.stderr
 
 
-def disable() -> None:
-    """Stop reporting builds (the library's default)."""
-    global _stream
-    _stream = None
-
-
 class building:
     """``with building(label) as b: b.run(work)``: ``building <label> ... N s`` shown while the block runs past
     ``QUIET_S``, its time counted from the block's start, and a last line when it ends.

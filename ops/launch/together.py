@@ -94,10 +94,11 @@ class _Plan:
         self.device, self.kind = device, bridge.device_kind(device)
         self.label, self.me = label, me
         self.wanted = [bridge.model_key(op, tuple(dt), device) for op, dt in calls]
-        self.todo = [(op, tuple(dt)) for (op, dt), key in zip(calls, self.wanted, strict=True)
-                     if not bridge.loaded(key) and owner.setdefault(key, me) == me]
+        mine = [((op, tuple(dt)), key) for (op, dt), key in zip(calls, self.wanted, strict=True)
+                if not bridge.loaded(key) and owner.setdefault(key, me) == me]
+        self.todo = [call for call, _ in mine]
+        self.keys = [key for _, key in mine]
         self.names = [f"{op.name}_{i}" for i, (op, _) in enumerate(self.todo)]
-        self.keys = [bridge.model_key(op, dt, device) for op, dt in self.todo]
         self.packages = sorted({op.package for op, _ in self.todo})
         self.libraries: list[Path] = []
         self.saved = _saved_path(self.names, self.keys, device)
@@ -217,7 +218,7 @@ def _worker_main() -> int:
     try:
         compiled = bridge.session(device).compile(module, custom_extensions=libraries)
     except RuntimeError as e:
-        print(str(e.__cause__ or e))
+        print(_compile_error("", e).log)
         return WORKER_FAILED
     _save(compiled, saved)
     return 0
