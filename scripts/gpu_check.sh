@@ -42,6 +42,11 @@
 #   sanitize    compute-sanitizer memcheck + racecheck over every kernel -> sanitizer.txt
 #
 #   . /opt/maxsite/env.sh && bash scripts/gpu_check.sh [step...]
+#
+# Build the PTX ahead on the CPU machine and bring it along, or the GPU workers build it kernel by kernel and
+# the suite runs past 10 minutes: OPS_CACHE_DIR=$PWD/build/ops_cache poe build-kernels (30 s), then carry
+# build/ops_cache and export the same OPS_CACHE_DIR there. OpInfo tests need expecttest in torch's own
+# environment: python -m pip install expecttest-*.whl.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT_DIR:-results}"
