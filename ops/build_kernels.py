@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from ops import layernorm_config, layernorm_linear_config
 from ops.launch import direct
+from ops.layernorm import config as layernorm_config
+from ops.layernorm_linear import config as layernorm_linear_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,9 +23,10 @@ from ops.launch.bridge import GraphOp
 
 def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
     """Every (op, input dtypes) the project ships: the p22 problems and solutions, the library."""
-    from ops import layernorm, layernorm_linear
-    from ops import layernorm_config as ln_config
     from ops.dispatch import SIZES, dispatch_op
+    from ops.layernorm import config as ln_config
+    from ops.layernorm import launch as ln_launch
+    from ops.layernorm_linear import launch as lnl_launch
     from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels
 
     found = []
@@ -35,18 +36,18 @@ def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
             found.append((op, (torch.float32,) * len(op.inputs)))
     found += [(dispatch_op(n), (torch.float32,) * n) for n in SIZES]
     f32 = torch.float32
-    for dtype in layernorm.DTYPES:
+    for dtype in ln_config.DTYPES:
         # every forward kernel kind (register, cluster, loop, and the progression's), every backward one
         fwd = {ln_config.fwd_launch(rows, h, dtype, vec_ok, variant) for rows, h, vec_ok in
                ((4096, 768, True), (1, 65536, True), (4096, 770, False)) for variant in ln_config.VARIANTS}
         bwd = {ln_config.bwd_launch(1024, h, dtype, vec_ok) for h, vec_ok in ((768, True), (770, False))}
-        for act in layernorm.ACTIVATIONS:
-            found += [(layernorm.fwd_op(act, 1e-5, launch), (dtype, dtype, dtype)) for launch in fwd]
-            found += [(layernorm.bwd_op(act, launch), (dtype, dtype, dtype, dtype, f32, f32)) for launch in bwd]
-        found.append((layernorm_linear.fwd_op(1e-5), (dtype,) * 5 + (torch.int32,)))
-        found.append((layernorm_linear.fold_op(), (dtype,) * 4))
+        for act in ln_config.ACTIVATIONS:
+            found += [(ln_launch.fwd_op(act, 1e-5, launch), (dtype, dtype, dtype)) for launch in fwd]
+            found += [(ln_launch.bwd_op(act, launch), (dtype, dtype, dtype, dtype, f32, f32)) for launch in bwd]
+        found.append((lnl_launch.fwd_op(1e-5), (dtype,) * 5 + (torch.int32,)))
+        found.append((lnl_launch.fold_op(), (dtype,) * 4))
     bf16 = torch.bfloat16
-    found.append((layernorm_linear.sm90_op(1e-5), (bf16,) * 5))   # the Hopper kernel: bf16 only
+    found.append((lnl_launch.sm90_op(1e-5), (bf16,) * 5))   # the Hopper kernel: bf16 only
     return found
 
 

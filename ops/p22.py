@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from ops.inputs import check_same, check_size, check_tensor
 from ops.launch.bridge import ROOT, GraphOp, Out
 from ops.reference import layernorm_linear_ref, layernorm_ref
-from ops.validate import check_same, check_size, check_tensor
 
 PROBLEMS = ROOT / "problems" / "p22" / "op"
 SOLUTIONS = ROOT / "solutions" / "p22" / "op"

@@ -9,7 +9,7 @@ for each forward row of ours in results/bench_layernorm.csv, the kernel that row
 launched it and as the working tree does run in one process on one GPU, on inputs rotated past the L2 cache as
 the benchmark's (each call the next set), the calls in the order old, new, new, old, ... in one CUPTI session.
 So the ratio is the code's, not the machine's. ``--build`` records each side's launch (its own
-``layernorm_config`` at that revision) and PTX; the GPU run needs neither Mojo nor MAX.
+``layernorm.config`` at that revision) and PTX; the GPU run needs neither Mojo nor MAX.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ FIELDS = ("kind", "impl", "dtype", "M", "H", "old_kernel", "new_kernel", "same_p
 # Run in a revision's tree (cwd and PYTHONPATH): its launch of each row and its PTX (built if missing), as JSON.
 LAUNCHES = """
 import json, sys, torch
-from ops import layernorm_config as C
+from ops.layernorm import config as C
 try:   # the layout before issue 35 first: the editable install finds ops.launch from any tree
     from ops import direct
 except ImportError:

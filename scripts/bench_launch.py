@@ -36,7 +36,7 @@ def contenders(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> dict[str, o
     from cuda.core import LaunchConfig, Stream, launch
 
     rows, h = x.shape
-    launch_cfg = L.fwd_launch(x, w, b, "fast")
+    launch_cfg = L.launch.fwd_launch(x, w, b, "fast")
     kernel = direct.kernel(launch_cfg.spec(x.dtype, 0), 0)
     y = torch.empty_like(x)
     mean, rstd = torch.empty(2, rows, device=x.device).unbind(0)

@@ -40,8 +40,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
-from ops import layernorm_config as config  # noqa: E402
 from ops import timing  # noqa: E402
+from ops.layernorm import config as config  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
@@ -240,7 +240,7 @@ def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: flo
     """The backward's launch choices at each shape: each register configuration that holds the row
     (OPS_LN_BWD_CONFIG) at each count of row groups per SM (OPS_LN_BWD_PARTS), checked against the float64
     reference, then timed (CUPTI kernel time of the row-group and column-sum kernels; ``reduce_us``: the
-    column sums' share, by torch.profiler). ``default`` marks what ops/layernorm_config.py chooses; GB/s counts
+    column sums' share, by torch.profiler). ``default`` marks what ops/layernorm/config.py chooses; GB/s counts
     x, dy read and dx written."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = []
@@ -248,7 +248,7 @@ def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: flo
         sets = [(*s, *L.layernorm_fwd(*s[:3])[1:]) for s in input_sets(m, h, dtype, True)]
         x, w, b, dy, mean, rstd = sets[0]
         ref = layernorm_grads_ref(x, w, b, dy)
-        parts = L.bwd_parts(m, h, dtype, x.device)
+        parts = L.launch.bwd_parts(m, h, dtype, x.device)
         default, seen = (parts, config.bwd_launch(parts, h, dtype, True)), set()
         for per_sm in BWD_SWEEP_PER_SM:
             parts = min(m, per_sm * sms)

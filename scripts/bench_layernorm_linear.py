@@ -145,7 +145,7 @@ def bench_forward(dtype: torch.dtype, shapes: list[tuple[int, int, int]], with_c
 
 def fused_with(splits: int | None) -> Callable:
     def run(x, g, b, w, bias, dy=None):
-        return LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)[0]
+        return LL.launch.fused_fwd(x, g, b, w, bias, 1e-5, splits)[0]
     return run
 
 
@@ -153,7 +153,7 @@ def bench_splits(dtype: torch.dtype) -> list[dict]:
     """The fused kernel at each split count (and the count fused_splits picks) next to torch and unfused."""
     def contenders(sets: Sets) -> list[tuple[str, Callable]]:
         x, w = sets[0][0], sets[0][3]
-        picked = LL.fused_splits(x.shape[0], x.shape[1], w.shape[0], x.device, x.dtype)
+        picked = LL.launch.fused_splits(x.shape[0], x.shape[1], w.shape[0], x.device, x.dtype)
         return ([("torch", torch_eager), ("ours:unfused", ours("unfused")),
                  (f"ours:fused splits={picked} (picked)", fused_with(None))]
                 + [(f"ours:fused splits={s}", fused_with(s)) for s in SPLIT_COUNTS if s != picked])
@@ -190,7 +190,7 @@ def workspace_child(shapes: list[tuple[int, int, int]]) -> None:
 def bench_workspace(shapes: list[tuple[int, int, int]], quick: bool) -> list[dict]:
     """The unfused forward at each shape (TARGETS if ``quick``) under each of WORKSPACE_CAPS, one fresh process
     per cap."""
-    from ops import layernorm_linear_config as config
+    from ops.layernorm_linear import config as config
 
     times: dict[str, dict[tuple, dict]] = {}
     for cap, value in WORKSPACE_CAPS:
@@ -353,7 +353,7 @@ def main() -> int:
             "(scripts/bench_layernorm_linear.py --workspace)",
             "ours:unfused (our LayerNorm, then the GEMM by cuBLASLt with the bias in its epilogue), bfloat16, in one "
             "fresh process per workspace cap (OPS_LT_WORKSPACE): rule is the library's (no workspace where "
-            "K <= LT_NO_WORKSPACE_MAX_K_PER_N * N, ops/layernorm_linear_config.py; rule_picks says which), 32MiB "
+            "K <= LT_NO_WORKSPACE_MAX_K_PER_N * N, ops/layernorm_linear/config.py; rule_picks says which), 32MiB "
             "lets every algorithm take up to 32 MiB (the heuristics' first choice), none gives none. kernel_us: "
             "the call's kernels and memsets by CUPTI; pipe_us: pipelined time per call (as in "
             "bench_layernorm_linear.md).")

@@ -48,9 +48,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ops import layernorm_config, layernorm_linear_config  # noqa: E402
 from ops.layernorm import LayerNorm  # noqa: E402
+from ops.layernorm import config as layernorm_config  # noqa: E402
 from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
+from ops.layernorm_linear import config as layernorm_linear_config  # noqa: E402
 from ops.timing import (  # noqa: E402
     Pipelined,
     appended,
@@ -158,7 +159,7 @@ COMPILE_ABS = {
                                        ROOT / "results" / "bench_transformer_compiled_gelu",
                                        "GPT-2-small under torch.compile: the MLP's GELU in the GEMM's epilogue",
                                        "the MLP's tanh GELU inductor's, after our C++ Linear in inference and "
-                                       "torch's in training (the pass of ops/layernorm_linear_inductor.py off)"),
+                                       "torch's in training (the pass of ops/layernorm_linear/inductor.py off)"),
 }
 
 

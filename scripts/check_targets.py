@@ -31,7 +31,7 @@ from readme_tables import read  # noqa: E402
 from ops.timing import stamp_commit  # noqa: E402
 
 if TYPE_CHECKING:
-    from ops.layernorm_config import Launch
+    from ops.layernorm.config import Launch
 
 Rows = list[dict[str, str]]
 
@@ -193,7 +193,7 @@ def ab_launch(impl: str, dtype: str, m: str, h: str) -> Launch:
     """The forward launch the working tree picks for an A/B row (as scripts/ab_kernels.py asks for its "new" side)."""
     import torch
 
-    from ops import layernorm_config
+    from ops.layernorm import config as layernorm_config
 
     return layernorm_config.fwd_launch(int(m), int(h), getattr(torch, dtype), True, impl.partition(":")[2] or "fast")
 

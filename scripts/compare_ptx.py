@@ -56,8 +56,9 @@ def build_at(rev: str, tmp: Path) -> list[Path]:
 def build_here() -> dict[Path, str]:
     """Build every kernel of the working tree (``poe build-kernels``'s list, in OPS_CACHE_DIR); kernel function
     name -> its instantiations' PTX files."""
-    from ops import layernorm_config, layernorm_linear_config
     from ops.launch import direct
+    from ops.layernorm import config as layernorm_config
+    from ops.layernorm_linear import config as layernorm_linear_config
 
     specs = list(dict.fromkeys(layernorm_config.all_specs() + layernorm_linear_config.all_specs()))
     direct.build(specs, "H100", quiet=True)
@@ -85,8 +86,8 @@ def moved_rows(rev: str, built: set[str], band: float = 0.05) -> list[str]:
     than ``band`` off ``rev``'s (``compare_results``), with whether its kernel's PTX is one ``rev`` built."""
     import torch
 
-    from ops import layernorm_config
     from ops.launch import direct
+    from ops.layernorm import config as layernorm_config
 
     out = []
     for ratio, key, old, new in sorted(compare_results.ratios("bench_layernorm", rev)[2]):

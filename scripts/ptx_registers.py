@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from ops import layernorm_config
 from ops.launch import direct
+from ops.layernorm import config as layernorm_config
 
 SHAPES = ((4096, 8192), (4096, 4096), (16384, 4096), (4096, 768), (65536, 1024))
 

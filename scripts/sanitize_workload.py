@@ -64,7 +64,7 @@ def fused_kernels() -> int:
         for m, kk, n, splits in ((33, 70, 45, 3), (4100, 100, 768, None), (300, 1000, 64, 5)):
             x, g, b = (torch.randn(*s, device="cuda", dtype=dtype) for s in ((m, kk), (kk,), (kk,)))
             w, bias = torch.randn(n, kk, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
-            y = LL.fused_fwd(x, g, b, w, bias, 1e-5, splits)[0]
+            y = LL.launch.fused_fwd(x, g, b, w, bias, 1e-5, splits)[0]
             if compare(y, layernorm_linear_ref(x, g, b, w, bias), dtype, reduction=kk) is not None:
                 print(f"wrong: layernorm_linear fused {dtype} {m}x{kk}->{n}")
                 bad += 1
@@ -75,7 +75,7 @@ def hopper_kernels() -> int:
     """The Hopper kernel (TMA, mbarriers, wgmma), on an sm_90 GPU: rows, columns and k off its 128 x 256 x 64
     tiles."""
     bad = 0
-    if not LL.is_sm90(torch.device("cuda")):
+    if not LL.route.is_sm90(torch.device("cuda")):
         return bad
     for m, kk, n in ((37, 200, 264), (300, 776, 520)):
         x, g, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((m, kk), (kk,), (kk,)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops import layernorm_config
 from ops.launch import bridge, direct
+from ops.layernorm import config as layernorm_config
 
 HAS_GPU = torch.cuda.is_available()
 DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]

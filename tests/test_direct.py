@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops import layernorm_config as config
-from ops import layernorm_linear_config as lnl_config
 from ops.launch import bridge, direct, packages
+from ops.layernorm import config as config
+from ops.layernorm_linear import config as lnl_config
 from ops.timing import captured, kernel_times
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,11 +155,11 @@ def test_layernorm_linear_hands_its_tuning_to_the_cpp_side() -> None:
     from ops import layernorm_linear as LL
 
     code = ("from ops import layernorm_linear as LL; from ops.launch import direct;"
-            "print(direct.NATIVE.ops is None and LL._configure_native in direct._on_load)")
+            "print(direct.NATIVE.ops is None and LL.launch.configure_native in direct._on_load)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "True", out.stdout + out.stderr
     fake = _Recorder()
-    LL._configure_native(fake)
+    LL.launch.configure_native(fake)
     assert fake.calls == [("set_gemm_tuning", lnl_config.LT_NO_WORKSPACE_MAX_K_PER_N),
                           ("set_capture_overlap", lnl_config.CAPTURED_WEIGHT_GRADS_BESIDE),
                           ("set_accumulate_beside", lnl_config.CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS)]
@@ -248,7 +248,7 @@ def test_traced_linear_fake_and_autograd_kernel(with_bias: bool) -> None:
     from ops import layernorm_linear as LL
 
     assert direct.load_native().ops is not None, "the C++ launcher did not build (see the warning)"
-    assert LL._native_linear_traceable()
+    assert LL.traced.native_linear_traceable()
     torch.manual_seed(0)
     xn = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
@@ -269,7 +269,7 @@ def test_linear_gelu_fake_and_cpu_result(with_bias: bool) -> None:
     from ops import layernorm_linear as LL
 
     assert direct.load_native().ops is not None, "the C++ launcher did not build (see the warning)"
-    assert LL._native_linear_traceable()
+    assert LL.traced.native_linear_traceable()
     torch.manual_seed(0)
     xn, w = torch.randn(2, 5, 8), torch.randn(3, 8)
     bias = torch.randn(3) if with_bias else None
@@ -289,7 +289,7 @@ def test_traced_linear_gelu_fake_and_autograd_kernel(with_bias: bool, shape: tup
     db from the GEMM's op or from torch's sum (``bias_grad_in_gemm``), for x of any rank."""
     from ops import layernorm_linear as LL
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
     torch.manual_seed(0)
     xn = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
@@ -346,7 +346,7 @@ def test_traced_linear_gelu_backward_graph(bias_grad_in_gemm: bool) -> None:
     db; its gradients equal eager autograd's."""
     from ops import layernorm_linear as LL
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
     args = _linear_leaves()
     fn = lambda *t: ops.traced_linear_gelu(*t, bias_grad_in_gemm)  # noqa: E731
@@ -380,7 +380,7 @@ def test_traced_layernorm_linear_fake_and_autograd_kernel(with_bias: bool, shape
     of any rank."""
     from ops import layernorm_linear as LL
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops, F = torch.ops.mojo_direct, torch.nn.functional
     x, lnw, lnb, w, bias = leaves = _layernorm_linear_leaves(shape, with_bias)
     torch.library.opcheck(ops.traced_layernorm_linear.default, (*leaves, 1e-5, act))
@@ -409,7 +409,7 @@ def test_traced_layernorm_linear_backward_graph(act: int) -> None:
     ``layernorm_linear_grads``), and gradients equal to eager autograd's."""
     from ops import layernorm_linear as LL
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
     args = _layernorm_linear_leaves((4, 5, 8), True)
     fn = lambda *t: ops.traced_layernorm_linear(*t, 1e-5, act)  # noqa: E731
@@ -427,7 +427,7 @@ def test_traced_backward_skips_a_frozen_parameters_gradient(op: str, frozen: tup
     eager autograd's."""
     from ops import layernorm_linear as LL
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
     if op == "traced_layernorm_linear":
         args, names = _layernorm_linear_leaves((4, 5, 8), True), ("x", "lnw", "lnb", "w", "b")
@@ -472,14 +472,14 @@ def _gelu_after(linear: object, approximate: str = "tanh", second_user: bool = F
                                              ("second_user", 0), ("torch_linear", 0), ("switched_off", 0)])
 def test_gelu_epilogue_pass_rewrites_only_our_linears_tanh_gelu(case: str, fused: int,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """ops/layernorm_linear_inductor.py: a tanh GELU that is our Linear's only user becomes ``linear_gelu``, with the
+    """ops/layernorm_linear/inductor.py: a tanh GELU that is our Linear's only user becomes ``linear_gelu``, with the
     graph's results unchanged (bitwise, on the CPU); the erf GELU, a Linear used twice, torch's own Linear, and
     everything while COMPILED_LINEAR_GELU is off stay as they are."""
     from ops import layernorm_linear as LL
-    from ops import layernorm_linear_config
-    from ops import layernorm_linear_inductor as LLI
+    from ops.layernorm_linear import config as layernorm_linear_config
+    from ops.layernorm_linear import inductor as LLI
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ours = torch.ops.mojo_direct.linear
     gm = {"ours": lambda: _gelu_after(ours), "ours_overload": lambda: _gelu_after(ours.default),
           "erf": lambda: _gelu_after(ours, "none"), "second_user": lambda: _gelu_after(ours, second_user=True),
@@ -506,13 +506,13 @@ def test_gelu_epilogue_pass_unfuses_the_fused_inference_forward(case: str, unfus
     """A tanh GELU after ``layernorm_linear_infer`` (auto's fused or Hopper forward) of 16-bit x becomes torch's
     ``layer_norm`` then ``linear_gelu`` (bitwise the unfused expression, on the CPU); an algo asked for by name,
     float32 x, and our own compiled LayerNorm keep the forward and inductor's GELU."""
-    from ops import layernorm_config
     from ops import layernorm_linear as LL
-    from ops import layernorm_linear_inductor as LLI
+    from ops.layernorm import config as layernorm_config
+    from ops.layernorm_linear import inductor as LLI
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
-    algo = LL.ALGO_IDS["sm90" if case == "sm90_by_name" else "auto"]
+    algo = LL.config.ALGO_IDS["sm90" if case == "sm90_by_name" else "auto"]
     dtype = torch.float32 if case == "float32" else torch.bfloat16
     monkeypatch.setattr(layernorm_config, "COMPILED_LAYERNORM", "ours" if case == "our_compiled_layernorm" else
                         "inductor")
@@ -541,10 +541,10 @@ def test_gelu_epilogue_pass_on_training_marks(training_linear: str, monkeypatch:
     ``traced_linear`` (a mark) back into ``F.linear``, unless COMPILED_TRAINING_LINEAR is "ours", which keeps it; the
     values and gradients stay (bitwise, on the CPU)."""
     from ops import layernorm_linear as LL
-    from ops import layernorm_linear_config
-    from ops import layernorm_linear_inductor as LLI
+    from ops.layernorm_linear import config as layernorm_linear_config
+    from ops.layernorm_linear import inductor as LLI
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
     monkeypatch.setattr(layernorm_linear_config, "COMPILED_TRAINING_LINEAR", training_linear)
     monkeypatch.setattr(layernorm_linear_config, "COMPILED_LINEAR_GELU", True)
@@ -569,9 +569,9 @@ def test_gelu_epilogue_pass_puts_the_gelu_into_the_one_op_layernorm_linear() -> 
     """The pass turns ``gelu(traced_layernorm_linear(..))`` (tanh, its only user) into ``traced_layernorm_linear(..,
     act=1)``; the values and gradients stay (bitwise, on the CPU). A second user keeps the GELU apart."""
     from ops import layernorm_linear as LL
-    from ops import layernorm_linear_inductor as LLI
+    from ops.layernorm_linear import inductor as LLI
 
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
     args = _layernorm_linear_leaves((4, 8), True)
 
@@ -601,11 +601,11 @@ def test_gelu_epilogue_pass_picks_where_the_bias_grad_is_made(rows: int | None, 
     """``traced_linear_gelu``'s ``bias_grad_in_gemm`` from the pass: True from COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS
     rows of x up (x as 2 x rows/2 x 8, so rows count every dimension but the last) and where x's shape is unknown."""
     from ops import layernorm_linear as LL
-    from ops import layernorm_linear_config
-    from ops import layernorm_linear_inductor as LLI
+    from ops.layernorm_linear import config as layernorm_linear_config
+    from ops.layernorm_linear import inductor as LLI
 
     assert layernorm_linear_config.COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS == 4096
-    assert direct.load_native().ops is not None and LL._native_linear_traceable()
+    assert direct.load_native().ops is not None and LL.traced.native_linear_traceable()
     ops = torch.ops.mojo_direct
     gm = torch.fx.symbolic_trace(lambda x, w: torch._C._nn.gelu(ops.traced_linear(x, w, w[0]), approximate="tanh"))
     if rows is not None:
@@ -622,7 +622,7 @@ def test_gelu_epilogue_pass_picks_where_the_bias_grad_is_made(rows: int | None, 
 def test_compiled_training_form(knob: str, rows: int, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``compiled_training_form``: "auto" (the default) is "ours" from COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows
     up and "torch" below; a form named by the knob stands at every size."""
-    from ops import layernorm_linear_config
+    from ops.layernorm_linear import config as layernorm_linear_config
 
     assert layernorm_linear_config.COMPILED_TRAINING_LAYERNORM_LINEAR == "auto"
     assert layernorm_linear_config.COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS == 4096
@@ -632,7 +632,7 @@ def test_compiled_training_form(knob: str, rows: int, form: str, monkeypatch: py
 
 def test_compiled_training_form_names_a_bad_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     """A knob value that is no form is a ValueError naming the knob and the forms, not a silent default."""
-    from ops import layernorm_linear_config
+    from ops.layernorm_linear import config as layernorm_linear_config
 
     monkeypatch.setattr(layernorm_linear_config, "COMPILED_TRAINING_LAYERNORM_LINEAR", "Ours")
     with pytest.raises(ValueError, match=r"COMPILED_TRAINING_LAYERNORM_LINEAR: expected one of .*'auto'.*'Ours'"):
@@ -645,8 +645,9 @@ def test_gelu_epilogue_pass_installs_only_in_a_free_place(monkeypatch: pytest.Mo
     cache key changes with each switch it reads."""
     from torch._inductor import config as inductor_config
 
-    from ops import layernorm_config, layernorm_linear_config
-    from ops import layernorm_linear_inductor as LLI
+    from ops.layernorm import config as layernorm_config
+    from ops.layernorm_linear import config as layernorm_linear_config
+    from ops.layernorm_linear import inductor as LLI
 
     assert LLI.install() and LLI.install() and inductor_config.pre_grad_custom_pass is LLI.PASS
     theirs = lambda graph: None  # noqa: E731
@@ -879,13 +880,13 @@ FUSED_CASES = [("fused", torch.float32, (300, 1023, 64)), ("fused", torch.float3
 @pytest.mark.parametrize("offset", [0, 1])
 def test_gpu_fused_forwards_are_the_graph_route(algo: str, dtype: torch.dtype, shape: tuple[int, ...],
                                                 offset: int) -> None:
-    """The fused and Hopper forwards through the C++ entry (plans from ops/layernorm_linear_config.py) give
+    """The fused and Hopper forwards through the C++ entry (plans from ops/layernorm_linear/config.py) give
     bitwise what the MAX ops give (their Mojo host code's own launches): y, mean and rstd, with and without a
     bias, on 16-byte-aligned x and on x one element off (the unaligned variants; the Hopper kernel takes
     aligned x only); and the module's inference output is that y."""
     from ops import layernorm_linear as LL
 
-    if algo == "sm90" and not LL.is_sm90(torch.device("cuda")):
+    if algo == "sm90" and not LL.route.is_sm90(torch.device("cuda")):
         pytest.skip("needs an sm_90 GPU")
     if algo == "sm90" and offset:
         pytest.skip("the Hopper kernel takes 16-byte-aligned x only")
@@ -897,19 +898,20 @@ def test_gpu_fused_forwards_are_the_graph_route(algo: str, dtype: torch.dtype, s
         for p in seq.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     ln, lin = seq[0], seq[1]
-    graph_fwd = LL.fused_fwd if algo == "fused" else LL.sm90_fwd
+    graph_fwd = LL.launch.fused_fwd if algo == "fused" else LL.launch.sm90_fwd
     for bias in (lin.bias, None):
-        full = LL._zero_bias(lin.weight) if bias is None else bias
+        full = LL.launch.zero_bias(lin.weight) if bias is None else bias
         want = [t.view(*lead, -1) for t in graph_fwd(x.view(-1, k), ln.weight, ln.bias, lin.weight, full, ln.eps)]
         got = LL.layernorm_linear_fwd(x, ln.weight, ln.bias, lin.weight, bias, ln.eps, algo)
+        code = LL.config.ALGO_IDS[algo]
         assert direct.NATIVE.layernorm_linear_with_stats(x, ln.weight, ln.bias, lin.weight, full, ln.eps,
-                                                         LL.ALGO_IDS[algo]), "the C++ entry did not take the call"
+                                                         code), "the C++ entry did not take the call"
         for name, a, b in zip(("y", "mean", "rstd"), got, want, strict=True):
             assert torch.equal(a, b.view(a.shape)), name
         with torch.no_grad():
             assert torch.equal(LL.layernorm_linear(x, ln.weight, ln.bias, lin.weight, bias, ln.eps, algo), got[0])
             assert direct.NATIVE.layernorm_linear(x, ln.weight, ln.bias, lin.weight, bias, ln.eps,
-                                                  LL.ALGO_IDS[algo]) is not None
+                                                  LL.config.ALGO_IDS[algo]) is not None
 
 
 @pytest.mark.gpu
@@ -920,10 +922,10 @@ def test_gpu_auto_falls_back_to_unfused_not_fused(off: str) -> None:
     fused kernel there)."""
     from ops import layernorm_linear as LL
 
-    if not LL.is_sm90(torch.device("cuda")):
+    if not LL.route.is_sm90(torch.device("cuda")):
         pytest.skip("needs an sm_90 GPU")
     torch.manual_seed(0)
-    rows, k, n = LL.SM90_MIN_ROWS, 64, 768
+    rows, k, n = LL.config.SM90_MIN_ROWS, 64, 768
 
     def values(rows: int, cols: int, misaligned: bool, scale: float = 1.0) -> torch.Tensor:
         """randn * scale [rows, cols], 2 bytes past an aligned start when misaligned."""
@@ -933,14 +935,14 @@ def test_gpu_auto_falls_back_to_unfused_not_fused(off: str) -> None:
     x, w = values(rows, k, off == "x"), values(n, k, off == "weight", 1 / 8)
     g, b = torch.ones(k, device="cuda", dtype=x.dtype), torch.zeros(k, device="cuda", dtype=x.dtype)
     bias = torch.randn(n, device="cuda", dtype=x.dtype)
-    assert LL.pick_algo("auto", x.device, x.dtype, rows, n, k) == "sm90"
-    assert LL.sm90_unsupported(x, w) == f"needs {off} 16-byte aligned"
+    assert LL.route.pick_algo("auto", x.device, x.dtype, rows, n, k) == "sm90"
+    assert LL.route.sm90_unsupported(x, w) == f"needs {off} 16-byte aligned"
     for _ in range(2):
         got = LL.layernorm_linear_fwd(x, g, b, w, bias, 1e-5, "auto")
         want = LL.layernorm_linear_fwd(x, g, b, w, bias, 1e-5, "unfused")
         for a, c in zip(got, want, strict=True):
             assert torch.equal(a, c)
-    assert direct.NATIVE.layernorm_linear_with_stats(x, g, b, w, bias, 1e-5, LL.ALGO_IDS["auto"]) == []
+    assert direct.NATIVE.layernorm_linear_with_stats(x, g, b, w, bias, 1e-5, LL.config.ALGO_IDS["auto"]) == []
 
 
 @pytest.mark.gpu
@@ -949,7 +951,7 @@ def test_gpu_cuda_graph_fused_inference(algo: str) -> None:
     """A captured inference forward of the fused or Hopper op (C++ entry) replays right on new input."""
     from ops import layernorm_linear as LL
 
-    if algo == "sm90" and not LL.is_sm90(torch.device("cuda")):
+    if algo == "sm90" and not LL.route.is_sm90(torch.device("cuda")):
         pytest.skip("needs an sm_90 GPU")
     torch.manual_seed(0)
     m = LL.FusedLayerNormLinear(2048, 64, algo=algo).to("cuda", torch.bfloat16)
@@ -967,8 +969,8 @@ def test_gpu_cuda_graph_auto_fill_region_runs_unfused() -> None:
     replay on new input gives the unfused route's y bitwise, and eager calls after the capture still run sm90."""
     from ops import layernorm_linear as LL
 
-    cuda, bf16, rows, k, n = torch.device("cuda"), torch.bfloat16, LL.SM90_FILL_ROWS, 768, 3072
-    if not LL.is_sm90(cuda) or LL.pick_algo("auto", cuda, bf16, rows, n, k) != "sm90":
+    cuda, bf16, rows, k, n = torch.device("cuda"), torch.bfloat16, LL.config.SM90_FILL_ROWS, 768, 3072
+    if not LL.route.is_sm90(cuda) or LL.route.pick_algo("auto", cuda, bf16, rows, n, k) != "sm90":
         pytest.skip("needs an sm_90 GPU whose grid this shape fills")
     torch.manual_seed(0)
     m = LL.FusedLayerNormLinear(k, n).to(cuda, bf16)
@@ -1369,7 +1371,7 @@ def test_gpu_compiled_unfused_inference_calls_the_cpp_linear() -> None:
 def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monkeypatch: pytest.MonkeyPatch,
                                                            free_pre_grad_pass: None) -> None:
     """Compiled inference of ``gelu(FusedLayerNormLinear-like call, approximate="tanh")``: the graph calls
-    ``mojo_direct.linear_gelu`` (GELU in the GEMM's epilogue, ops/layernorm_linear_inductor.py) and no separate
+    ``mojo_direct.linear_gelu`` (GELU in the GEMM's epilogue, ops/layernorm_linear/inductor.py) and no separate
     Linear, and matches the float64 reference on both calls; the erf GELU, and the tanh one with
     COMPILED_LINEAR_GELU off, keep ``mojo_direct.linear`` and inductor's GELU."""
     from torch._inductor.utils import run_and_get_code

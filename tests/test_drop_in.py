@@ -23,6 +23,7 @@ import torch.nn.utils.parametrizations
 import torch.nn.utils.prune
 from torch import nn
 
+from ops import inputs
 from ops import layernorm as L
 from ops import layernorm_linear as LL
 from ops.reference import layernorm_grads_ref
@@ -281,7 +282,7 @@ def _swap_weight(how: str, module: nn.Module, weight: torch.Tensor) -> Callable[
 @pytest.mark.parametrize("how", ["functional_call", "parametrize", "plain attribute", "subclass"])
 @pytest.mark.parametrize("kind", ["layernorm", "layernorm_linear"])
 def test_module_forward_uses_swapped_weight(device: str, how: str, kind: str) -> None:
-    """The forwards read parameters from ``_parameters`` where that is safe (``L.weight_and_bias``); a weight
+    """The forwards read parameters from ``_parameters`` where that is safe (``common.weight_and_bias``); a weight
     swapped in any other way torch allows is the one used."""
     if kind == "layernorm":
         module = L.LayerNorm(24, device=device)
@@ -375,7 +376,7 @@ def test_fused_module_children_run_as_in_sequential(device: str, change: str) ->
         handle.remove()
     assert seen[:-1] == torchs[:-1] and seen[-1] == "FusedLayerNormLinear", (seen, torchs)
     plain = LL.FusedLayerNormLinear.from_torch(nn.Sequential(nn.LayerNorm(12), nn.Linear(12, 5)))
-    assert LL.runs_as_its_class(plain[0], plain[1])
+    assert LL.module.runs_as_its_class(plain[0], plain[1])
 
 
 @pytest.mark.parametrize("change", ["forward hook", "weight_norm", "pruned"])
@@ -596,7 +597,7 @@ def test_register_forward_mean_is_exact_for_constant_rows() -> None:
     checked in float32 with the kernel's summation order at widths whose launch takes it: the plain mean, summed
     pairwise, is exact for a constant row of power-of-two length (the kernel takes it there) and often a few ulps off
     at other lengths, where the corrected one, which the kernel takes there, never is."""
-    from ops import layernorm_config
+    from ops.layernorm import config as layernorm_config
     g = torch.Generator().manual_seed(0)
     c = (torch.randn(300, generator=g, dtype=torch.float64)
          * 10.0 ** torch.randint(-6, 6, (300,), generator=g)).float()
@@ -670,10 +671,10 @@ def test_eps_is_taken_as_torch_takes_it() -> None:
     """eps in any form torch's ``layer_norm`` takes, as a float; what it refuses, named."""
     for eps, want in ((np.float32(0.5), 0.5), (np.int64(2), 2.0), (True, 1.0), (torch.tensor(0.25), 0.25),
                       (torch.tensor(3, dtype=torch.int32), 3.0), (float("-inf"), float("-inf"))):
-        assert L.as_eps(eps) == want and L.as_eps(eps).__class__ is float, eps
+        assert inputs.as_eps(eps) == want and inputs.as_eps(eps).__class__ is float, eps
     for bad in ("1e-5", None, torch.tensor([1e-5]), torch.tensor(1e-5, requires_grad=True), 1j):
         with pytest.raises(TypeError, match="^eps:"):
-            L.as_eps(bad)
+            inputs.as_eps(bad)
 
 
 # eps values torch takes and our kernels answer as it does (each is a compile-time parameter of the graph route's
@@ -697,9 +698,9 @@ def test_eps_values_torch_takes(device: str, eps: float) -> None:
                              lambda x, g, b, w, c: F.linear(F.layer_norm(x, (16,), g, b, eps), w, c),
                              [x, gamma, beta, weight, bias]),
     }
-    for name, (ours, ref, inputs) in cases.items():
-        y, grads = _grads(ours, _leaves(*inputs))
-        want_y, want_grads = _grads(ref, _leaves(*(t.double() for t in inputs)))
+    for name, (ours, ref, args) in cases.items():
+        y, grads = _grads(ours, _leaves(*args))
+        want_y, want_grads = _grads(ref, _leaves(*(t.double() for t in args)))
         for what, got, want in (("y", y, want_y), *((f"grad {i}", g, w) for i, (g, w) in
                                                     enumerate(zip(grads, want_grads, strict=True)))):
             nan = want.isnan()
@@ -803,7 +804,7 @@ def test_fx_trace_records_our_calls(device: str) -> None:
     theirs, ours = _pair(device)
     traced = torch.fx.symbolic_trace(ours)
     calls = {n.target for n in traced.graph.nodes if n.op == "call_function"}
-    assert {LL.module_forward, L.layernorm} <= calls, calls
+    assert {LL.functional.module_forward, L.layernorm} <= calls, calls
     no_affine = torch.fx.symbolic_trace(nn.Sequential(L.LayerNorm((4, 12), elementwise_affine=False)))
     assert {n.target for n in no_affine.graph.nodes if n.op == "call_function"} == {L.layer_norm}
     x = torch.randn(3, 4, 12, device=device)
@@ -1303,8 +1304,8 @@ def test_compiled_training_graphs_are_torchs() -> None:
     holds below COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows (the default "auto"; test_direct.py's GPU tests)."""
     from conftest import recording_backend
 
-    from ops import layernorm_config
-    from ops import layernorm_linear_config as lnl_config
+    from ops.layernorm import config as layernorm_config
+    from ops.layernorm_linear import config as lnl_config
 
     assert layernorm_config.COMPILED_LAYERNORM == "inductor" and lnl_config.COMPILED_TRAINING_LINEAR == "inductor"
     torch.manual_seed(0)

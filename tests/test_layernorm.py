@@ -126,17 +126,17 @@ def test_backward_is_deterministic(device: str) -> None:
 def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int, dtype: torch.dtype,
                              parts: int) -> None:
     """The backward's row-group count on a 132-SM GPU at shapes of the H100 sweeps (results/bench_layernorm_bwd_sweep.md
-    and ops/layernorm_config.py's notes): about 2 rows a group up to 1024-wide rows, 8 beyond, capped by row bytes."""
+    and ops/layernorm/config.py's notes): about 2 rows a group up to 1024-wide rows, 8 beyond, capped by row bytes."""
     monkeypatch.delenv("OPS_LN_BWD_PARTS", raising=False)
-    monkeypatch.setattr(L, "sm_count", lambda device: 132)
-    assert L.bwd_parts(rows, h, dtype, torch.device("cuda")) == parts
-    assert L.bwd_parts(rows, h, dtype, torch.device("cpu")) == 1
+    monkeypatch.setattr(L.launch, "sm_count", lambda device: 132)
+    assert L.launch.bwd_parts(rows, h, dtype, torch.device("cuda")) == parts
+    assert L.launch.bwd_parts(rows, h, dtype, torch.device("cpu")) == 1
 
 
 def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     """OPS_LN_BWD_CONFIG (the sweep's knob) forces a register configuration that holds the row, names itself
     where it does not, and is off by default; the default is the first that holds the row."""
-    from ops import layernorm_config as config
+    from ops.layernorm import config as config
 
     monkeypatch.delenv("OPS_LN_BWD_CONFIG", raising=False)
     assert config.bwd_config() is None
@@ -161,7 +161,7 @@ def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_backward_partial_rows(parts: int, h: int, dtype: torch.dtype, sizes: tuple[int, int]) -> None:
     """(row groups, partial rows): ln_bwd_regs takes blocks * RPB groups and writes a partial row per block
     (4096x768 bf16: 264 rows of dgamma/dbeta partials, not 1056); ln_bwd_loop (770: not whole vectors) one per group."""
-    from ops import layernorm_config as config
+    from ops.layernorm import config as config
 
     launch = config.bwd_launch(parts, h, dtype, h % 8 == 0, sms=132)
     assert config.bwd_sizes(launch, parts) == sizes
@@ -208,9 +208,10 @@ def test_compile_fullgraph(device: str, compiled_layernorm: str) -> None:
 
 def test_opcheck() -> None:
     x, w, b, dy = make((3, 32), torch.float32, "cpu")
-    torch.library.opcheck(L._fwd_custom, (x, w, b, 1e-5, "fast", "none"), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.mojo.layernorm_fwd.default, (x, w, b, 1e-5, "fast", "none"),
+                          test_utils=("test_schema", "test_faketensor"))
     _, mean, rstd = L.layernorm_fwd(x, w, b)
-    torch.library.opcheck(L._bwd_custom, (dy, x, w, b, mean, rstd, "none"),
+    torch.library.opcheck(torch.ops.mojo.layernorm_bwd.default, (dy, x, w, b, mean, rstd, "none"),
                           test_utils=("test_schema", "test_faketensor"))
 
 

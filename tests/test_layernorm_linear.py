@@ -12,6 +12,8 @@ from torch import nn
 
 from ops import layernorm_linear as LL
 from ops.launch import direct
+from ops.layernorm import launch as ln_launch
+from ops.layernorm_linear import config as LLC
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_ref, layernorm_stats_ref
 from ops.tolerance import compare, compare_named
 
@@ -37,7 +39,7 @@ def fused_in_splits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., t
     checks that the plan asked for the split count; no forced plan outlives the test."""
     def run(*args: torch.Tensor, splits: int) -> tuple[torch.Tensor, ...]:
         asked: list[int] = []
-        monkeypatch.setattr(LL, "fused_splits", lambda *a, **kw: asked.append(splits) or splits)
+        monkeypatch.setattr(LL.launch, "fused_splits", lambda *a, **kw: asked.append(splits) or splits)
         direct.forget_plans()
         out = LL.layernorm_linear_fwd(*args, eps=1e-5, algo="fused")
         assert asked, "the fused forward did not ask for its split count"
@@ -90,7 +92,7 @@ def check_grads(got: tuple[torch.Tensor, ...], x: torch.Tensor, g: torch.Tensor,
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_forward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, g, b, w, bias, _ = make(shape[:-2], shape[-2], shape[-1], dtype, device)
-    for algo in LL.algos_for(x.view(-1, x.shape[-1]), w):
+    for algo in LL.route.algos_for(x.view(-1, x.shape[-1]), w):
         check_forward(x, g, b, w, bias, algo)
 
 
@@ -108,7 +110,7 @@ def test_linear_grads_makes_only_what_is_wanted(device: str) -> None:
     want = (dy @ w, dy.reshape(-1, 3).T @ xn.reshape(-1, 8), dy.reshape(-1, 3).sum(0))
     for weight_grad in (True, False):
         for bias_grad in (True, False):
-            got = LL._linear_grads(dy, xn, w, bias_grad, weight_grad)
+            got = LL.launch.linear_grads(dy, xn, w, bias_grad, weight_grad)
             for g, ref, wanted in zip(got, want, (True, weight_grad, bias_grad), strict=True):
                 if wanted:
                     torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-12)
@@ -119,7 +121,7 @@ def test_linear_grads_makes_only_what_is_wanted(device: str) -> None:
 def test_large_mean_rows(device: str) -> None:
     """Rows with mean 1e4 times their spread: the statistics must not cancel."""
     x, g, b, w, bias, dy = make((6,), 1000, 24, torch.float32, device, mean=1e4)
-    for algo in LL.algos_for(x, w):
+    for algo in LL.route.algos_for(x, w):
         check_forward(x, g, b, w, bias, algo, cond=1e4)
     check_backward(x, g, b, w, bias, dy, cond=1e4)
 
@@ -127,7 +129,7 @@ def test_large_mean_rows(device: str) -> None:
 def test_nan_propagates(device: str) -> None:
     x, g, b, w, bias, _ = make((4,), 300, 20, torch.float32, device)
     x[1, 17] = float("nan")
-    for algo in LL.algos_for(x, w):
+    for algo in LL.route.algos_for(x, w):
         y, _, _ = LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)
         assert torch.isnan(y[1]).all(), algo
         assert compare(y[[0, 2, 3]], layernorm_linear_ref(x[[0, 2, 3]], g, b, w, bias), torch.float32, 300) is None
@@ -184,10 +186,11 @@ def test_compile_fullgraph(device: str, compiled_layernorm: str) -> None:
 def test_opcheck() -> None:
     x, g, b, w, bias, dy = make((3,), 32, 8, torch.float32, "cpu")
     utils = ("test_schema", "test_faketensor")
-    torch.library.opcheck(LL._fwd_custom, (x, g, b, w, bias, 1e-5, "auto"), test_utils=utils)
+    fwd, bwd = torch.ops.mojo.layernorm_linear_fwd.default, torch.ops.mojo.layernorm_linear_bwd.default
+    torch.library.opcheck(fwd, (x, g, b, w, bias, 1e-5, "auto"), test_utils=utils)
     _, mean, rstd = LL.layernorm_linear_fwd(x, g, b, w, bias)
     xn = F.layer_norm(x, (32,), g, b)
-    torch.library.opcheck(LL._bwd_custom, (dy, x, xn, g, b, w, mean, rstd), test_utils=utils)
+    torch.library.opcheck(bwd, (dy, x, xn, g, b, w, mean, rstd), test_utils=utils)
 
 
 @pytest.mark.gpu
@@ -197,8 +200,8 @@ def test_gpu_opcheck(dtype: torch.dtype, algo: str) -> None:
     another or an input) and fake tensors, on a first call (Python hands over the plan) and a second."""
     x, g, b, w, bias, _ = make((2, 64), 64, 32, dtype, "cuda")
     for _ in range(2):
-        torch.library.opcheck(LL._fwd_custom, (x, g, b, w, bias, 1e-5, algo), test_utils=("test_schema",
-                                                                                          "test_faketensor"))
+        torch.library.opcheck(torch.ops.mojo.layernorm_linear_fwd.default, (x, g, b, w, bias, 1e-5, algo),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 def test_bad_inputs() -> None:
@@ -240,7 +243,7 @@ def test_mixed_devices_rejected() -> None:
 def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     """Transformer-sized shapes: every algorithm that takes them (and auto's pick) forward, and the backward."""
     x, g, b, w, bias, dy = make(shape[:-2], shape[-2], shape[-1], dtype, "cuda")
-    for algo in LL.algos_for(x.view(-1, x.shape[-1]), w):
+    for algo in LL.route.algos_for(x.view(-1, x.shape[-1]), w):
         check_forward(x, g, b, w, bias, algo)
     check_backward(x, g, b, w, bias, dy)
 
@@ -262,7 +265,7 @@ def test_gpu_fused_splits(fused_in_splits: Callable, dtype: torch.dtype, splits:
 @pytest.mark.gpu
 def test_gpu_fused_forward_is_deterministic() -> None:
     x, g, b, w, bias, _ = make((4096,), 4096, 64, torch.bfloat16, "cuda")
-    assert LL.fused_splits(4096, 4096, 64, x.device) > 1  # the split path, whose sums must keep their order
+    assert LL.launch.fused_splits(4096, 4096, 64, x.device) > 1  # the split path, whose sums must keep their order
     first = LL.layernorm_linear_fwd(x, g, b, w, bias, algo="fused")
     for _ in range(10):
         for a, again in zip(first, LL.layernorm_linear_fwd(x, g, b, w, bias, algo="fused"), strict=True):
@@ -271,73 +274,73 @@ def test_gpu_fused_forward_is_deterministic() -> None:
 
 def test_fused_splits_rules() -> None:
     """One split on the CPU; on a GPU never below 1, never a chunk under SPLIT_MIN_K, never above SPLIT_MAX."""
-    assert LL.fused_splits(4096, 4096, 64, torch.device("cpu")) == 1
+    assert LL.launch.fused_splits(4096, 4096, 64, torch.device("cpu")) == 1
     with pytest.raises(ValueError, match="^splits:"):
-        LL.fused_fwd(*make((4,), 16, 8, torch.float32, "cpu")[:5], 1e-5, 0)
+        LL.launch.fused_fwd(*make((4,), 16, 8, torch.float32, "cpu")[:5], 1e-5, 0)
     if torch.cuda.is_available():
         dev = torch.device("cuda")
-        assert LL.fused_splits(65536, 4096, 4096, dev) == 1
-        assert LL.fused_splits(16, 100, 64, dev) == 1
-        assert 1 < LL.fused_splits(4096, 4096, 64, dev) <= min(LL.SPLIT_MAX, 4096 // LL.SPLIT_MIN_K)
+        assert LL.launch.fused_splits(65536, 4096, 4096, dev) == 1
+        assert LL.launch.fused_splits(16, 100, 64, dev) == 1
+        assert 1 < LL.launch.fused_splits(4096, 4096, 64, dev) <= min(LLC.SPLIT_MAX, 4096 // LLC.SPLIT_MIN_K)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for rows in (2048, 4096, 16384):  # fp16/bf16: at most SPLIT_BLOCKS_PER_SM_16 blocks per SM
-            tiles = rows // LL.FUSED_TILE_ROWS
-            sp = LL.fused_splits(rows, 4096, 64, dev, torch.bfloat16)
-            assert sp == max(1, min(LL.SPLIT_BLOCKS_PER_SM_16 * sms // tiles, LL.SPLIT_MAX)), (rows, sp)
+            tiles = rows // LLC.FUSED_TILE_ROWS
+            sp = LL.launch.fused_splits(rows, 4096, 64, dev, torch.bfloat16)
+            assert sp == max(1, min(LLC.SPLIT_BLOCKS_PER_SM_16 * sms // tiles, LLC.SPLIT_MAX)), (rows, sp)
 
 
 def test_auto_rule() -> None:
     """auto: fused only on the GPU, small n, enough rows (fp16/bf16: long k too): the H100 sweeps' winners."""
     cuda, cpu, f32 = torch.device("cuda"), torch.device("cpu"), torch.float32
-    assert LL.pick_algo("auto", cuda, f32, 4096, 64) == "fused"
-    assert LL.pick_algo("auto", cuda, f32, 4096, LL.FUSED_MAX_N + 1) == "unfused"
-    assert LL.pick_algo("auto", cuda, f32, LL.FUSED_MIN_ROWS - 1, 64) == "unfused"
-    assert LL.pick_algo("auto", cuda, torch.bfloat16, 4096, 64) == "unfused"  # k unknown (0): too short
-    bf16, k16 = torch.bfloat16, LL.FUSED16_MIN_K
-    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N, k16) == "fused"
-    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N + 1, k16) == "unfused"
-    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS - 1, LL.FUSED16_MAX_N, k16) == "unfused"
-    assert LL.pick_algo("auto", cuda, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N, k16 - 1) == "unfused"
-    assert LL.pick_algo("auto", cpu, bf16, LL.FUSED16_MIN_ROWS, LL.FUSED16_MAX_N, k16) == "unfused"
-    assert LL.pick_algo("auto", cpu, f32, 4096, 64) == "unfused"
-    assert LL.pick_algo("fused", cpu, f32, 1, 1) == "fused"
+    assert LL.route.pick_algo("auto", cuda, f32, 4096, 64) == "fused"
+    assert LL.route.pick_algo("auto", cuda, f32, 4096, LLC.FUSED_MAX_N + 1) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, f32, LLC.FUSED_MIN_ROWS - 1, 64) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, torch.bfloat16, 4096, 64) == "unfused"  # k unknown (0): too short
+    bf16, k16 = torch.bfloat16, LLC.FUSED16_MIN_K
+    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16) == "fused"
+    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N + 1, k16) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS - 1, LLC.FUSED16_MAX_N, k16) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16 - 1) == "unfused"
+    assert LL.route.pick_algo("auto", cpu, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16) == "unfused"
+    assert LL.route.pick_algo("auto", cpu, f32, 4096, 64) == "unfused"
+    assert LL.route.pick_algo("fused", cpu, f32, 1, 1) == "fused"
     with pytest.raises(ValueError, match="^algo:"):
-        LL.pick_algo("fast", cuda, f32, 4096, 64)
+        LL.route.pick_algo("fast", cuda, f32, 4096, 64)
 
 
 def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     """auto: sm90 for bf16 on an sm_90 GPU with enough rows and n in its range (K, N multiples of 8), bar long
     runs of tiles per block over a large x (132 SMs: 16384 rows, n 3072 are runs of 12) and, below
     SM90_MIN_ROWS, grids that leave SMs idle or long rows; else as before."""
-    cuda, bf16, rows, n, k = torch.device("cuda"), torch.bfloat16, LL.SM90_MIN_ROWS, LL.SM90_MAX_N, 768
-    monkeypatch.setattr(LL, "is_sm90", lambda device: device.type == "cuda")
-    monkeypatch.setattr(LL.layernorm, "sm_count", lambda device: 132)
-    assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
-    assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384) == "sm90"
-    assert LL.pick_algo("auto", cuda, bf16, 16384, n, LL.SM90_RUN_MAX_X // 16384 + 8) == "unfused"
-    assert LL.pick_algo("auto", cuda, bf16, 16384, LL.SM90_MIN_N, 4096) == "sm90"   # runs of 3
+    cuda, bf16, rows, n, k = torch.device("cuda"), torch.bfloat16, LLC.SM90_MIN_ROWS, LLC.SM90_MAX_N, 768
+    monkeypatch.setattr(LL.route, "is_sm90", lambda device: device.type == "cuda")
+    monkeypatch.setattr(ln_launch, "sm_count", lambda device: 132)
+    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
+    assert LL.route.pick_algo("auto", cuda, bf16, 16384, n, LLC.SM90_RUN_MAX_X // 16384) == "sm90"
+    assert LL.route.pick_algo("auto", cuda, bf16, 16384, n, LLC.SM90_RUN_MAX_X // 16384 + 8) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, 16384, LLC.SM90_MIN_N, 4096) == "sm90"   # runs of 3
     # from SM90_FILL_ROWS rows: where the persistent grid fills 90% of the SMs, k at most SM90_FILL_MAX_K
-    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "sm90"       # 384 tiles: 128 blocks
-    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, LL.SM90_FILL_MAX_K) == "sm90"
-    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, LL.SM90_FILL_MAX_K + 8) == "unfused"
-    assert LL.pick_algo("auto", cuda, bf16, 4096, 2304, 768) == "unfused"    # 288 tiles: 96 blocks
-    assert LL.pick_algo("auto", cuda, bf16, 4096, 768, 768) == "unfused"     # 96 tiles
-    assert LL.pick_algo("auto", cuda, bf16, LL.SM90_FILL_ROWS - 128, 3072, 768) == "unfused"
-    monkeypatch.setattr(LL, "_capturing", lambda: True)   # inside a CUDA graph: not below SM90_MIN_ROWS
-    assert LL.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "unfused"
-    assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
-    monkeypatch.setattr(LL, "_capturing", lambda: False)
-    assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N, k) == "sm90"
-    assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "sm90"            # the fill rule: 128 blocks
-    assert LL.pick_algo("auto", cuda, bf16, rows - 1, n, 4096) == "unfused"      # ... but k > SM90_FILL_MAX_K
-    assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MAX_N + 8, k) == "unfused"
-    assert LL.pick_algo("auto", cuda, bf16, rows, LL.SM90_MIN_N - 8, k) == "unfused"
-    assert LL.pick_algo("auto", cuda, bf16, rows, n, k + 4) == "unfused"       # TMA rows: K % 8 == 0
-    assert LL.pick_algo("auto", cuda, torch.float16, rows, n, k) == "unfused"  # bf16 only
-    assert LL.pick_algo("auto", torch.device("cpu"), bf16, rows, n, k) == "unfused"
-    assert LL.pick_algo("unfused", cuda, bf16, rows, n, k) == "unfused"
-    monkeypatch.setattr(LL, "is_sm90", lambda device: False)
-    assert LL.pick_algo("auto", cuda, bf16, rows, n, k) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "sm90"       # 384 tiles: 128 blocks
+    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, LLC.SM90_FILL_MAX_K) == "sm90"
+    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, LLC.SM90_FILL_MAX_K + 8) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 2304, 768) == "unfused"    # 288 tiles: 96 blocks
+    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 768, 768) == "unfused"     # 96 tiles
+    assert LL.route.pick_algo("auto", cuda, bf16, LLC.SM90_FILL_ROWS - 128, 3072, 768) == "unfused"
+    monkeypatch.setattr(LL.route, "capturing", lambda: True)   # inside a CUDA graph: not below SM90_MIN_ROWS
+    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
+    monkeypatch.setattr(LL.route, "capturing", lambda: False)
+    assert LL.route.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MIN_N, k) == "sm90"
+    assert LL.route.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "sm90"            # the fill rule: 128 blocks
+    assert LL.route.pick_algo("auto", cuda, bf16, rows - 1, n, 4096) == "unfused"      # ... but k > SM90_FILL_MAX_K
+    assert LL.route.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MAX_N + 8, k) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MIN_N - 8, k) == "unfused"
+    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k + 4) == "unfused"       # TMA rows: K % 8 == 0
+    assert LL.route.pick_algo("auto", cuda, torch.float16, rows, n, k) == "unfused"  # bf16 only
+    assert LL.route.pick_algo("auto", torch.device("cpu"), bf16, rows, n, k) == "unfused"
+    assert LL.route.pick_algo("unfused", cuda, bf16, rows, n, k) == "unfused"
+    monkeypatch.setattr(LL.route, "is_sm90", lambda device: False)
+    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k) == "unfused"
 
 
 def test_autograd_algo() -> None:
@@ -346,14 +349,14 @@ def test_autograd_algo() -> None:
     bf16 = torch.zeros(2, 8, dtype=torch.bfloat16)
     w = torch.zeros(4, 8, dtype=torch.bfloat16)
     grad_w = w.clone().requires_grad_()
-    assert LL.autograd_algo("auto", (bf16, grad_w)) == "unfused"
-    assert LL.autograd_algo("auto", (bf16.clone().requires_grad_(), w)) == "unfused"
-    assert LL.autograd_algo("auto", (bf16, w)) == "auto"
-    assert LL.autograd_algo("sm90", (bf16, grad_w)) == "sm90"
-    assert LL.autograd_algo("auto", (bf16.float(), grad_w)) == "auto"
-    assert LL.autograd_algo("auto", ([1.0], grad_w)) == "auto"   # left to the validation that follows
+    assert LL.route.autograd_algo("auto", (bf16, grad_w)) == "unfused"
+    assert LL.route.autograd_algo("auto", (bf16.clone().requires_grad_(), w)) == "unfused"
+    assert LL.route.autograd_algo("auto", (bf16, w)) == "auto"
+    assert LL.route.autograd_algo("sm90", (bf16, grad_w)) == "sm90"
+    assert LL.route.autograd_algo("auto", (bf16.float(), grad_w)) == "auto"
+    assert LL.route.autograd_algo("auto", ([1.0], grad_w)) == "auto"   # left to the validation that follows
     with torch.no_grad():
-        assert LL.autograd_algo("auto", (bf16, grad_w)) == "auto"
+        assert LL.route.autograd_algo("auto", (bf16, grad_w)) == "auto"
 
 
 @pytest.mark.gpu
@@ -394,7 +397,7 @@ def test_fold(device: str, dtype: torch.dtype) -> None:
     """fold = (G, B + bias): G sums weight * ln_weight rounded to the dtype (the products the 16-bit GEMM
     uses), B sums weight * ln_bias in fp32; N and K off every tile."""
     _, g, b, w, bias, _ = make((1,), 1000, 37, dtype, device)
-    got = LL.folded(w, g, b, bias)
+    got = LL.launch.folded(w, g, b, bias)
     w64 = w.double()
     ref = torch.stack(((w * g).double().sum(1), w64 @ b.double() + bias.double()))
     assert got.dtype == torch.float32 and got.shape == (2, 37)
@@ -405,7 +408,7 @@ def test_fold_ext() -> None:
     """The Hopper kernel's fold MMA rows: per column (G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi) in
     bf16, hi + mid within 2^-16 of the fold; made once per fold tensor, again for a new version."""
     fold = torch.randn(2, 24) * torch.logspace(-3, 3, 24)
-    got = LL.fold_ext(fold)
+    got = LL.launch.fold_ext(fold)
     assert got.shape == (24, 8) and got.dtype == torch.bfloat16 and got.is_contiguous()
     for v, (hi, mid) in zip(fold, ((0, 2), (3, 5)), strict=True):
         assert torch.equal(got[:, hi], v.to(torch.bfloat16))
@@ -430,15 +433,15 @@ def test_sm90_refuses_what_it_cannot_take(device: str) -> None:
     """algo "sm90" names why it cannot run: no Hopper GPU, not bfloat16, K or N not multiples of 8."""
     for dtype, k, n in [(torch.float32, 64, 16), (torch.bfloat16, 36, 16), (torch.bfloat16, 64, 12)]:
         x, g, b, w, bias, _ = make((5,), k, n, dtype, device)
-        why = LL.sm90_unsupported(x, w)
-        assert why is not None and "sm90" not in LL.algos_for(x, w)
+        why = LL.route.sm90_unsupported(x, w)
+        assert why is not None and "sm90" not in LL.route.algos_for(x, w)
         with pytest.raises(ValueError, match="^algo: 'sm90' needs"):
             LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")
 
 
 SM90_SHAPES = [(1, 8, 8), (37, 200, 264), (1000, 768, 3072), (513, 1032, 776), (4096, 1024, 256), (300, 4096, 64),
                (4999, 56, 1000), (4100, 1000, 1544)]   # these two: several tiles per block (tile runs)
-needs_sm90 = pytest.mark.skipif(not LL.is_sm90(torch.device("cuda")), reason="algo sm90 needs an sm_90 GPU")
+needs_sm90 = pytest.mark.skipif(not LL.route.is_sm90(torch.device("cuda")), reason="algo sm90 needs an sm_90 GPU")
 
 
 @pytest.mark.gpu
@@ -460,7 +463,7 @@ def _spy_algos(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     so that no shape an earlier test ran bypasses the spies."""
     direct.forget_plans()
     ran: list[str] = []
-    real_direct, real_sm90, real_fused = LL._fused_direct, LL.sm90_fwd, LL.fused_fwd
+    real_direct, real_sm90, real_fused = LL.launch.fused_direct, LL.launch.sm90_fwd, LL.launch.fused_fwd
 
     def via_cpp(*args: object) -> object:
         out = real_direct(*args)
@@ -468,9 +471,9 @@ def _spy_algos(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             ran.append(args[-1])
         return out
 
-    monkeypatch.setattr(LL, "_fused_direct", via_cpp)
-    monkeypatch.setattr(LL, "sm90_fwd", lambda *args: ran.append("sm90") or real_sm90(*args))
-    monkeypatch.setattr(LL, "fused_fwd", lambda *args, **kw: ran.append("fused") or real_fused(*args, **kw))
+    monkeypatch.setattr(LL.launch, "fused_direct", via_cpp)
+    monkeypatch.setattr(LL.launch, "sm90_fwd", lambda *args: ran.append("sm90") or real_sm90(*args))
+    monkeypatch.setattr(LL.launch, "fused_fwd", lambda *args, **kw: ran.append("fused") or real_fused(*args, **kw))
     return ran
 
 
@@ -481,7 +484,7 @@ def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> No
     sm90; right against float64, also at mean 1e4); an x view off 16-byte alignment there takes the
     unfused path instead of raising."""
     calls = _spy_algos(monkeypatch)
-    rows, k, n = LL.SM90_MIN_ROWS, 256, LL.SM90_MIN_N
+    rows, k, n = LLC.SM90_MIN_ROWS, 256, LLC.SM90_MIN_N
     x, g, b, w, bias, _ = make((rows,), k, n, torch.bfloat16, "cuda")
     y = LL.layernorm_linear_fwd(x, g, b, w, bias)[0]
     assert calls == ["sm90"], f"auto in the sm90 region ran {calls}"
@@ -492,7 +495,7 @@ def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> No
     calls.clear()
     flat = torch.randn(rows * k + 1, device="cuda").bfloat16()
     xs = flat[1:].view(rows, k)   # 2 bytes past an aligned start
-    assert LL.sm90_unsupported(xs, w) is not None
+    assert LL.route.sm90_unsupported(xs, w) is not None
     check_forward(xs, g, b, w, bias, "auto")
     assert "sm90" not in calls, "auto ran sm90 on a misaligned x view"
 
@@ -503,7 +506,7 @@ def test_gpu_auto_training_keeps_xn(monkeypatch: pytest.MonkeyPatch) -> None:
     """In the sm90 region, layernorm_linear with gradients to come runs unfused (xn kept for dW; the
     gradients right against float64), and without gradients runs sm90."""
     calls = _spy_algos(monkeypatch)
-    rows, k, n = LL.SM90_MIN_ROWS, 256, LL.SM90_MIN_N
+    rows, k, n = LLC.SM90_MIN_ROWS, 256, LLC.SM90_MIN_N
     x, g, b, w, bias, dy = make((rows,), k, n, torch.bfloat16, "cuda")
     leaves = [t.clone().requires_grad_() for t in (x, g, b, w, bias)]
     y = LL.layernorm_linear(*leaves)
@@ -549,7 +552,7 @@ def test_gpu_sm90_prep_matches_fold() -> None:
     the exact products weight * ln_weight (the kernel rounds (x - c) * ln_weight instead), hi + mid equal to the
     float64 sums up to fp32 summation; N and K off its tiles."""
     x, g, b, w, bias, _ = make((5,), 1000, 264, torch.bfloat16, "cuda")
-    _, _, _, ext = LL.sm90_op(1e-5)(x, w, g, b, bias)
+    _, _, _, ext = LL.launch.sm90_op(1e-5)(x, w, g, b, bias)
     w64 = w.double()
     fold = torch.stack(((w64 * g.double()).sum(1), w64 @ b.double() + bias.double()))
     assert torch.equal(ext[:, (1, 6)], ext[:, (0, 0)]) and torch.equal(ext[:, (4, 7)], ext[:, (3, 3)])
@@ -627,7 +630,7 @@ def update(m: LL.FusedLayerNormLinear, way: str, x: torch.Tensor) -> None:
 def weight_update_module(algo: str, dtype: torch.dtype, device: str, way: str) -> tuple:
     """A FusedLayerNormLinear and x, dy at a shape where ``algo`` runs its kernel (on the GPU, bf16 auto in
     inference runs sm90: the route the stale-weight report found)."""
-    rows = LL.SM90_MIN_ROWS if algo == "auto" and dtype == torch.bfloat16 else 4096
+    rows = LLC.SM90_MIN_ROWS if algo == "auto" and dtype == torch.bfloat16 else 4096
     lead, k, n = ((rows,), 256, 768) if device == "cuda" else ((37,), 64, 24)
     torch.manual_seed(0)
     m = LL.FusedLayerNormLinear(k, n, device=device, dtype=dtype, algo=algo)
@@ -652,7 +655,7 @@ def test_weight_update(device: str, algo: str, dtype: torch.dtype, way: str) -> 
     """After any change a user can make to the parameters, forward (inference and autograd) and backward
     match float64 on the new parameters: nothing derived from the old weights is served. The old output
     fails against the new reference, so a stale answer could not pass."""
-    if algo == "sm90" and (device != "cuda" or dtype != torch.bfloat16 or not LL.is_sm90(torch.device(device))):
+    if algo == "sm90" and (device != "cuda" or dtype != torch.bfloat16 or not LL.route.is_sm90(torch.device(device))):
         pytest.skip("algo sm90 takes bfloat16 on an sm_90 GPU only")
     m, x, dy = weight_update_module(algo, dtype, device, way)
     with torch.no_grad():

@@ -38,9 +38,17 @@ def edges() -> dict[str, set[str]]:
     return {name: {mod for mod, _ in imports(name) if mod in MODULES and mod != name} for name in MODULES}
 
 
+# Each op's package, its files from the top layer down: a file imports only the files after it.
+OP_LAYERS = ("module", "functional", "traced", "inductor", "autograd", "fwd_bwd", "route", "checks", "launch", "config")
+OP_PACKAGES = ("ops.layernorm", "ops.layernorm_linear")
+
+
 def test_the_reader_sees_every_module() -> None:
     assert {"ops.launch.bridge", "ops.launch.direct", "ops.layernorm", "ops.layernorm_linear"} <= set(MODULES)
-    assert ("ops.launch.direct", "") in imports("ops.layernorm_linear")
+    assert ("ops.launch.direct", "") in imports("ops.layernorm_linear.launch")
+    for package in OP_PACKAGES:
+        files = {n.rpartition(".")[2] for n in MODULES if n.startswith(f"{package}.")}
+        assert {"module", "functional", "autograd", "fwd_bwd", "checks", "launch", "config"} <= files, package
 
 
 def test_no_import_cycle() -> None:
@@ -68,3 +76,14 @@ def test_no_private_name_imported(name: str) -> None:
 def test_the_launch_layer_looks_only_down(name: str) -> None:
     upward = sorted({mod for mod, _ in imports(name) if mod in MODULES and not mod.startswith("ops.launch")})
     assert not upward, f"{name} imports the layers above it: {upward}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.rpartition(".")[0] in OP_PACKAGES))
+def test_an_op_file_looks_only_down(name: str) -> None:
+    """Within an op's package, a file imports only the layers below it (``OP_LAYERS``), never the package's own
+    ``__init__`` (which imports them all) nor another op's files above its public API."""
+    package, _, file = name.rpartition(".")
+    rank = OP_LAYERS.index(file) if file in OP_LAYERS else len(OP_LAYERS)
+    upward = sorted(mod for mod, _ in imports(name) if mod == package or (
+        mod.rpartition(".")[0] == package and OP_LAYERS.index(mod.rpartition(".")[2]) <= rank))
+    assert not upward, f"{name} imports its own layers above it: {upward}"

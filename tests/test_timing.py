@@ -179,7 +179,7 @@ def test_device_time_ab_goes_stale_with_the_launch() -> None:
     repository counts as changed)."""
     import check_targets
 
-    from ops import layernorm_config
+    from ops.layernorm import config as layernorm_config
 
     launch = layernorm_config.fwd_launch(32, 8192, torch.float32, True)
     key, row = ("fwd", "ours", "float32", "32", "8192"), {"new_kernel": f"{launch.kernel}{list(launch.params)}"}
@@ -296,7 +296,8 @@ def test_transformer_compile_contenders_set_every_knob(monkeypatch: pytest.Monke
     the default, so "ours" runs the defaults whichever contender ran before."""
     import bench_transformer as bt
 
-    from ops import layernorm_config, layernorm_linear_config
+    from ops.layernorm import config as layernorm_config
+    from ops.layernorm_linear import config as layernorm_linear_config
 
     for ab in bt.COMPILE_ABS.values():
         monkeypatch.setattr(ab.config, ab.knob, ab.default)

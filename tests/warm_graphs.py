@@ -30,9 +30,9 @@ def graphs() -> list[tuple[object, tuple[torch.dtype, ...], str]]:
 
     f32 = torch.float32
     p22 = P22Kernels(SOLUTIONS)
-    return [*((LL.fwd_op(1e-5), (dtype,) * 5 + (torch.int32,), "cuda") for dtype in LL.DTYPES),
-            (LL.sm90_op(1e-5), (torch.bfloat16,) * 5, "cuda"),
-            *((LL.fold_op(), (dtype,) * 4, "cuda") for dtype in LL.DTYPES),
+    return [*((LL.launch.fwd_op(1e-5), (dtype,) * 5 + (torch.int32,), "cuda") for dtype in LL.DTYPES),
+            (LL.launch.sm90_op(1e-5), (torch.bfloat16,) * 5, "cuda"),
+            *((LL.launch.fold_op(), (dtype,) * 4, "cuda") for dtype in LL.DTYPES),
             (p22.layernorm, (f32,) * 3, "cuda"), (p22.transpose, (f32,), "cuda"), (p22.matmul, (f32,) * 2, "cuda"),
             (p22.bias_add, (f32,) * 2, "cuda"), (p22.fused_op("tiled"), (f32,) * 5, "cuda"),
             (p22.fused_op("naive"), (f32,) * 5, "cuda"), (p22.fused_op("tiled"), (f32,) * 5, "cpu")]

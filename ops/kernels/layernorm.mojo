@@ -1,7 +1,7 @@
 # LayerNorm over the last dim of x [rows, h]; fp32, fp16 or bf16 in and out, every sum in fp32.
 # layernorm_fwd: y = act((x - mean) * rstd * gamma + beta) and mean, rstd per row (float32); act is 0 (none),
 #   1 (GELU, tanh form) or 2 (GELU, erf form). layernorm_bwd: dx, dgamma, dbeta from dy, x, gamma, beta, mean, rstd.
-# GPU mapping (ops/layernorm_config.py picks the kernel and its parameters for both launch routes):
+# GPU mapping (ops/layernorm/config.py picks the kernel and its parameters for both launch routes):
 #   ln_fwd_regs: WPR warps per row, RPB rows per block, the row held in registers (CH 16-byte vectors per
 #     thread); the statistics take two exact passes over the registers.
 #   ln_fwd_cluster (sm_90+): a row too long for one block, split over a cluster of CL blocks that merge their
@@ -36,7 +36,7 @@ comptime INV_SQRT_2: Float32 = 0.7071067811865476
 comptime INV_SQRT_2PI: Float32 = 0.3989422804014327
 comptime GELU_CUBIC: Float32 = 0.044715
 
-# Which kernel a launch runs (the registered ops' `kernel` parameter; ops/layernorm_config.py chooses
+# Which kernel a launch runs (the registered ops' `kernel` parameter; ops/layernorm/config.py chooses
 # the kernel and its parameters for both launch routes).
 comptime K_ROW_THREAD = 0
 comptime K_BLOCK_SMEM = 1
@@ -48,7 +48,7 @@ comptime ROW_THREAD_BLOCK = 128
 comptime ROW_THREAD_CHUNK = 64
 comptime SMEM_BLOCK = 256
 # The dgamma/dbeta reduction (ln_bwd_reduce[COLS, LEVELS]: COLS columns per block, 2^LEVELS threads per column):
-# narrow blocks (more of them) for rows up to REDUCE_NARROW_MAX_H, wide ones beyond (ops/layernorm_config.py).
+# narrow blocks (more of them) for rows up to REDUCE_NARROW_MAX_H, wide ones beyond (ops/layernorm/config.py).
 comptime REDUCE_NARROW_MAX_H = 1024
 comptime REDUCE_NARROW_COLS = 8    # 8 floats: one 32-byte sector
 comptime REDUCE_NARROW_LEVELS = 7
@@ -621,7 +621,7 @@ def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL
     ctx: DeviceContext, y: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
 ) raises:
-    """Enqueue the forward kernel `kernel` with its parameters (as ops/layernorm_config.py chose them)."""
+    """Enqueue the forward kernel `kernel` with its parameters (as ops/layernorm/config.py chose them)."""
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_ROW_THREAD:
         comptime k = ln_fwd_row_thread[dtype, act]
@@ -950,7 +950,7 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
     part_g: Ptr[F32], part_b: Ptr[F32], dy: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype],
     beta: Ptr[dtype], mean: Ptr[F32], rstd: Ptr[F32], rows: Int, h: Int, parts: Int,
 ) raises:
-    """The row-group kernel `kernel` (K_LOOP or K_REGS, as ops/layernorm_config.py chose), then the reduction of
+    """The row-group kernel `kernel` (K_LOOP or K_REGS, as ops/layernorm/config.py chose), then the reduction of
     `parts` partial rows (K_REGS: a row per block of RPB groups; K_LOOP: a row per group)."""
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_REGS:

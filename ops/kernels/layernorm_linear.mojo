@@ -3,7 +3,7 @@
 # One read of x: the GEMM runs on d = x - c (c: a per-row shift) against w * gamma while the same loads give
 # the row's sums, and the normalization is applied to the GEMM's result through the fold G = w gamma,
 # B = w beta + bias (made at every call: nothing derived from the weights is kept).
-# GPU mapping (launch plans: ops/layernorm_linear_config.py):
+# GPU mapping (launch plans: ops/layernorm_linear/config.py):
 #   layernorm_linear_fold: a block of 256 threads per output column: G and B + bias, fixed-order sums.
 #   layernorm_linear_fwd_mma (fp16/bf16): grid (rows / 64, n / 64, k splits), 4 warps of 16 x 64 outputs (mma.sync
 #     m16n8k16, a cp.async ring); a tile's last block sums its splits in a fixed order and writes y.

@@ -7,7 +7,7 @@
 #     ldmatrix the A fragment, (x - c) * gamma in packed bf16 (c: the row's shift), wgmma m64n256k16
 #     (A from registers, B = w from shared memory); on a row block's first tile they also sum d = x - c and d^2
 #     for the statistics; a fold MMA applies G and B + bias; the epilogue scales by rstd and TMA-stores y.
-# Limits: bf16 on sm_90; k and n multiples of 8, x, w and y 16-byte aligned (ops/layernorm_linear.py checks).
+# Limits: bf16 on sm_90; k and n multiples of 8, x, w and y 16-byte aligned (ops/layernorm_linear/ checks).
 # Where it loses (long tile runs over x larger than L2; few tiles) auto takes another algo (sm90_region).
 # Design, the GPU mapping in detail and the measurements behind it: docs/kernels/layernorm_linear.md.
 
@@ -534,7 +534,7 @@ struct LayerNormLinearFwdSm90:
     ) raises:
         """y [rows, n], mean, rstd [rows] from x [rows, k], w [n, k], gamma, beta [k] and bias [n] (bf16).
         Scratch, made at every call: the fold (G, B + bias) as the fold MMA's ext rows [n, 8] (per column
-        G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi; fold_ext in ops/layernorm_linear.py). GPU (sm_90) only."""
+        G hi, G hi, G mid, B hi, B hi, B mid, G hi, B hi; fold_ext in ops/layernorm_linear/). GPU (sm_90) only."""
         comptime eps = bitcast[F32](UInt32(eps_bits))
         comptime if target != "gpu" or dtype != DType.bfloat16:
             raise Error("layernorm_linear_fwd_sm90: bfloat16 on an sm_90 GPU only")

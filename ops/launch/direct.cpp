@@ -3,14 +3,14 @@
 // forwards (no gradient), so that an eager call costs what a torch op costs (allocation, launch and the
 // backward's autograd node in C++, no Python per call).
 //
-// It decides nothing: Python (ops/layernorm_config.py, ops/layernorm_linear_config.py) chooses every launch and
+// It decides nothing: Python (ops/layernorm/config.py, ops/layernorm_linear/config.py) chooses every launch and
 // hands each choice to the plan tables below (set_fwd_plan, set_bwd_plan, set_linear_algo, set_fused_plan) the
 // first time it sees a shape. A strided x is copied once (dense). An op returns an undefined tensor (None in
 // Python) for any call it does not take: no plan yet, a strided weight or bias, an empty x, tensors on the CPU or
 // of another dtype, an eps that is not positive.
 // Python then runs its own route, with its named errors, and registers the plan for the next call.
 // layernorm_fwd / layernorm_infer / layernorm_bwd (with COMPILED_LAYERNORM "ours") and layernorm_linear_infer are
-// the ops torch.compile's graphs call (fakes in ops/layernorm.py, ops/layernorm_linear.py); they, and the autograd
+// the ops torch.compile's graphs call (fakes in ops/layernorm/, ops/layernorm_linear/); they, and the autograd
 // backward, fall back to the torch.library ops mojo::layernorm_fwd, mojo::layernorm_bwd and
 // mojo::layernorm_linear_fwd through the dispatcher. Design note: docs/direct_launch.md.
 // Kernels are launched with the driver's cuLaunchKernel(Ex), and the unfused route's Linear runs on cuBLASLt, both
@@ -212,7 +212,7 @@ struct BwdPlan {
   unsigned reduce_block;
 };
 
-// A fused or Hopper LayerNorm+Linear forward (ops/layernorm_linear_config.py: FusedPlan): its launches in order,
+// A fused or Hopper LayerNorm+Linear forward (ops/layernorm_linear/config.py: FusedPlan): its launches in order,
 // kind-specific sizes, and the tensors it reuses (the 16-bit kernel's tile counters, a zero bias).
 struct Step {
   CUfunction kernel;
@@ -278,7 +278,7 @@ bool supported(at::ScalarType dtype) {
 // autograd.grad(is_grads_batched=True), as jacobian(vectorize=True) makes), functionalized or a forward-mode AD dual
 // (our autograd has no forward-mode rule), none nested or sparse, none a view whose memory holds the negated or
 // conjugated values (z.conj().imag) or an efficient zero tensor (no memory), and no TorchDispatchMode active (it
-// would not see the kernels). Python answers the rest with torch's ops (ops/layernorm.py: torch_answers).
+// would not see the kernels). Python answers the rest with torch's ops (ops/layernorm/: torch_answers).
 constexpr c10::DispatchKeySet UNPLAIN_KEYS =
     c10::python_ks | c10::functorch_transforms_ks | c10::DispatchKeySet(c10::DispatchKey::Functionalize) |
     c10::DispatchKeySet(c10::DispatchKey::Batched) | c10::DispatchKeySet(c10::DispatchKey::NestedTensor) |
@@ -608,7 +608,7 @@ Tensor linear_forward(const Tensor& xn, const Tensor& w, const std::optional<Ten
   return std::get<0>(linear_act(xn, w, bias, ACT_NONE));
 }
 
-// gelu(linear(xn, W, bias), approximate="tanh") in one GEMM: what ops/layernorm_linear_inductor.py puts in an
+// gelu(linear(xn, W, bias), approximate="tanh") in one GEMM: what ops/layernorm_linear/inductor.py puts in an
 // inference graph in place of linear and the GELU after it.
 Tensor linear_gelu(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias) {
   return std::get<0>(linear_act(xn, w, bias, ACT_GELU));
@@ -825,7 +825,7 @@ std::vector<c10::Stream> sums_streams(AutogradContext* ctx, const Tensor& w, con
   return streams;
 }
 
-constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm_config.py's, the kernel's
+constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm/config.py's, the kernel's
 constexpr int64_t GRID_YZ_LIMIT = 65535;
 
 // x [..., r, h] whose [r, h] matrices are column-major (stride(-2) 1, stride(-1) r; the leading dims one batch
@@ -898,7 +898,7 @@ std::optional<FwdPlan> fwd_plan(const Tensor& x, const Tensor& w, const Tensor& 
 
 const char* ACTIVATIONS[] = {"none", "gelu_tanh", "gelu"};   // layernorm.ACTIVATIONS, by number
 
-// The Python route's forward and backward (the torch.library ops of ops/layernorm.py), for a call this file
+// The Python route's forward and backward (the torch.library ops of ops/layernorm/), for a call this file
 // does not take: they validate (named errors), launch, and register the plan for the next call.
 Triple ln_fwd_python(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
   static auto op = c10::Dispatcher::singleton()
@@ -992,7 +992,7 @@ Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tenso
   return ln_bwd_run(*plan, dy, x, w, b, stats.data_ptr(), stat_row(stats, 1), sums_on);
 }
 
-// ops/layernorm.py's layernorm_bwd in eager: (dx, dweight, dbias), or none for a call Python takes (no plan yet,
+// ops/layernorm/'s layernorm_bwd in eager: (dx, dweight, dbias), or none for a call Python takes (no plan yet,
 // another layout, dtype or device; Python validates those and names what is wrong).
 std::vector<Tensor> layernorm_bwd_with_plan(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
                                             const Tensor& mean, const Tensor& rstd, int64_t act) {
@@ -1017,7 +1017,7 @@ bool grad_to_come(std::initializer_list<const Tensor*> tensors) {
   return false;
 }
 
-// act(LayerNorm(x)) by ATen's differentiable ops (act: ACTIVATIONS of ops/layernorm.py).
+// act(LayerNorm(x)) by ATen's differentiable ops (act: ACTIVATIONS of ops/layernorm/).
 Tensor aten_layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
   Tensor z = at::layer_norm(x, {x.size(-1)}, w, b, eps);
   return act == 0 ? z : at::gelu(z, act == 1 ? "tanh" : "none");
@@ -1133,7 +1133,7 @@ Key lnl_key(const Tensor& x, const Tensor& w, int64_t algo, int64_t variant) {
 
 // ---------------------------------------------------------------- LayerNorm + Linear (fused and Hopper forwards)
 
-// The alignment facts the kernels' host code branches on (ops/layernorm_linear_config.py: align_mask).
+// The alignment facts the kernels' host code branches on (ops/layernorm_linear/config.py: align_mask).
 int64_t align_mask(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w) {
   auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % VECTOR_BYTES == 0; };
   const int64_t width = VECTOR_BYTES / static_cast<int64_t>(x.element_size());
@@ -1243,7 +1243,7 @@ std::optional<FusedPlan> fused_plan(const Tensor& x, const Tensor& lnw, const Te
   return find(fused_plans, fused_key(x, lnw, lnb, w, algo));
 }
 
-// ops/layernorm_linear.py's layernorm_linear_fwd (y, mean, rstd) where ``algo`` resolves to "fused" or "sm90"
+// ops/layernorm_linear/'s layernorm_linear_fwd (y, mean, rstd) where ``algo`` resolves to "fused" or "sm90"
 // and Python handed over the plan; none for a call Python takes.
 std::vector<Tensor> layernorm_linear_with_stats(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb,
                                                 const Tensor& w, const std::optional<Tensor>& bias, double eps,
@@ -1288,7 +1288,7 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
 
 // ---------------------------------------------------------------- the ops torch.compile's graphs call
 
-// The forward as an op without autograd (torch.compile traces ops/layernorm.py's autograd.Function around
+// The forward as an op without autograd (torch.compile traces ops/layernorm/'s autograd.Function around
 // it): y, mean, rstd; a call without a plan here goes to the Python route's op.
 std::optional<Triple> ln_fwd_stats(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
   auto plan = fwd_plan(x, w, b, eps, act);
@@ -1306,7 +1306,7 @@ Triple layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double e
   return out ? *out : ln_fwd_python(x, w, b, eps, act);
 }
 
-// ops/layernorm.py's layernorm_fwd (y, mean, rstd) in eager: the three, or none for a call Python takes.
+// ops/layernorm/'s layernorm_fwd (y, mean, rstd) in eager: the three, or none for a call Python takes.
 std::vector<Tensor> layernorm_with_stats(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
   auto out = ln_fwd_stats(dense(x, w, b, eps), w, b, eps, act);
   if (!out) return {};
@@ -1421,7 +1421,7 @@ int64_t gemm_plan_count() {
   return count;
 }
 
-// The Python route's Linear backward (ops/layernorm_linear.py), so that both routes run the same GEMMs, and
+// The Python route's Linear backward (ops/layernorm_linear/), so that both routes run the same GEMMs, and
 // traced_linear's autograd formula: [dxn, dweight] and, with bias_grad, dbias. Without weight_grad (a frozen
 // weight) dW's GEMM does not run and dweight is empty ([0]).
 std::vector<Tensor> linear_grads_op(const Tensor& dy, const Tensor& xn, const Tensor& w, bool bias_grad,
@@ -1489,7 +1489,7 @@ std::vector<Tensor> linear_gelu_grads_op(const Tensor& dy, const Tensor& xn, con
   return linear_grads_op(tanh_gelu_backward(dy, h), xn, w, bias_grad, weight_grad);
 }
 
-// gelu(linear(xn, W, bias), approximate="tanh") for torch.compile's training graphs (ops/layernorm_linear_inductor.py
+// gelu(linear(xn, W, bias), approximate="tanh") for torch.compile's training graphs (ops/layernorm_linear/inductor.py
 // puts it in place of traced_linear and the GELU): the forward one GEMM that writes GELU's output and input (the
 // op linear_gelu_aux), each through the dispatcher, as TracedLinearFn's. The backward: with bias_grad_in_gemm, the
 // op linear_gelu_grads (db in dW's epilogue); else torch's gelu_backward and sum, which inductor makes one kernel,
@@ -1537,8 +1537,8 @@ Tensor traced_linear_gelu_forward(const Tensor& xn, const Tensor& w, const std::
   return linear_gelu(xn, w, bias);
 }
 
-// act(Linear(LayerNorm(x))) for torch.compile's training graphs (ops/layernorm_linear.py's _traced, where
-// COMPILED_TRAINING_LAYERNORM_LINEAR is "ours"; act 1, GELU's tanh form, from ops/layernorm_linear_inductor.py's
+// act(Linear(LayerNorm(x))) for torch.compile's training graphs (ops/layernorm_linear/'s _traced, where
+// COMPILED_TRAINING_LAYERNORM_LINEAR is "ours"; act 1, GELU's tanh form, from ops/layernorm_linear/inductor.py's
 // pass), so that the compiled code calls one op each way. The forward (y, xn, mean, rstd, h): our LayerNorm on CUDA
 // (elsewhere torch's layer_norm in float32, float64 kept), then linear's GEMM, with act 1 GELU in its epilogue and
 // h its input (else h is empty). mean and rstd are float32 (float64 for float64 x), shaped x's rows.

@@ -6,7 +6,7 @@ code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the constants below mirro
 values, and ``tests/test_direct.py`` checks them against the kernel sources (a CPU test) and checks both routes'
 outputs bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
 section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``,
-``training_algo``), each citing its evidence; ``ops/layernorm_linear.py`` (``pick_algo``, ``fused_splits``,
+``training_algo``), each citing its evidence; ``ops/layernorm_linear/`` (``pick_algo``, ``fused_splits``,
 ``autograd_algo``) reads them. A new GPU's tuning is a new table there.
 """
 
@@ -260,7 +260,7 @@ COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "induc
 # Under torch.compile, the 16-bit unfused LayerNorm+Linear of a training forward as "ours": the C++ op
 # mojo_direct.traced_layernorm_linear, one call each way in the compiled code (our LayerNorm and the cuBLASLt GEMM;
 # in the backward the Linear's gradients and our LayerNorm backward), with a tanh GELU after it in the GEMM's
-# epilogue (ops/layernorm_linear_inductor.py); as "inductor": torch's layer_norm (which inductor fuses with the
+# epilogue (ops/layernorm_linear/inductor.py); as "inductor": torch's layer_norm (which inductor fuses with the
 # residual add before it) and the Linear as COMPILED_TRAINING_LINEAR says, a tanh GELU after it in the GEMM's
 # epilogue as COMPILED_LINEAR_GELU says; as "torch": torch's program, with no op of ours in it (the Linear as
 # COMPILED_TRAINING_LINEAR says, no GELU epilogue). "auto" (the default) is "ours" for inputs of
@@ -284,7 +284,7 @@ COMPILED_TRAINING_FORMS = ("auto", "ours", "inductor", "torch")
 
 # Under torch.compile, a tanh GELU right after the unfused LayerNorm+Linear's Linear goes into that GEMM's cuBLASLt
 # epilogue, in inference and in training graphs of the "ours" and "inductor" forms (compiled_training_form; the
-# evidence below is of "inductor", the default then) (ops/layernorm_linear_inductor.py). OPS_COMPILED_LINEAR_GELU=0
+# evidence below is of "inductor", the default then) (ops/layernorm_linear/inductor.py). OPS_COMPILED_LINEAR_GELU=0
 # turns it off.
 # Evidence (H100, GPT-2-small): fewer kernels per compiled call than without it (as many as torch's): inference
 # 97 (109) at 1x128 and 97 (121) at 8x512, where auto's Hopper forward becomes torch's layer_norm and that GEMM;

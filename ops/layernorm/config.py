@@ -15,7 +15,13 @@ from functools import cache
 
 import torch
 
+from ops.inputs import DTYPES
 from ops.launch.direct import KernelSpec
+
+# the activation after the norm, as the kernels' act parameter: "gelu" is the erf form (torch's default),
+# "gelu_tanh" the tanh approximation
+ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "gelu": 2}
+F32 = torch.float32   # the statistics' dtype
 
 WARP = 32
 VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)
@@ -102,7 +108,6 @@ class Launch:
         return KernelSpec("layernorm", self.kernel, (dtype, act, *self.params), args)
 
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 VECTOR_WIDTH = {dtype: VECTOR_BYTES // dtype.itemsize for dtype in DTYPES}   # elements per 16-byte vector
 
 

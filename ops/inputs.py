@@ -1,12 +1,17 @@
-"""Input checks run before MAX sees a tensor; each error names the argument."""
+"""What an input to an op is: the named checks (each error names the argument), and which calls torch's own ops
+answer instead of our kernels (``torch_answers``). Every op's entries classify their inputs with these."""
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Sequence
 
 import torch
+from torch import nn
+from torch.autograd import forward_ad
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)   # what the kernels take
 # the layouts a tensor's elements are stored densely in: torch.strided, and a jagged nested tensor's values
 DENSE_LAYOUTS = (torch.strided, torch.jagged)
 
@@ -133,3 +138,89 @@ def as_size(name: str, value: object) -> int:
     if size < 0:
         raise ValueError(f"{name}: expected a size >= 0, got {size}")
     return size
+
+
+# ---------------------------------------------------------------- what torch's ops answer
+
+# check_tensor's dtypes and devices for a call torch's ops answer: float64 and the meta device too
+TORCH_TAKES = {"dtypes": (*DTYPES, torch.float64), "devices": ("cpu", "cuda", "meta")}
+
+
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+
+
+# legacy vmap's batched tensors (autograd.grad's is_grads_batched); a torch without legacy vmap has none
+_is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
+
+
+def torch_answers(*tensors: object) -> bool:
+    """Whether a drop-in call (``layernorm``, ``layer_norm``, ``LayerNorm`` and the LayerNorm+Linear ones) is
+    answered by torch's own ops, as torch's modules would answer it, instead of by our kernels: where a tensor is
+    float64 (no kernel of ours takes it) and, outside torch.compile (which traces our ops through their fakes),
+    where one is on the meta device, is a subclass other than ``nn.Parameter`` (a FakeTensor, a DTensor, ...) or a
+    functorch transform's (vmap, grad, jacrev), or while a TorchDispatchMode is active (FakeTensorMode,
+    FlopCounterMode, ...) or a forward-mode AD level (``forward_ad.dual_level``): our kernels cannot read those
+    tensors, such a mode would not see them, and our autograd functions have no forward-mode rule. And while
+    ``torch.jit.trace`` or ``torch.onnx.export`` records: a trace sees torch's ops, not our launches, and ONNX has
+    torch's ops, not ours."""
+    if any(isinstance(t, torch.Tensor) and t.dtype is torch.float64 for t in tensors):
+        return True
+    if torch.compiler.is_compiling():
+        # torch.onnx.export's trace (torch.export, non-strict) takes torch's ops, which ONNX has (LayerNormalization,
+        # Gemm) and our custom ops are not; dynamo folds the check to False while it traces.
+        return torch.onnx.is_in_onnx_export()
+    return (torch._C._len_torch_dispatch_stack() > 0 or forward_ad._current_level >= 0 or torch._C._is_tracing()
+            or any(kernels_cannot_read(t) for t in tensors))
+
+
+def kernels_cannot_read(t: object) -> bool:
+    """Whether ``t`` is a tensor our kernels cannot read as it is: on the meta device, a subclass other than
+    ``nn.Parameter`` (a jagged nested tensor is one), a nested tensor of the strided layout, not strided (sparse),
+    a view whose memory holds the negated values (the negative bit: ``z.conj().imag``), an efficient zero tensor
+    (no memory), wrapped by a functorch transform, or with rows or a last dim beyond int32 (``beyond_int32``)."""
+    return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta or t.is_nested
+                                            or t.layout is not torch.strided or t.is_neg() or t._is_zerotensor()
+                                            or torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                            or _is_legacy_batched(t) or beyond_int32(t))
+
+
+def trailing_sizes(x: torch.Tensor, n: int = 1) -> tuple[int, ...]:
+    """x's last ``n`` dims; for a nested tensor, those its tensors share (a named error where they differ)."""
+    if not x.is_nested:
+        return tuple(x.shape[x.dim() - n:])
+    try:
+        return tuple(x.size(d) for d in range(x.dim() - n, x.dim()))
+    except RuntimeError:
+        dims = "last dim" if n == 1 else f"last {n} dims"
+        raise ValueError(f"x: a nested tensor whose tensors differ in their {dims} (normalized)") from None
+
+
+def last_size(x: torch.Tensor) -> int:
+    """x's last dim (``trailing_sizes``)."""
+    return x.shape[-1] if not x.is_nested else trailing_sizes(x)[0]
+
+
+def as_eps(eps: object) -> float:
+    """eps as a float, taken as torch's ``layer_norm`` takes it: a real number (Python's or NumPy's; a bool reads
+    as 0 or 1) or a 0-dim real tensor that needs no gradient. Any value: torch takes 0, a negative eps, inf and
+    NaN, and the kernels answer them as torch does (rstd = 1 / sqrt(var + eps): NaN where var + eps < 0)."""
+    if eps.__class__ is float:
+        return eps
+    if isinstance(eps, numbers.Real) or (isinstance(eps, torch.Tensor) and eps.dim() == 0
+                                         and not eps.requires_grad and not eps.is_complex()):
+        return float(eps)
+    raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
+
+
+def as_shape(normalized_shape: object) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple of ints, read as torch's ``nn.LayerNorm`` reads it: an integer (Python's or
+    NumPy's) for the last dim alone, or a sequence of them (tuple, list, ``torch.Size``, a NumPy array); one or
+    more sizes >= 0."""
+    try:
+        shape = ((operator.index(normalized_shape),) if isinstance(normalized_shape, numbers.Integral)
+                 else tuple(operator.index(d) for d in normalized_shape))
+    except TypeError:
+        shape = ()
+    if not shape or min(shape) < 0:
+        raise ValueError(f"normalized_shape: expected one or more sizes >= 0, got {normalized_shape!r}")
+    return shape

@@ -32,8 +32,8 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from ops import layernorm_config
-from ops import layernorm_linear_config as config
+from ops.layernorm import config as layernorm_config
+from ops.layernorm_linear import config as config
 
 _GELUS = (torch._C._nn.gelu, torch.nn.functional.gelu)
 

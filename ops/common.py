@@ -1,0 +1,115 @@
+"""Helpers every op shares above the launch layer: output buffers, the C++ entries' lookup, autograd's
+create_graph case, constants standing in for absent parameters, and the modules' parameter reads."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import NoReturn
+
+import torch
+from torch import nn
+
+from ops.launch import bridge, direct
+
+
+def empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output buffer: uninitialised, or NaN in poison mode (tests: an unwritten element never passes)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t.fill_(float("nan")) if bridge.poison_outputs else t
+
+
+def native_entry(name: str) -> Callable | None:
+    """The C++ entry ``name`` (``direct.NATIVE``) for an eager call to try first; None while torch.compile or
+    torch.export traces (is_compiling first: dynamo must not read, and guard on, a builtin it cannot guard; the
+    ops' fakes stand in) or ``torch.jit.trace`` records: a trace must record the same ops at every call, and the
+    C++ entries decline a shape's first call (``torch_answers`` picks torch's ops then)."""
+    if torch.compiler.is_compiling() or torch._C._is_tracing():
+        return None
+    return getattr(direct.NATIVE, name)
+
+
+def no_grad_to_come(*tensors: object) -> bool:
+    """Whether no gradient will be taken through a call on ``tensors`` (grad mode off, or none requires one)."""
+    return not (torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors))
+
+
+def create_graph() -> bool:
+    """Whether a backward runs under ``create_graph=True`` (a double backward, a gradient penalty): grad mode is
+    on in it. Not under torch.compile, whose AOTAutograd traces the backward itself."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+def differentiable_grads(ctx: torch.autograd.function.FunctionCtx, y: torch.Tensor,
+                         inputs: tuple[torch.Tensor, ...], dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """A backward under ``create_graph``: the gradients of y (recomputed from the saved inputs by torch's
+    differentiable ops) for the inputs that want one (``ctx.needs_input_grad``, from the first), so that they
+    carry their own graph as torch's LayerNorm's do; our kernels' could not (ops/launch/direct.cpp does the same)."""
+    wants = ctx.needs_input_grad[:len(inputs)]
+    if not any(wants):
+        return (None,) * len(inputs)
+    grads = iter(torch.autograd.grad(y, [t for t, w in zip(inputs, wants, strict=True) if w], dy, create_graph=True,
+                                     allow_unused=True))
+    return tuple(next(grads) if w else None for w in wants)
+
+
+CONSTANTS_MAX = 64   # constants kept (a model has a few widths; one that sees ever new ones must not grow them)
+_constants: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+
+def constant(value: float, h: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A [h] tensor of ``value`` that stands in for an absent weight or bias: one per (value, h, dtype, device),
+    the ``CONSTANTS_MAX`` most recently used kept, never written (it depends on no tensor's values, so it cannot go
+    stale)."""
+    key = (value, h, dtype, device)
+    t = _constants.get(key)
+    if t is None:
+        t = _constants[key] = torch.full((h,), value, dtype=dtype, device=device)
+        if len(_constants) > CONSTANTS_MAX:
+            _constants.popitem(last=False)
+    else:
+        _constants.move_to_end(key)
+    return t
+
+
+# the modules whose parameters weight_and_bias reads straight from _parameters (ours add themselves)
+_PLAIN_MODULES: set[type] = {nn.LayerNorm, nn.Linear}
+
+
+def plain_module(cls: type) -> type:
+    """A class decorator: ``weight_and_bias`` reads ``cls``'s parameters straight from ``_parameters``."""
+    _PLAIN_MODULES.add(cls)
+    return cls
+
+
+def weight_and_bias(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``module.weight`` and ``module.bias``, for the modules' forwards: read from ``_parameters`` (about a
+    microsecond less per call than ``nn.Module.__getattr__``) where that is where they live (an ``nn.LayerNorm``,
+    ``nn.Linear`` or our ``LayerNorm``, not a subclass, that holds both names there and not in its ``__dict__``);
+    anything else (a parametrized or weight-normed module, a subclass, tracing) through ``getattr``."""
+    params = module._parameters
+    if (type(module) in _PLAIN_MODULES and "weight" in params and "bias" in params
+            and "weight" not in module.__dict__ and "bias" not in module.__dict__
+            and not torch.compiler.is_compiling()):
+        return params["weight"], params["bias"]
+    return module.weight, module.bias
+
+
+def share_affine(dst: nn.LayerNorm, src: nn.LayerNorm) -> None:
+    """``dst`` takes ``src``'s weight and bias themselves: parameters as parameters, buffers (a LayerNorm frozen into
+    constants) as buffers, absent ones absent."""
+    for name in ("weight", "bias"):
+        p = getattr(src, name)
+        if p is None or isinstance(p, nn.Parameter):
+            setattr(dst, name, p)
+        else:
+            delattr(dst, name)
+            dst.register_buffer(name, p)
+
+
+def not_scriptable(module: nn.Module) -> NoReturn:
+    """What ``torch.jit.script`` meets first in our modules (their ``__prepare_scriptable__``): a named error.
+    Their forwards run Python that TorchScript cannot compile (autograd functions, the choice of route); torch
+    deprecates TorchScript for ``torch.export``, which takes them, as ``torch.jit.trace`` does."""
+    raise TypeError(f"torch.jit.script: {type(module).__name__} cannot be scripted (TorchScript compiles no Python "
+                    "calls); use torch.export or torch.jit.trace")

@@ -1,0 +1,144 @@
+"""LayerNorm's functions with autograd: ``layernorm`` (the last dim; the call ``LayerNorm`` makes) and ``layer_norm``
+(``F.layer_norm``'s signature). Each checks, picks its route once, and calls it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from ops.common import constant, native_entry, no_grad_to_come
+from ops.inputs import as_eps, last_size, torch_answers
+from ops.launch import direct
+from ops.layernorm.autograd import LayerNormFunction, compiled_layernorm
+from ops.layernorm.checks import ACT_FNS, adapt, check_call, check_torch_call, native_takes, normalized_size, valid
+from ops.layernorm.config import ACTIVATIONS
+from ops.layernorm.fwd_bwd import infer_call
+from ops.layernorm.launch import fwd_direct
+
+
+def torch_layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                    activation: str, shape: tuple[int, ...] | None = None,
+                    names: tuple[str, str, str] = ("x", "weight", "bias")) -> torch.Tensor:
+    """act(LayerNorm(x)) over ``shape`` (x's last dim if None) by torch's ops, for a call ``torch_answers``
+    sends here (the named checks first, over x flattened to ``shape``'s size)."""
+    h = math.prod(shape) if shape is not None and len(shape) > 1 else None
+    def flat(p: object) -> object:   # a dense parameter of several normalized dims, as 1-D; anything else as it is
+        return p.reshape(-1) if h is not None and isinstance(p, torch.Tensor) and p.layout is torch.strided else p
+    check_torch_call(x, flat(weight), flat(bias), eps, activation, names, h)
+    shape = (last_size(x),) if shape is None else shape
+    return ACT_FNS[activation](torch.nn.functional.layer_norm(x, shape, weight, bias, eps))
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+              activation: str = "none", variant: str = "fast") -> torch.Tensor:
+    """act(LayerNorm(x)) over the last dim, with autograd (the call ``LayerNorm`` makes).
+
+    Args:
+        x: the input ``[..., H]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
+        weight, bias: gamma and beta ``[H]``, x's dtype (or float32 for 16-bit x).
+        eps: added to the variance (any float, as torch takes).
+        activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
+        variant: the forward kernel (``VARIANTS``).
+
+    Shape:
+        x and the output: ``[..., H]``.
+
+    Returns:
+        The normalized tensor in x's dtype (float32 under CUDA autocast, as torch's).
+
+    Raises:
+        TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
+        ValueError: sizes or devices that do not match, an unknown variant or activation.
+
+    Example:
+        >>> y = layernorm(torch.randn(4, 8, requires_grad=True), torch.ones(8), torch.zeros(8))
+        >>> y.sum().backward()
+    """
+    native = native_entry("layernorm")
+    if native is not None and native_takes(x, weight, bias, eps, variant, activation):
+        y = native(x, weight, bias, eps, ACTIVATIONS[activation])
+        if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
+            return y
+    eps = as_eps(eps)
+    if torch_answers(x, weight, bias):
+        return torch_layernorm(x, weight, bias, eps, activation)
+    if not valid(x, weight, bias) or autocast_to_fp32(x):
+        return _layernorm_adapted(x, weight, bias, eps, activation, variant)
+    if torch.compiler.is_compiling() and variant == "fast":
+        check_call(x, weight, bias, eps, variant, activation)
+        return compiled_layernorm(x, weight, bias, eps, activation)
+    if torch.compiler.is_compiling() and no_grad_to_come(x, weight, bias):
+        check_call(x, weight, bias, eps, variant, activation)
+        return infer_call(x, weight, bias, eps, variant, activation)
+    if isinstance(x, torch.Tensor) and direct.launches(x) and no_grad_to_come(x, weight, bias):
+        # No gradient to come (inference): one launch that keeps no statistics, no autograd node.
+        check_call(x, weight, bias, eps, variant, activation)
+        return fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation])
+    return LayerNormFunction.apply(x, weight, bias, eps, variant, activation)
+
+
+def autocast_to_fp32(x: torch.Tensor) -> bool:
+    """Whether torch would run a LayerNorm of x in float32 now: CUDA autocast puts ``layer_norm`` on its float32
+    list (the CPU's leaves it in x's dtype)."""
+    return x.is_cuda and torch.is_autocast_enabled("cuda")
+
+
+def _layernorm_adapted(x: object, weight: object, bias: object, eps: float, activation: str,
+                       variant: str) -> torch.Tensor:
+    """``layernorm`` of what the kernels do not take as it comes, answered as torch answers it: under CUDA
+    autocast in float32; empty x by torch (nothing to compute); strided x and float32 parameters of 16-bit x
+    adapted (``adapt``). Anything else gets ``validate``'s named error."""
+    check_call(x, weight, bias, eps, variant, activation)
+    if autocast_to_fp32(x):
+        with torch.autocast("cuda", enabled=False):
+            return layernorm(x.float(), weight.float(), bias.float(), eps, activation, variant)
+    if x.numel() == 0:
+        y = torch.nn.functional.layer_norm(x, x.shape[-1:], weight.to(x.dtype), bias.to(x.dtype), eps)
+        return ACT_FNS[activation](y)
+    return layernorm(*adapt(x, weight, bias), eps, activation, variant)
+
+
+def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5, *, activation: str = "none",
+               variant: str = "fast") -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` on our kernels: act(LayerNorm(x)) over x's trailing ``normalized_shape``
+    dims, with autograd.
+
+    Args:
+        x: the input, ``[*, *normalized_shape]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any
+            layout (a strided x is copied once).
+        normalized_shape: the trailing dims to normalize over (an int for the last dim alone).
+        weight, bias: gamma and beta of ``normalized_shape``, or None (1 and 0); x's dtype, or float32 for
+            16-bit x.
+        eps: added to the variance (any float, as torch takes).
+        activation: ``"none"``, ``"gelu"`` (erf) or ``"gelu_tanh"``, applied in the same pass.
+        variant: the forward kernel's variant (``VARIANTS``; benchmarks).
+
+    Shape:
+        x and the output: ``[*, *normalized_shape]``.
+
+    Returns:
+        The normalized tensor, x's dtype (float32 under CUDA autocast, as torch's).
+
+    Raises:
+        TypeError: a non-tensor or unsupported dtype, named.
+        ValueError: sizes that do not match, tensors on different devices, an unknown activation.
+
+    Example:
+        >>> y = layer_norm(torch.randn(2, 3, 4), (3, 4))
+    """
+    by_torch = torch_answers(x, weight, bias)
+    shape, h = normalized_size(x, normalized_shape, by_torch)
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and not isinstance(p, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(p).__name__}")
+        if p is not None and tuple(p.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {tuple(p.shape)}")
+    if by_torch:
+        return torch_layernorm(x, weight, bias, eps, activation, shape)
+    x2 = x.reshape(*x.shape[:x.dim() - len(shape)], h) if len(shape) > 1 else x
+    weight = constant(1.0, h, x.dtype, x.device) if weight is None else weight.reshape(h)
+    bias = constant(0.0, h, weight.dtype, x.device) if bias is None else bias.reshape(h)
+    return layernorm(x2, weight, bias, eps, activation, variant).reshape(x.shape)

@@ -1,0 +1,134 @@
+"""``layernorm_linear``: Linear(LayerNorm(x)) with autograd for all five inputs. It checks, picks its route
+once, and calls it."""
+
+from __future__ import annotations
+
+import torch
+
+from ops.common import (
+    constant,
+    native_entry,
+    no_grad_to_come,
+)
+from ops.inputs import (
+    as_eps,
+    torch_answers,
+)
+from ops.launch import direct
+from ops.layernorm import checks as ln_checks
+from ops.layernorm import functional as ln_functional
+from ops.layernorm import launch as ln_launch
+from ops.layernorm_linear.autograd import LayerNormLinearFunction
+from ops.layernorm_linear.checks import adapted_fwd, check_linear, empty_result, valid_linear, validate
+from ops.layernorm_linear.config import ALGO_IDS
+from ops.layernorm_linear.fwd_bwd import layernorm_linear_fwd
+from ops.layernorm_linear.launch import linear
+from ops.layernorm_linear.route import autograd_algo, check_algo, pick_algo, remember_algo
+from ops.layernorm_linear.traced import traced
+
+
+def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, eps: float = 1e-5, algo: str = "auto") -> torch.Tensor:
+    """Linear(LayerNorm(x)) with autograd for all five inputs (the call ``FusedLayerNormLinear`` makes).
+
+    Args:
+        x: the input ``[..., K]``, float32, float16 or bfloat16, on the CPU or a CUDA GPU; any layout.
+        ln_weight, ln_bias: the LayerNorm's gamma and beta ``[K]``, x's dtype (or float32 for 16-bit x).
+        weight: the Linear's ``[N, K]``; bias: its ``[N]`` or None.
+        eps: the LayerNorm's (any float, as torch takes).
+        algo: the forward algorithm; with gradients to come, 16-bit ``"auto"`` runs ``"unfused"``
+            (``autograd_algo``).
+
+    Shape:
+        x: ``[..., K]``; output: ``[..., N]``.
+
+    Returns:
+        Linear(LayerNorm(x)) in x's dtype (under CUDA autocast, what the torch modules give).
+
+    Raises:
+        TypeError, ValueError: as ``layernorm_linear_fwd`` (named), in the forward and the backward.
+
+    Example:
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> y = layernorm_linear(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), torch.zeros(3))
+        >>> y.sum().backward()
+    """
+    native = native_entry("layernorm_linear")
+    if (native is not None and isinstance(x, torch.Tensor) and isinstance(ln_weight, torch.Tensor)
+            and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS
+            and not x.is_nested):
+        y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
+        if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
+            return y
+    eps = as_eps(eps)
+    tensors = (x, ln_weight, ln_bias, weight, bias)
+    if torch_answers(*tensors):
+        return torch_layernorm_linear(*tensors, eps, algo)
+    if not (ln_checks.valid(x, ln_weight, ln_bias) and valid_linear(x, weight, bias)) or torch.is_autocast_enabled(
+            x.device.type):
+        return _layernorm_linear_adapted(x, ln_weight, ln_bias, weight, bias, eps, algo)
+    if torch.compiler.is_compiling():
+        return traced(x, ln_weight, ln_bias, weight, bias, eps, algo)
+    if not (isinstance(x, torch.Tensor) and direct.launches(x)):
+        return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
+    if not no_grad_to_come(*tensors):
+        runs = autograd_algo(algo, tensors)
+        y = LayerNormLinearFunction.apply(*tensors, eps, runs)
+        remember_algo(x, weight, algo, True, runs)
+        return y
+    # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
+    validate(*tensors)
+    k = x.shape[-1]
+    picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k)
+    remember_algo(x, weight, algo, False, algo)
+    if picked != "unfused":
+        return layernorm_linear_fwd(*tensors, eps, algo)[0]
+    xn = ln_launch.fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
+    return linear(xn, weight, bias)
+
+
+def torch_layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
+                           weight: torch.Tensor, bias: torch.Tensor | None, eps: float, algo: str) -> torch.Tensor:
+    """Linear(LayerNorm(x)) by torch's ops, for a call ``layernorm.torch_answers`` sends here: the named checks
+    first, float64 and the meta device taken."""
+    xn = ln_functional.torch_layernorm(x, ln_weight, ln_bias, eps, "none", names=("x", "ln_weight", "ln_bias"))
+    check_linear(x, weight, bias, same_dtype=x.is_meta or not torch.is_autocast_enabled(x.device.type),
+                  by_torch=True)
+    check_algo(algo)
+    return torch.nn.functional.linear(xn, weight, bias)
+
+
+def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object,
+                              eps: float, algo: str) -> torch.Tensor:
+    """``layernorm_linear`` of what the kernels do not take as it comes, answered as torch's
+    ``nn.Sequential(nn.LayerNorm, nn.Linear)`` answers it: under autocast our LayerNorm under torch's policy for
+    it, then ``F.linear`` under autocast's; empty ones by torch (``empty_result``); strided x and float32
+    LayerNorm parameters of 16-bit x adapted. Anything else gets ``validate``'s named error."""
+    if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
+        ln_checks.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
+        check_linear(x, weight, bias, same_dtype=False)
+        pick_algo(algo, x.device, x.dtype, 1, 1)
+        return torch.nn.functional.linear(ln_functional.layernorm(x, ln_weight, ln_bias, eps), weight, bias)
+    validate(x, ln_weight, ln_bias, weight, bias)
+    pick_algo(algo, x.device, x.dtype, 1, 1)
+    if (adapted := adapted_fwd(x, ln_weight, ln_bias, weight, bias, eps)) is None:
+        return empty_result(x, ln_weight, ln_bias, weight, bias, eps)
+    return layernorm_linear(*adapted, eps, algo)
+
+
+def module_forward(x: torch.Tensor, normalized_shape: tuple[int, ...], ln_weight: torch.Tensor | None,
+                   ln_bias: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                   algo: str) -> torch.Tensor:
+    """``FusedLayerNormLinear``'s forward from its parameters (absent ones None): a function of its own, so that
+    ``torch.fx.symbolic_trace`` records the module as this call."""
+    if len(normalized_shape) > 1:
+        return torch.nn.functional.linear(ln_functional.layer_norm(x, normalized_shape, ln_weight, ln_bias, eps),
+                                          weight, bias)
+    if ln_weight is None or ln_bias is None:
+        if torch_answers(x, ln_weight, ln_bias, weight, bias):   # before a constant is made of a fake
+            return torch_layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, algo)
+        k, dtype, device = normalized_shape[0], weight.dtype, weight.device
+        ln_weight = constant(1.0, k, dtype, device) if ln_weight is None else ln_weight
+        ln_bias = constant(0.0, k, dtype, device) if ln_bias is None else ln_bias
+    return layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, algo)
