@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from ops.launch import direct
+from ops.launch import direct, ptx
 from ops.layernorm import config as layernorm_config
 from ops.layernorm_linear import config as layernorm_linear_config
 
@@ -15,12 +15,12 @@ from ops.layernorm_linear import config as layernorm_linear_config
 def main(argv: Sequence[str] | None = None) -> int:
     """Build every default instantiation for ``--target`` (default H100); print what was built and where."""
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--target", default="H100", choices=[t for t, _ in direct.TARGETS.values()])
+    p.add_argument("--target", default="H100", choices=[t for t, _ in ptx.TARGETS.values()])
     a = p.parse_args(argv)
     specs = layernorm_config.all_specs() + layernorm_linear_config.all_specs()
-    built = direct.build(specs, a.target)
+    built = ptx.build(specs, a.target)
     print(f"{len(specs)} kernels for {a.target}: {built} built, {len(specs) - built} cached, "
-          f"in {direct.ptx_dir(a.target)}")
+          f"in {ptx.ptx_dir(a.target)}")
     try:
         print(f"C++ launcher: {direct.build_native()}")
     except direct.NativeBuildError as e:

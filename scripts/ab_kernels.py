@@ -36,11 +36,15 @@ FIELDS = ("kind", "impl", "dtype", "M", "H", "old_kernel", "new_kernel", "same_p
 # Run in a revision's tree (cwd and PYTHONPATH): its launch of each row and its PTX (built if missing), as JSON.
 LAUNCHES = """
 import json, sys, torch
-from ops.layernorm import config as C
-try:   # the layout before issue 35 first: the editable install finds ops.launch from any tree
-    from ops import direct
+try:   # the layout of the op packages first, then the older ones (the editable install finds ops.launch anywhere)
+    from ops.layernorm import config as C
+    from ops.launch import ptx
 except ImportError:
-    from ops.launch import direct
+    from ops import layernorm_config as C
+    try:
+        from ops import direct as ptx
+    except ImportError:
+        from ops.launch import direct as ptx
 found, specs = [], []
 for kind, impl, dtype, m, h in json.load(sys.stdin):
     dt = getattr(torch, dtype)
@@ -49,8 +53,8 @@ for kind, impl, dtype, m, h in json.load(sys.stdin):
     specs.append(spec)
     found.append({"kernel": f"{launch.kernel}{list(launch.params)}", "args": spec.args, "grid": launch.grid,
                   "block": launch.block, "cluster": getattr(launch, "cluster", 1),
-                  "ptx": str(direct.ptx_path(spec, "H100"))})
-direct.build(specs, "H100", quiet=True)
+                  "ptx": str(ptx.ptx_path(spec, "H100"))})
+ptx.build(specs, "H100", quiet=True)
 print(json.dumps(found))
 """
 
@@ -103,7 +107,7 @@ class Loaded:
     def __init__(self, side: dict) -> None:
         from cuda.core import Device, ObjectCode
 
-        from ops.launch.direct import entry_name
+        from ops.launch.ptx import entry_name
 
         Device(torch.cuda.current_device()).set_current()
         ptx = (ROOT / side["ptx"]).read_text()

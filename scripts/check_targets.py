@@ -169,7 +169,7 @@ def forward_ptx_changed(commit: str, ab: dict[tuple[str, ...], dict[str, str]]) 
     import compare_ptx
     import torch
 
-    from ops.launch import direct
+    from ops.launch import ptx
 
     if subprocess.run(["git", "rev-parse", "--verify", "-q", f"{commit}^{{commit}}"], cwd=ROOT,
                       capture_output=True).returncode:
@@ -178,11 +178,11 @@ def forward_ptx_changed(commit: str, ab: dict[tuple[str, ...], dict[str, str]]) 
     for (kind, impl, dtype, m, h) in ab:
         launch = ab_launch(impl, dtype, m, h)
         specs[launch.spec(getattr(torch, dtype), 0 if kind == "fwd" else 2)] = f"{kind} {impl} {dtype} {m}x{h}"
-    direct.build(list(specs), "H100", quiet=True)
+    ptx.build(list(specs), "H100", quiet=True)
     with tempfile.TemporaryDirectory() as tmp:
         old = {path.name: path for path in compare_ptx.build_at(commit, Path(tmp))}
         for spec, row in specs.items():
-            here = direct.ptx_path(spec, "H100")
+            here = ptx.ptx_path(spec, "H100")
             then = old.get(here.name)
             if then is None or compare_ptx.fingerprint(then.read_text()) != compare_ptx.fingerprint(here.read_text()):
                 return f"{row}: its kernel's PTX differs from {commit}'s"

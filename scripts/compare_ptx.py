@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import compare_results  # noqa: E402
 
-# Builders by revision: ops/launch/direct.py since the issue-35 layout, ops/direct.py before it.
-BUILDERS = ("ops.launch.direct", "ops.direct")
+# Builders by revision: ops/build_kernels.py now, ops/launch/direct.py since the issue-35 layout, ops/direct.py before.
+BUILDERS = ("ops.build_kernels", "ops.launch.direct", "ops.direct")
 NAME = re.compile(r"\bkernels_\w+")   # every mangled name of ours (kernels and the functions they call)
 
 
@@ -56,13 +56,13 @@ def build_at(rev: str, tmp: Path) -> list[Path]:
 def build_here() -> dict[Path, str]:
     """Build every kernel of the working tree (``poe build-kernels``'s list, in OPS_CACHE_DIR); kernel function
     name -> its instantiations' PTX files."""
-    from ops.launch import direct
+    from ops.launch import ptx as ptxlib
     from ops.layernorm import config as layernorm_config
     from ops.layernorm_linear import config as layernorm_linear_config
 
     specs = list(dict.fromkeys(layernorm_config.all_specs() + layernorm_linear_config.all_specs()))
-    direct.build(specs, "H100", quiet=True)
-    return {direct.ptx_path(spec, "H100"): spec.name for spec in specs}
+    ptxlib.build(specs, "H100", quiet=True)
+    return {ptxlib.ptx_path(spec, "H100"): spec.name for spec in specs}
 
 
 def fingerprint(ptx: str) -> str:
@@ -86,7 +86,7 @@ def moved_rows(rev: str, built: set[str], band: float = 0.05) -> list[str]:
     than ``band`` off ``rev``'s (``compare_results``), with whether its kernel's PTX is one ``rev`` built."""
     import torch
 
-    from ops.launch import direct
+    from ops.launch import ptx as ptxlib
     from ops.layernorm import config as layernorm_config
 
     out = []
@@ -97,7 +97,7 @@ def moved_rows(rev: str, built: set[str], band: float = 0.05) -> list[str]:
         variant = impl.partition(":")[2] or "fast"
         dt = getattr(torch, dtype)
         launch = layernorm_config.fwd_launch(int(m), int(h), dt, True, variant)
-        ptx = direct.ptx_path(launch.spec(dt, 0), "H100")
+        ptx = ptxlib.ptx_path(launch.spec(dt, 0), "H100")
         same = "unchanged" if fingerprint(ptx.read_text()) in built else "changed"
         out.append(f"| {' '.join(key)} | {old} | {new} | {ratio:.3f} | {launch.kernel}{list(launch.params)} | {same} |")
     return out

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from ops.launch import direct
+from ops.launch import ptx
 from ops.layernorm import config as layernorm_config
 
 SHAPES = ((4096, 8192), (4096, 4096), (16384, 4096), (4096, 768), (65536, 1024))
@@ -25,9 +25,9 @@ def main(argv: list[str]) -> int:
     shapes = [tuple(int(d) for d in a.split("x")) for a in argv] or SHAPES
     specs = {(m, h, dt): layernorm_config.fwd_launch(m, h, dt, True).spec(dt, 0)
              for m, h in shapes for dt in (torch.bfloat16, torch.float32)}
-    direct.build(list(dict.fromkeys(specs.values())), "H100", quiet=True)
+    ptx.build(list(dict.fromkeys(specs.values())), "H100", quiet=True)
     for (m, h, dt), spec in specs.items():
-        out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(direct.ptx_path(spec, "H100")), "-o", "/dev/null"],
+        out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(ptx.ptx_path(spec, "H100")), "-o", "/dev/null"],
                              capture_output=True, text=True, check=True).stderr
         regs = re.search(r"Used (\d+) registers", out)
         spill = re.search(r"(\d+) bytes spill stores", out)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.launch import bridge, direct, packages
+from ops.launch import bridge, direct, packages, plans
+from ops.launch import ptx as ptxlib
 from ops.layernorm import config as config
 from ops.layernorm_linear import config as lnl_config
 from ops.timing import captured, kernel_times
@@ -31,28 +32,28 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_build_writes_ptx_once(cache: Path) -> None:
-    assert direct.build([SPEC], "H100", quiet=True) == 1
-    ptx = direct.ptx_path(SPEC, "H100").read_text()
+    assert ptxlib.build([SPEC], "H100", quiet=True) == 1
+    ptx = ptxlib.ptx_path(SPEC, "H100").read_text()
     assert ".target sm_90a" in ptx
-    name = direct.entry_name(ptx)
+    name = ptxlib.entry_name(ptx)
     assert name.startswith("kernels_layernorm_ln_bwd_reduc")   # the module and the (shortened) function name
     # the entry takes what KernelSpec.args says: four pointers, then two Int32
     params = ptx[ptx.index(name + "("):ptx.index(")", ptx.index(name + "("))]
     assert params.count(".param .u64") == 4 and params.count(".param .b32") == 2
-    assert direct.build([SPEC], "H100", quiet=True) == 0   # cached
+    assert ptxlib.build([SPEC], "H100", quiet=True) == 0   # cached
 
 
 def test_edited_kernel_is_rebuilt(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A changed kernel source gives a new cache directory: the old PTX is never launched for it."""
     package = tmp_path / "kernels"
     shutil.copytree(bridge.LIBRARY, package)
-    monkeypatch.setattr(direct, "LIBRARY", package)
-    before = direct.ptx_dir("H100")
+    monkeypatch.setattr(ptxlib, "LIBRARY", package)
+    before = ptxlib.ptx_dir("H100")
     src = package / "layernorm.mojo"
     src.write_text(src.read_text() + "\n# edited\n")
     packages.forget_digests()
-    assert direct.ptx_dir("H100") != before
-    assert direct.build([SPEC], "H100", quiet=True) == 1
+    assert ptxlib.ptx_dir("H100") != before
+    assert ptxlib.build([SPEC], "H100", quiet=True) == 1
 
 
 def test_every_default_kernel_has_a_spec() -> None:
@@ -101,9 +102,9 @@ def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:
     assert dict(zip([n for _, n in names], map(int, proc.stdout.split()), strict=True)) == {
         n: getattr(MIRRORING[m], n) for m, n in names}
     specs = [*lnl_config.all_specs(), *(config.transpose_spec(d) for d in config.DTYPES)]
-    assert direct.build(specs, "H100", quiet=True) == len(specs)
+    assert ptxlib.build(specs, "H100", quiet=True) == len(specs)
     for spec in specs:
-        ptx = direct.ptx_path(spec, "H100").read_text()
+        ptx = ptxlib.ptx_path(spec, "H100").read_text()
         head = ptx[ptx.index(".visible .entry"):]
         params = head[:head.index(")")]
         assert params.count(".param .u64") == spec.args.count("p"), spec.expr
@@ -113,9 +114,9 @@ def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:
 
 
 def test_unknown_architecture_has_no_build() -> None:
-    with pytest.raises(direct.NoBuildError, match="sm_75"):
-        direct.target_for((7, 5))
-    assert direct.target_for((9, 0)) == ("H100", "sm_90a")
+    with pytest.raises(ptxlib.NoBuildError, match="sm_75"):
+        ptxlib.target_for((7, 5))
+    assert ptxlib.target_for((9, 0)) == ("H100", "sm_90a")
 
 
 def test_argument_layout() -> None:
@@ -214,19 +215,19 @@ def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:
     """``remember`` hands each plan over once, and at PLANS_MAX clears Python's record and the C++ tables
     together (a plan Python believes handed over is never missing there)."""
     native = direct.load_native().ops
-    direct.forget_plans()
-    monkeypatch.setattr(direct, "PLANS_MAX", 2)
+    plans.forget_plans()
+    monkeypatch.setattr(plans, "PLANS_MAX", 2)
     calls = []
 
     def register(rows: int) -> object:
         return lambda ops: (calls.append(rows), ops.set_fwd_plan(rows, 8, torch.float32, True, 0, 0, 1, [1, 1, 1],
                                                                  32, 1))
     for rows in (1, 2, 1, 2):
-        direct.remember(("ln_fwd", rows), register(rows))
+        plans.remember(("ln_fwd", rows), register(rows))
     assert calls == [1, 2] and native.plan_counts()[0] == 2
-    direct.remember(("ln_fwd", 3), register(3))   # the third: both sides cleared, then 3 kept
-    assert native.plan_counts()[0] == 1 and direct._native_keys == {("ln_fwd", 3)}
-    direct.forget_plans()
+    plans.remember(("ln_fwd", 3), register(3))   # the third: both sides cleared, then 3 kept
+    assert native.plan_counts()[0] == 1 and plans._native_keys == {("ln_fwd", 3)}
+    plans.forget_plans()
 
 
 def test_native_library_follows_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1266,7 +1267,7 @@ def test_gpu_compiled_inference_calls_the_cpp_op(dtype: torch.dtype, algo: str, 
     w = torch.randn(512, 768, device="cuda", dtype=dtype) / 28
     bias = torch.randn(512, device="cuda", dtype=dtype) if with_bias else None
     direct.load_native()
-    direct.forget_plans()
+    plans.forget_plans()
     torch._dynamo.reset()
     fn = torch.compile(lambda x: layernorm_linear(x, lnw, lnb, w, bias, 1e-5, algo), fullgraph=True)
     with torch.no_grad():

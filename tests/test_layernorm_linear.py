@@ -11,7 +11,7 @@ from conftest import compiled_double
 from torch import nn
 
 from ops import layernorm_linear as LL
-from ops.launch import direct
+from ops.launch import plans
 from ops.layernorm import launch as ln_launch
 from ops.layernorm_linear import config as LLC
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_ref, layernorm_stats_ref
@@ -40,13 +40,13 @@ def fused_in_splits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., t
     def run(*args: torch.Tensor, splits: int) -> tuple[torch.Tensor, ...]:
         asked: list[int] = []
         monkeypatch.setattr(LL.launch, "fused_splits", lambda *a, **kw: asked.append(splits) or splits)
-        direct.forget_plans()
+        plans.forget_plans()
         out = LL.layernorm_linear_fwd(*args, eps=1e-5, algo="fused")
         assert asked, "the fused forward did not ask for its split count"
         return out
 
     yield run
-    direct.forget_plans()
+    plans.forget_plans()
 
 
 def check_forward(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, w: torch.Tensor, bias: torch.Tensor,
@@ -461,7 +461,7 @@ def _spy_algos(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The fused and Hopper forwards the Python entries run, in order: through the C++ entry (``_fused_direct``,
     its ``picked`` argument) or through MAX (``sm90_fwd``, ``fused_fwd``). The C++ entry's plans are cleared first,
     so that no shape an earlier test ran bypasses the spies."""
-    direct.forget_plans()
+    plans.forget_plans()
     ran: list[str] = []
     real_direct, real_sm90, real_fused = LL.launch.fused_direct, LL.launch.sm90_fwd, LL.launch.fused_fwd
 

@@ -13,159 +13,26 @@ This module:
   ordered with torch's work and captured by ``torch.cuda.graph``), its arguments packed into one reused
   buffer (clustered launches go through ``cuda.core.launch``).
 
-The launch configuration (which instantiation, grid, block, shared memory) comes from each op's config
-module, the same one that gives the MAX ops their parameters. Design note: docs/direct_launch.md.
+The launch configuration comes from each op's config module (the one that gives the MAX ops their parameters);
+the plans made from it go to the C++ entries through ``plans.py``. Design note: docs/direct_launch.md.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.metadata
 import os
 import struct
 import sys
-import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from ops.launch.bridge import LIBRARY
-from ops.launch.packages import MojoCompileError, built_file, built_once, cache_dir, package_digest
-
-# CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
-TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
-           (10, 0): ("B200", "sm_100a")}
-TORCH_TO_MOJO = {torch.float32: "DType.float32", torch.float16: "DType.float16", torch.bfloat16: "DType.bfloat16"}
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """One kernel instantiation: ``module.name[params...]`` in the kernel package (``ops/kernels``).
-
-    Args:
-        module: the ``.mojo`` file's stem, e.g. ``"layernorm"``.
-        name: the kernel function, e.g. ``"ln_fwd_regs"``.
-        params: every compile-time parameter, in order: torch dtypes, bools and ints.
-        args: the kernel's run-time arguments, one letter each: ``p`` pointer, ``i`` Int32, ``f`` Float32,
-            ``t`` a 128-byte TMA descriptor.
-    """
-
-    module: str
-    name: str
-    params: tuple
-    args: str
-
-    @property
-    def expr(self) -> str:
-        """The instantiation as Mojo spells it, e.g. ``ln_fwd_regs[DType.bfloat16, 0, 8, 1, 8, 1]``."""
-        def mojo(p: object) -> str:
-            return TORCH_TO_MOJO[p] if isinstance(p, torch.dtype) else str(p)
-        return f"{self.name}[{', '.join(mojo(p) for p in self.params)}]" if self.params else self.name
-
-
-class NoBuildError(RuntimeError):
-    """The GPU's architecture has no direct build (the graph route runs instead)."""
-
-
-# --------------------------------------------------------------------------
-# Building PTX.
-# --------------------------------------------------------------------------
-
-def target_for(capability: tuple[int, int]) -> tuple[str, str]:
-    """(Mojo target name, PTX arch) for a compute capability; NoBuildError when we have none."""
-    try:
-        return TARGETS[capability]
-    except KeyError:
-        raise NoBuildError(f"no direct build for sm_{capability[0]}{capability[1]} "
-                           f"(built: {', '.join(a for _, a in TARGETS.values())})") from None
-
-
-def ptx_dir(target: str) -> Path:
-    """Where PTX for ``target`` from the kernel package as it is on disk now lives: named by the sources'
-    digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU machine
-    running PTX built elsewhere), the build of these sources by any Mojo version."""
-    root = cache_dir() / "ptx"
-    try:
-        mojo = importlib.metadata.version("mojo")
-    except importlib.metadata.PackageNotFoundError:
-        found = sorted(root.glob(f"{package_digest(LIBRARY)}-mojo*-{target}"))
-        return found[-1] if found else root / f"{package_digest(LIBRARY)}-mojo-missing-{target}"
-    return root / f"{package_digest(LIBRARY)}-mojo{mojo}-{target}"
-
-
-def ptx_path(spec: KernelSpec, target: str) -> Path:
-    return ptx_dir(target) / f"{spec.module}.{hashlib.sha256(spec.expr.encode()).hexdigest()[:16]}.ptx"
-
-
-MARK = "@@ops-kernel "
-
-
-def emit_source(specs: Sequence[KernelSpec], target: str) -> str:
-    """A Mojo program printing the PTX of each spec after a ``MARK`` line."""
-    lines = ["from std.compile import compile_info", f"from max.gpu.host.info import {target}"]
-    for module in sorted({s.module for s in specs}):
-        names = sorted({s.name for s in specs if s.module == module})
-        lines.append(f"from kernels.{module} import {', '.join(names)}")
-    lines.append("\ndef main():")
-    for i, s in enumerate(specs):
-        lines.append(f'    print("{MARK}{i}")')
-        lines.append(f'    print(String(compile_info[{s.expr}, emission_kind="asm", target={target}.target]().asm))')
-    return "\n".join(lines) + "\n"
-
-
-_build_lock = threading.Lock()
-
-
-def build(specs: Iterable[KernelSpec], target: str = "H100", quiet: bool = False) -> int:
-    """Compile the specs whose PTX is not cached yet, in one ``mojo run``; returns how many it built."""
-    specs = list(dict.fromkeys(specs))
-    with _build_lock:
-        if all(ptx_path(s, target).is_file() for s in specs):
-            return 0
-        with built_once(f"ptx {ptx_dir(target)}"):
-            return _build_missing([s for s in specs if not ptx_path(s, target).is_file()], target, quiet)
-
-
-def _build_missing(missing: list[KernelSpec], target: str, quiet: bool) -> int:
-    """``build``'s work on the specs whose PTX is missing, under its locks."""
-    if not missing:
-        return 0
-    if not quiet:
-        print(f"ops: compiling {len(missing)} GPU kernel(s) for {target} to PTX "
-              f"(once per kernel source; cache {ptx_dir(target)})", file=sys.stderr, flush=True)
-    from mojo.run import subprocess_run_mojo
-
-    with tempfile.TemporaryDirectory() as tmp:
-        emit = Path(tmp) / "emit_ptx.mojo"
-        emit.write_text(emit_source(missing, target))
-        proc = subprocess_run_mojo(["run", "-I", str(LIBRARY.parent), str(emit)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise MojoCompileError(f"PTX build failed:\n{proc.stdout[-2000:]}{proc.stderr}")
-    parts = proc.stdout.split(MARK)[1:]
-    if len(parts) != len(missing):
-        raise MojoCompileError(f"PTX build printed {len(parts)} kernels, expected {len(missing)}")
-    out = ptx_dir(target)
-    out.mkdir(parents=True, exist_ok=True)
-    for spec, part in zip(missing, parts, strict=True):
-        ptx = part.split("\n", 1)[1]
-        if ".entry" not in ptx:
-            raise MojoCompileError(f"no kernel entry in the PTX of {spec.expr}")
-        tmp_file = out / f".{os.getpid()}.tmp"
-        tmp_file.write_text(ptx)
-        os.replace(tmp_file, ptx_path(spec, target))
-    return len(missing)
-
-
-def entry_name(ptx: str) -> str:
-    """The mangled kernel name from a PTX module's ``.visible .entry NAME(`` line."""
-    start = ptx.index(".visible .entry ") + len(".visible .entry ")
-    return ptx[start:ptx.index("(", start)]
-
+from ops.launch.packages import built_file, cache_dir
+from ops.launch.ptx import KernelSpec, NoBuildError, build, entry_name, ptx_path, target_for
 
 # --------------------------------------------------------------------------
 # Loading and launching.
@@ -328,6 +195,9 @@ class on_device:
 NATIVE_SOURCE = Path(__file__).resolve().parent / "direct.cpp"
 
 
+_native_lock = threading.Lock()   # one build and load of the C++ library per process
+
+
 class NativeBuildError(RuntimeError):
     """The C++ launcher could not be built here (no compiler, or the compile failed)."""
 
@@ -401,7 +271,7 @@ def load_native() -> NativeOps:
     built (no compiler) or ``OPS_NATIVE=0``, ``NATIVE``'s entries stay None and the Python route runs
     (a warning says why)."""
     global _native_tried
-    with _build_lock:
+    with _native_lock:
         if _native_tried:
             return NATIVE
         _native_tried = True
@@ -441,26 +311,11 @@ _on_load: list[Callable[[object], None]] = []
 def on_native_load(configure: Callable[[object], None]) -> None:
     """Call ``configure(torch.ops.mojo_direct)`` once the C++ entries are loaded, or now if they are: how an op
     module hands its tuning to the C++ side (the op imports this module, never the other way round)."""
-    with _build_lock:
+    with _native_lock:
         if NATIVE.ops is None:
             _on_load.append(configure)
             return
     configure(NATIVE.ops)
-
-
-PLANS_MAX = 4096   # plans kept per table (a model with ever new shapes must not grow them without end)
-_native_keys: set[tuple] = set()
-
-
-def remember(key: tuple, register: Callable[[object], None]) -> None:
-    """Hand a plan to the C++ tables once: ``register(torch.ops.mojo_direct)`` unless ``key`` (tagged by table)
-    was handed over before. At PLANS_MAX keys both sides are cleared together, so they stay in step."""
-    if NATIVE.ops is None or key in _native_keys:
-        return
-    if len(_native_keys) >= PLANS_MAX:
-        forget_plans()
-    _native_keys.add(key)
-    register(NATIVE.ops)
 
 
 _faked: set[str] = set()
@@ -476,14 +331,6 @@ def traceable(fakes: dict[str, Callable[..., object]]) -> bool:
             _faked.add(name)
             torch.library.register_fake(f"mojo_direct::{name}")(fake)
     return True
-
-
-def forget_plans() -> None:
-    """Clear the C++ plan tables and Python's record of what it handed over, together (they stay in step); the
-    next call of each shape takes the Python route and hands its plan over again."""
-    _native_keys.clear()
-    if NATIVE.ops is not None:
-        NATIVE.ops.clear_plans()
 
 
 def set_poison(on: bool) -> None:

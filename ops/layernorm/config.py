@@ -16,7 +16,7 @@ from functools import cache
 import torch
 
 from ops.inputs import DTYPES
-from ops.launch.direct import KernelSpec
+from ops.launch.ptx import KernelSpec
 
 # the activation after the norm, as the kernels' act parameter: "gelu" is the erf form (torch's default),
 # "gelu_tanh" the tanh approximation

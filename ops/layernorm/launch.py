@@ -1,7 +1,7 @@
 """LayerNorm's launches: the MAX graph ops of ``ops/kernels/layernorm.mojo`` and the direct launches, with their plans.
 
 A plan (the loaded kernel, its grid, block and cluster) depends on shapes and dtypes only; it is made once per shape
-here and handed to the C++ entries (``direct.remember``), which then launch that shape without Python."""
+here and handed to the C++ entries (``ops.launch.plans.remember``), which then launch that shape without Python."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from functools import cache
 import torch
 
 from ops.common import empty
-from ops.launch import bridge, direct
+from ops.launch import bridge, direct, plans
 from ops.launch.bridge import LIBRARY, GraphOp, Out
+from ops.launch.plans import PlanTable
 from ops.layernorm import config
 from ops.layernorm.config import ACTIVATIONS, F32, Launch
 
@@ -115,27 +116,22 @@ def fwd_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, varia
 
 # What a direct call needs beyond its tensors, per (rows, h, dtype, vec_ok, variant, act, device index):
 # the loaded kernel and its grid, block and cluster size. Depends on shapes and dtypes only.
-_fwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, int]] = {}
+_fwd_plans = PlanTable()
 
 
 # The backward's, per (parts, h, dtype, vec_ok, act, device index, forced config): parts and the forced config
 # are worked out at every call, so OPS_LN_BWD_PARTS and OPS_LN_BWD_CONFIG take effect at once.
-_bwd_plans: dict[tuple, tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]] = {}
+_bwd_plans = PlanTable()
 
-
-_PLANS_MAX = direct.PLANS_MAX
 
 
 def _fwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str, act: int,
               index: int) -> tuple[direct.Kernel, tuple[int, int, int], int, int]:
     launch = config.fwd_launch(rows, h, dtype, vec_ok, variant, has_clusters(index),
                                sm_count(torch.device("cuda", index)))
-    if len(_fwd_plans) >= _PLANS_MAX:
-        _fwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block, launch.cluster)
-    _fwd_plans[(rows, h, dtype, vec_ok, variant, act, index)] = plan
     direct.load_native()
-    return plan
+    return _fwd_plans.keep((rows, h, dtype, vec_ok, variant, act, index), plan)
 
 
 def fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, variant: str, act: int,
@@ -152,7 +148,7 @@ def fwd_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
         plan = _fwd_plan(rows, h, dtype, vec_ok, variant, act, index)
     kernel, grid, block, cluster = plan
     if variant == "fast":   # the C++ entries take the default variant
-        direct.remember(("ln_fwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_fwd_plan(
+        plans.remember(("ln_fwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_fwd_plan(
             rows, h, dtype, vec_ok, act, index, int(kernel.function), grid, block, cluster))
         native_transpose(dtype, index)
     y = torch.empty_like(x)
@@ -190,12 +186,9 @@ def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, in
     """The row-group kernel, its grid and block, the column sums' kernel, and (row groups, partial rows) for
     ``parts`` row groups; ``forced``: the register configuration a benchmark's sweep forces (``bwd_config``)."""
     launch = config.bwd_launch(parts, h, dtype, vec_ok, forced, sm_count(torch.device("cuda", index)))
-    if len(_bwd_plans) >= _PLANS_MAX:
-        _bwd_plans.clear()
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
             direct.kernel(config.reduce_spec(dtype, h), index), config.bwd_sizes(launch, parts))
-    _bwd_plans[(parts, h, dtype, vec_ok, act, index, forced)] = plan
-    return plan
+    return _bwd_plans.keep((parts, h, dtype, vec_ok, act, index, forced), plan)
 
 
 def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int,
@@ -205,7 +198,7 @@ def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: i
     if os.environ.get("OPS_LN_BWD_PARTS") or os.environ.get("OPS_LN_BWD_CONFIG"):
         return
     rows_kernel, grid, block, reduce, (groups, part_rows) = plan
-    direct.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
+    plans.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
         rows, h, dtype, vec_ok, act, index, int(rows_kernel.function), grid, block, groups, part_rows,
         int(reduce.function), config.reduce_grid(h), config.reduce_block(h)))
 
@@ -213,7 +206,7 @@ def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: i
 def native_transpose(dtype: torch.dtype, index: int) -> None:
     """Hand the C++ entries the transposing copy of ``dtype`` on device ``index``: their ``dense`` takes an x
     whose last two dims are column-major (a transposed view) through it, without a gradient to come."""
-    direct.remember(("transpose", dtype, index), lambda native: native.set_transpose_kernel(
+    plans.remember(("transpose", dtype, index), lambda native: native.set_transpose_kernel(
         dtype, index, int(direct.kernel(config.transpose_spec(dtype), index).function)))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ops.launch.direct import KernelSpec
+from ops.launch.ptx import KernelSpec
 
 MODULE, SM90_MODULE = "layernorm_linear", "layernorm_linear_sm90"
 ALGOS = ("auto", "fused", "sm90", "unfused")   # the op's algo argument: auto picks; the others force a route

@@ -8,7 +8,7 @@ from functools import cache
 import torch
 
 from ops.inputs import DTYPES, check_tensor
-from ops.launch import direct
+from ops.launch import direct, plans
 from ops.launch.bridge import LIBRARY, GraphOp, Out
 from ops.layernorm import launch as ln_launch
 from ops.layernorm_linear import config
@@ -168,7 +168,7 @@ def register_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tens
     kernels = [int(direct.kernel(s.spec, index, s.smem).function) for s in plan.steps]
     ln_launch.native_transpose(dtype, index)
     grids = [g for s in plan.steps for g in s.grid]
-    direct.remember(("fused", rows, k, n, dtype, index, ALGO_IDS[algo], mask), lambda native: native.set_fused_plan(
+    plans.remember(("fused", rows, k, n, dtype, index, ALGO_IDS[algo], mask), lambda native: native.set_fused_plan(
         rows, k, n, dtype, index, ALGO_IDS[algo], mask, plan.kind, kernels, grids, [s.block for s in plan.steps],
         [s.smem for s in plan.steps], list(plan.sizes), counters, zero_bias(weight)))
 

@@ -7,7 +7,7 @@ from functools import cache
 
 import torch
 
-from ops.launch import direct
+from ops.launch import plans
 from ops.layernorm import launch as ln_launch
 from ops.layernorm_linear import config
 from ops.layernorm_linear.config import ALGO_IDS, ALGOS, sm90_region
@@ -104,7 +104,7 @@ def remember_algo(x: torch.Tensor, weight: torch.Tensor, algo: str, grad: bool, 
     rows, dtype, index, code = x.numel() // k, x.dtype, x.get_device(), ALGO_IDS.get(algo, -1)
     device = x.device
     for captured in (False, True):
-        direct.remember(("linear", rows, k, n, dtype, index, code, grad, captured),
+        plans.remember(("linear", rows, k, n, dtype, index, code, grad, captured),
                         lambda native, c=captured: native.set_linear_algo(
                             rows, k, n, dtype, index, code, grad, c,
                             pick_algo(runs, device, dtype, rows, n, k, c) == "unfused"))

@@ -1,0 +1,150 @@
+"""PTX for our kernels: each kernel instantiation (a Mojo function with every compile-time parameter bound, a
+``KernelSpec``) compiled for a GPU architecture with ``std.compile.compile_info``, in one ``mojo run`` per batch,
+into a cache keyed by the kernel package's content digest, the Mojo version and the target (an edited kernel is
+never stale). Built lazily on first use, or up front by ``poe build-kernels``, on any machine, GPU or not."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ops.launch.bridge import LIBRARY
+from ops.launch.packages import MojoCompileError, built_once, cache_dir, package_digest
+
+# CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
+TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
+           (10, 0): ("B200", "sm_100a")}
+TORCH_TO_MOJO = {torch.float32: "DType.float32", torch.float16: "DType.float16", torch.bfloat16: "DType.bfloat16"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel instantiation: ``module.name[params...]`` in the kernel package (``ops/kernels``).
+
+    Args:
+        module: the ``.mojo`` file's stem, e.g. ``"layernorm"``.
+        name: the kernel function, e.g. ``"ln_fwd_regs"``.
+        params: every compile-time parameter, in order: torch dtypes, bools and ints.
+        args: the kernel's run-time arguments, one letter each: ``p`` pointer, ``i`` Int32, ``f`` Float32,
+            ``t`` a 128-byte TMA descriptor.
+    """
+
+    module: str
+    name: str
+    params: tuple
+    args: str
+
+    @property
+    def expr(self) -> str:
+        """The instantiation as Mojo spells it, e.g. ``ln_fwd_regs[DType.bfloat16, 0, 8, 1, 8, 1]``."""
+        def mojo(p: object) -> str:
+            return TORCH_TO_MOJO[p] if isinstance(p, torch.dtype) else str(p)
+        return f"{self.name}[{', '.join(mojo(p) for p in self.params)}]" if self.params else self.name
+
+
+class NoBuildError(RuntimeError):
+    """The GPU's architecture has no direct build (the graph route runs instead)."""
+
+
+# --------------------------------------------------------------------------
+# Building PTX.
+# --------------------------------------------------------------------------
+
+def target_for(capability: tuple[int, int]) -> tuple[str, str]:
+    """(Mojo target name, PTX arch) for a compute capability; NoBuildError when we have none."""
+    try:
+        return TARGETS[capability]
+    except KeyError:
+        raise NoBuildError(f"no direct build for sm_{capability[0]}{capability[1]} "
+                           f"(built: {', '.join(a for _, a in TARGETS.values())})") from None
+
+
+def ptx_dir(target: str) -> Path:
+    """Where PTX for ``target`` from the kernel package as it is on disk now lives: named by the sources'
+    digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU machine
+    running PTX built elsewhere), the build of these sources by any Mojo version."""
+    root = cache_dir() / "ptx"
+    try:
+        mojo = importlib.metadata.version("mojo")
+    except importlib.metadata.PackageNotFoundError:
+        found = sorted(root.glob(f"{package_digest(LIBRARY)}-mojo*-{target}"))
+        return found[-1] if found else root / f"{package_digest(LIBRARY)}-mojo-missing-{target}"
+    return root / f"{package_digest(LIBRARY)}-mojo{mojo}-{target}"
+
+
+def ptx_path(spec: KernelSpec, target: str) -> Path:
+    return ptx_dir(target) / f"{spec.module}.{hashlib.sha256(spec.expr.encode()).hexdigest()[:16]}.ptx"
+
+
+MARK = "@@ops-kernel "
+
+
+def emit_source(specs: Sequence[KernelSpec], target: str) -> str:
+    """A Mojo program printing the PTX of each spec after a ``MARK`` line."""
+    lines = ["from std.compile import compile_info", f"from max.gpu.host.info import {target}"]
+    for module in sorted({s.module for s in specs}):
+        names = sorted({s.name for s in specs if s.module == module})
+        lines.append(f"from kernels.{module} import {', '.join(names)}")
+    lines.append("\ndef main():")
+    for i, s in enumerate(specs):
+        lines.append(f'    print("{MARK}{i}")')
+        lines.append(f'    print(String(compile_info[{s.expr}, emission_kind="asm", target={target}.target]().asm))')
+    return "\n".join(lines) + "\n"
+
+
+_build_lock = threading.Lock()
+
+
+def build(specs: Iterable[KernelSpec], target: str = "H100", quiet: bool = False) -> int:
+    """Compile the specs whose PTX is not cached yet, in one ``mojo run``; returns how many it built."""
+    specs = list(dict.fromkeys(specs))
+    with _build_lock:
+        if all(ptx_path(s, target).is_file() for s in specs):
+            return 0
+        with built_once(f"ptx {ptx_dir(target)}"):
+            return _build_missing([s for s in specs if not ptx_path(s, target).is_file()], target, quiet)
+
+
+def _build_missing(missing: list[KernelSpec], target: str, quiet: bool) -> int:
+    """``build``'s work on the specs whose PTX is missing, under its locks."""
+    if not missing:
+        return 0
+    if not quiet:
+        print(f"ops: compiling {len(missing)} GPU kernel(s) for {target} to PTX "
+              f"(once per kernel source; cache {ptx_dir(target)})", file=sys.stderr, flush=True)
+    from mojo.run import subprocess_run_mojo
+
+    with tempfile.TemporaryDirectory() as tmp:
+        emit = Path(tmp) / "emit_ptx.mojo"
+        emit.write_text(emit_source(missing, target))
+        proc = subprocess_run_mojo(["run", "-I", str(LIBRARY.parent), str(emit)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MojoCompileError(f"PTX build failed:\n{proc.stdout[-2000:]}{proc.stderr}")
+    parts = proc.stdout.split(MARK)[1:]
+    if len(parts) != len(missing):
+        raise MojoCompileError(f"PTX build printed {len(parts)} kernels, expected {len(missing)}")
+    out = ptx_dir(target)
+    out.mkdir(parents=True, exist_ok=True)
+    for spec, part in zip(missing, parts, strict=True):
+        ptx = part.split("\n", 1)[1]
+        if ".entry" not in ptx:
+            raise MojoCompileError(f"no kernel entry in the PTX of {spec.expr}")
+        tmp_file = out / f".{os.getpid()}.tmp"
+        tmp_file.write_text(ptx)
+        os.replace(tmp_file, ptx_path(spec, target))
+    return len(missing)
+
+
+def entry_name(ptx: str) -> str:
+    """The mangled kernel name from a PTX module's ``.visible .entry NAME(`` line."""
+    start = ptx.index(".visible .entry ") + len(".visible .entry ")
+    return ptx[start:ptx.index("(", start)]
