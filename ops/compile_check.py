@@ -23,11 +23,11 @@ from ops.launch.bridge import GraphOp
 
 def registered_ops() -> list[tuple[GraphOp, tuple[torch.dtype, ...]]]:
     """Every (op, input dtypes) the project ships: the p22 problems and solutions, the library."""
-    from ops.dispatch import SIZES, dispatch_op
+    from ops.bench.dispatch import SIZES, dispatch_op
     from ops.layernorm import config as ln_config
     from ops.layernorm import launch as ln_launch
     from ops.layernorm_linear import launch as lnl_launch
-    from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels
+    from ops.puzzle.p22 import PROBLEMS, SOLUTIONS, P22Kernels
 
     found = []
     for package in (SOLUTIONS, PROBLEMS):

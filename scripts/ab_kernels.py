@@ -131,7 +131,7 @@ def time_pair(old: Loaded, new: Loaded, m: int, h: int, dtype: torch.dtype, acti
     output checked against the float64 reference first)."""
     from bench_layernorm import checked, input_sets
 
-    from ops import timing
+    from ops.bench import timing
 
     sets = input_sets(m, h, dtype)
     y = torch.empty(m, h, device="cuda", dtype=dtype)
@@ -170,7 +170,7 @@ def run(rev: str) -> list[dict]:
 
 
 def write(rev: str, rows: list[dict]) -> None:
-    from ops import timing
+    from ops.bench import timing
 
     worst = sorted(rows, key=lambda r: -r["new_vs_old"])[:15]
     timing.write_report(

@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from ops.dispatch import dispatch_op  # noqa: E402
+from ops.bench.dispatch import dispatch_op  # noqa: E402
+from ops.bench.timing import commit, gpu_name, kernel_times  # noqa: E402
 from ops.launch import bridge  # noqa: E402
 from ops.launch.bridge import LIBRARY  # noqa: E402
-from ops.timing import commit, gpu_name, kernel_times  # noqa: E402
 
 CALLS = 2000
 BLOCK = 20  # consecutive calls of one contender (see host_us)

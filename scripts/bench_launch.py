@@ -5,7 +5,7 @@ Contenders, bf16, at a launch-bound and a bandwidth-bound shape: torch's ``F.lay
 cuda-bindings' ``cuLaunchKernel`` with a packed argument buffer and through ``cuda.core.launch``; our
 validated call (``layernorm_fwd``: checks, allocation, launch), the same behind the ``torch.library``
 custom op, and our ``LayerNorm`` module; and, where MAX is installed, the MAX graph route. Per call:
-pipelined time (back-to-back calls, one sync, divided), host time and device time (ops/timing.py).
+pipelined time (back-to-back calls, one sync, divided), host time and device time (ops/bench/timing.py).
 Writes results/bench_launch.{csv,md}.
 
     python scripts/bench_launch.py      (needs a CUDA GPU; MAX only for the graph route's rows)
@@ -24,8 +24,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
+from ops.bench.timing import commit, gpu_name, measure, write_report  # noqa: E402
 from ops.launch import direct  # noqa: E402
-from ops.timing import commit, gpu_name, measure, write_report  # noqa: E402
 
 SHAPES = ((4, 768), (4096, 768), (16384, 4096))
 FIELDS = ("M", "H", "impl", "pipelined_us", "host_us", "device_us", "vs_torch")

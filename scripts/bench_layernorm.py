@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
-from ops import timing  # noqa: E402
+from ops.bench import timing  # noqa: E402
 from ops.layernorm import config as config  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402

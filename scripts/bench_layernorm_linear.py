@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm_linear as LL  # noqa: E402
-from ops import timing  # noqa: E402
+from ops.bench import timing  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 

@@ -48,11 +48,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ops.layernorm import LayerNorm  # noqa: E402
-from ops.layernorm import config as layernorm_config  # noqa: E402
-from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
-from ops.layernorm_linear import config as layernorm_linear_config  # noqa: E402
-from ops.timing import (  # noqa: E402
+from ops.bench.timing import (  # noqa: E402
     Pipelined,
     appended,
     captured,
@@ -64,6 +60,10 @@ from ops.timing import (  # noqa: E402
     pipelined_runs,
     write_report,
 )
+from ops.layernorm import LayerNorm  # noqa: E402
+from ops.layernorm import config as layernorm_config  # noqa: E402
+from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
+from ops.layernorm_linear import config as layernorm_linear_config  # noqa: E402
 
 D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
@@ -369,7 +369,7 @@ def kernel_rows(kernels: dict[str, tuple[int, float]], calls: int, **where: obje
 def breakdown() -> list[dict]:
     """Per size and phase, torch and ours captured (CUDA graph) as ``run`` times them: CUPTI's device time per
     call of each kind of kernel (``KINDS``), and the busiest kernels, into results/bench_transformer_breakdown.md."""
-    from ops.timing import kernel_times
+    from ops.bench.timing import kernel_times
 
     rows = []
     for b, t in SIZES:
@@ -390,7 +390,7 @@ def compile_kernels(compile_abs: tuple[str, ...]) -> tuple[list[dict], list[dict
     them: CUPTI's kernel launches and device time per call (counts, not host timings: the compile rows' pipelined
     times are host-bound and noisy), and every kernel (``KERNEL_FIELDS``), for
     results/bench_transformer_compile_kernels.md and its _kernels.md."""
-    from ops.timing import kernel_times
+    from ops.bench.timing import kernel_times
 
     rows, every = [], []
     for b, t in SIZES:

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.skeleton import CHAPTER, compare_trees, quote_errors, requote, stub  # noqa: E402
+from ops.puzzle.skeleton import CHAPTER, compare_trees, quote_errors, requote, stub  # noqa: E402
 
 # Stub lines for regions where 'pass' would not compile.
 STUBS = {"row_stats_cpu": "return (Float32(0.0), Float32(0.0))"}

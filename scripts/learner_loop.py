@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.skeleton import parse  # noqa: E402
+from ops.puzzle.skeleton import parse  # noqa: E402
 
 OP = Path("problems/p22/op")
 RESULTS = ROOT / "results"

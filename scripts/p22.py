@@ -32,9 +32,10 @@ if __name__ == "__main__":   # the puzzle's packages precompile while torch load
 
 import torch  # noqa: E402
 
+from ops.bench.timing import kernel_times, measure  # noqa: E402
 from ops.launch import bridge, progress, together  # noqa: E402
 from ops.launch.packages import MojoCompileError  # noqa: E402
-from ops.p22 import (  # noqa: E402
+from ops.puzzle.p22 import (  # noqa: E402
     PROBLEMS,
     SOLUTIONS,
     P22Kernels,
@@ -44,7 +45,7 @@ from ops.p22 import (  # noqa: E402
     make_inputs,
     unfused,
 )
-from ops.p22_diagnose import (  # noqa: E402
+from ops.puzzle.p22_diagnose import (  # noqa: E402
     CompileProblem,
     harness_errors,
     ops_broken_by,
@@ -52,9 +53,8 @@ from ops.p22_diagnose import (  # noqa: E402
     region_of,
     unlocated,
 )
+from ops.puzzle.skeleton import regions_in  # noqa: E402
 from ops.reference import layernorm_linear_ref  # noqa: E402
-from ops.skeleton import regions_in  # noqa: E402
-from ops.timing import kernel_times, measure  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 EXIT_OK, EXIT_WRONG, EXIT_STUB, EXIT_COMPILE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ops.timing import captured, commit, gpu_name, write_report  # noqa: E402
+from ops.bench.timing import captured, commit, gpu_name, write_report  # noqa: E402
 
 FIELDS = ("probe", "module", "gemm", "variant", "us", "note")
 ROWS, K = 128, 768
@@ -67,7 +67,7 @@ class Heuristic(ctypes.Structure):
 
 
 def graph_us(body: Callable[[], object], per: int = 1, reps: int = 7) -> float:
-    """``body`` captured once (``ops.timing.captured``, after one warm-up call), replayed twice per timing: us per
+    """``body`` captured once (``ops.bench.timing.captured``, after one warm-up call), replayed twice per timing: us per
     ``per``."""
     g, _ = captured(body, warmup=1)
     times = []

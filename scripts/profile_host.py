@@ -1,7 +1,7 @@
 """Where the host's time goes in one call: torch against ours, side by side (needs a CUDA GPU).
 
 Per case, first the host time per call (back-to-back calls, runs of the two interleaved, median of the runs;
-``ops.timing.pipelined_runs``), then torch.profiler's CPU table of each (self CPU time by operator over
+``ops.bench.timing.pipelined_runs``), then torch.profiler's CPU table of each (self CPU time by operator over
 ``--calls`` calls, and how many times each ran per call). The tables show which operators and allocations a
 call pays for; the profiler's own overhead inflates every row alike, so compare rows, not totals.
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ops import timing  # noqa: E402
+from ops.bench import timing  # noqa: E402
 from ops.layernorm import layernorm  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
 from ops import layernorm_linear as LL  # noqa: E402
-from ops import p22  # noqa: E402
+from ops.puzzle import p22  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_linear_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ops.launch import bridge, packages
-from ops.p22 import SOLUTIONS, P22Kernels
+from ops.puzzle.p22 import SOLUTIONS, P22Kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def test_edited_kernel_is_what_runs_next(tmp_path: Path) -> None:
     bridge.clear_caches()  # what a new process starts with
     assert torch.equal(bias_add(k, c, bias), c - bias)
     # A fresh interpreter sees the edit too (no stale .mojoc or MAX cache entry).
-    code = (f"import torch; from ops import p22; k = p22.P22Kernels(__import__('pathlib').Path(r'{pkg}'));"
+    code = (f"import torch; from ops.puzzle import p22; k = p22.P22Kernels(__import__('pathlib').Path(r'{pkg}'));"
             "c = torch.ones(1, 1, 3); b = torch.full((3,), 2.0); print(k.bias_add(c, b)[0].flatten().tolist())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[-1.0, -1.0, -1.0]"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ops.bench.timing import captured, kernel_times
 from ops.launch import bridge, direct, packages, plans
 from ops.launch import ptx as ptxlib
 from ops.layernorm import config as config
 from ops.layernorm_linear import config as lnl_config
-from ops.timing import captured, kernel_times
 
 ROOT = Path(__file__).resolve().parent.parent
 

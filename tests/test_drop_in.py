@@ -26,8 +26,8 @@ from torch import nn
 from ops import inputs
 from ops import layernorm as L
 from ops import layernorm_linear as LL
+from ops.bench.timing import captured
 from ops.reference import layernorm_grads_ref
-from ops.timing import captured
 from ops.tolerance import Mismatch, compare
 
 HALF = [torch.float16, torch.bfloat16]

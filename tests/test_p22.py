@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from ops.launch import bridge, together
-from ops.p22 import PROBLEMS, SOLUTIONS, P22Kernels, col_tiles_override, fused, kernel_cases, make_inputs, unfused
+from ops.puzzle.p22 import (
+    PROBLEMS,
+    SOLUTIONS,
+    P22Kernels,
+    col_tiles_override,
+    fused,
+    kernel_cases,
+    make_inputs,
+    unfused,
+)
 from ops.reference import layernorm_linear_ref
 from ops.tolerance import compare
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from ops.launch import progress
-from ops.p22 import PROBLEMS, SOLUTIONS
+from ops.puzzle.p22 import PROBLEMS, SOLUTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 P22 = [sys.executable, str(ROOT / "scripts" / "p22.py")]

@@ -40,3 +40,10 @@ def test_problems_equal_solutions_outside_fill_regions() -> None:
     proc = subprocess.run([sys.executable, "scripts/check_skeleton.py"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "p22: ok" in proc.stdout
+
+
+def test_every_ops_package_is_installed() -> None:
+    """pyproject's setuptools package list names every package under ops/ (a wheel holds only those)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "ops").rglob("__init__.py")}
+    assert listed == found

@@ -1,4 +1,4 @@
-"""ops/skeleton.py: region parsing, tree comparison, stub generation."""
+"""ops/puzzle/skeleton.py: region parsing, tree comparison, stub generation."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.p22 import PROBLEMS
-from ops.skeleton import SkeletonError, compare_trees, parse, regions_in, stub
+from ops.puzzle.p22 import PROBLEMS
+from ops.puzzle.skeleton import SkeletonError, compare_trees, parse, regions_in, stub
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_committed_problems_are_stubs() -> None:
 def test_walkthrough_quotes_follow_the_solution(tmp_path: Path) -> None:
     """A quote in the solution's chapter is the anchored code as it is; an edit to that code makes it stale, and
     requote brings it back."""
-    from ops.skeleton import anchored, quote_errors, requote
+    from ops.puzzle.skeleton import anchored, quote_errors, requote
 
     (tmp_path / "op.mojo").write_text("x = 1\n    # ANCHOR: body\n    y = 2\n    z = 3\n    # ANCHOR_END: body\n")
     assert anchored((tmp_path / "op.mojo").read_text(), "body") == "y = 2\nz = 3"
@@ -80,7 +80,7 @@ def test_walkthrough_quotes_follow_the_solution(tmp_path: Path) -> None:
 
 
 def test_committed_walkthrough_quotes_are_current() -> None:
-    from ops.skeleton import CHAPTER, quote_errors
+    from ops.puzzle.skeleton import CHAPTER, quote_errors
 
     solution = ROOT / "solutions" / "p22"
     assert quote_errors(solution / CHAPTER, solution) == []

@@ -1,4 +1,4 @@
-"""ops.timing's CUPTI kernel time: device records split into calls at the marker kernel (on the CPU), and
+"""ops.bench.timing's CUPTI kernel time: device records split into calls at the marker kernel (on the CPU), and
 the kernel time of torch and MAX kernels (on the GPU); the benchmarks' report and plot from a CSV; host time
 from the pipelined runs; the issues' targets read from the reports (scripts/check_targets.py)."""
 
@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.layernorm import layernorm_fwd
-from ops.timing import (
+from ops.bench.timing import (
     MARK_KERNEL,
     appended,
     busy_us_per_call,
@@ -21,6 +20,7 @@ from ops.timing import (
     stamp_commit,
     write_report,
 )
+from ops.layernorm import layernorm_fwd
 
 MARK = f"{MARK_KERNEL}(long)"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -138,7 +138,7 @@ def test_kernel_time_on_the_gpu_counts_torch_and_max_kernels() -> None:
 
 
 def test_parse_shape_takes_sizes_and_names_the_flag() -> None:
-    from ops.timing import parse_shape
+    from ops.bench.timing import parse_shape
 
     assert parse_shape("4096x768x3072", 3) == (4096, 768, 3072)
     assert parse_shape("1X7", 2) == (1, 7)
@@ -232,7 +232,7 @@ def test_transformer_timing_is_stamped_and_passed_to_each_process() -> None:
 def test_pipelined_runs_rotate_the_order() -> None:
     """Each round starts with the next contender (A B C, B C A, C A B), so none always goes first or after the
     same other; every contender gets every round's run."""
-    from ops.timing import pipelined_runs
+    from ops.bench.timing import pipelined_runs
 
     order: list[str] = []
     fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
@@ -246,7 +246,7 @@ def test_pinned_threads_pin_every_thread_and_restore_them() -> None:
     import os
     import threading
 
-    from ops.timing import pinned_threads
+    from ops.bench.timing import pinned_threads
 
     allowed = os.sched_getaffinity(0)
     core = max(allowed)
@@ -280,7 +280,7 @@ def test_pinned_threads_pin_every_thread_and_restore_them() -> None:
 def test_paired_ratio_is_the_median_of_each_rounds_ratio() -> None:
     """paired_ratio divides run by run within each round, so a round where the host was slow for both contenders
     gives the same ratio as a fast one; runs of different calls (or none) are refused."""
-    from ops.timing import Pipelined, paired_ratio
+    from ops.bench.timing import Pipelined, paired_ratio
 
     torch_runs, ours_runs = (10.0, 20.0, 10.0, 30.0, 10.0), (9.0, 18.0, 9.5, 27.0, 12.0)
     a, b = Pipelined(9.5, 0.0, ours_runs), Pipelined(10.0, 0.0, torch_runs)

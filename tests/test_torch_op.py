@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.p22 import layernorm_linear, make_inputs
+from ops.puzzle.p22 import layernorm_linear, make_inputs
 from ops.reference import layernorm_linear_ref
 from ops.tolerance import compare
 

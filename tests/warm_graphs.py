@@ -26,7 +26,7 @@ import torch  # noqa: E402
 def graphs() -> list[tuple[object, tuple[torch.dtype, ...], str]]:
     """(GraphOp, input dtypes, device) of each graph the GPU tests compile (bridge's compile log of a GPU run)."""
     from ops import layernorm_linear as LL
-    from ops.p22 import SOLUTIONS, P22Kernels
+    from ops.puzzle.p22 import SOLUTIONS, P22Kernels
 
     f32 = torch.float32
     p22 = P22Kernels(SOLUTIONS)

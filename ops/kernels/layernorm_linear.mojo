@@ -109,7 +109,7 @@ def snap_shift(c: Float32, lo: Float32, hi: Float32) -> Float32:
     and |x - c| <= |x|, so x - c is exact too. An unrounded shift near the spread made every x of a
     binade round alike and the sums drift (mean errors of 1e-3 at bf16 in the H100 tests). The window
     was 25%: a row of mean 3 and spread 1 whose first 8 elements fell that close by chance shifted,
-    its elements below c / 2 rounded, and its rstd came out 5e-4 off (H100 test_gpu_sm90 at 5b7aa79).
+    its elements below c / 2 rounded, and its rstd came out 5e-4 off (H100, test_gpu_sm90).
     Within 1/16, a row shifts only if its mean is about 16 sample ranges from 0, so an element must lie
     8 such ranges out to fall outside the 50%."""
     var small = min(abs(lo), abs(hi))

@@ -72,7 +72,7 @@ def ext_desc(addr: Int) -> Int64:
     """wgmma descriptor of the ext rows [WG_TILE_COLS, 8] (bf16, K-major, no swizzle) at shared address addr: core
     matrices of 8 columns x 16 bytes, 128 bytes apart (the stride offset); leading offset 0, so the k 8-15
     half reads the k 0-7 core matrices again, against the A fragment's zero second half. (The offsets the
-    other way round gave wrong results in session 24's probe.)"""
+    other way round gave wrong results on the H100.)"""
     return Int64(((addr & 0x3FFFF) >> 4) | ((128 >> 4) << 32))
 
 

@@ -2,9 +2,8 @@
 
 The one source of truth for both routes: the direct launcher (``ops/launch/direct.py``) launches what these
 functions return, and the MAX ops (``layernorm_fwd``, ``layernorm_bwd`` in ``ops/kernels/layernorm.mojo``)
-take the same choice as their compile-time parameters (``Launch.op_parameters``). Tuned on the H100:
-per row length, the fastest register configuration of fp32 and bf16 sweeps (results/bench_layernorm.md);
-the backward's row groups from an 11-shape H100 sweep (session 15, in the tuning constants below).
+take the same choice as their compile-time parameters (``Launch.op_parameters``). Tuned on the H100;
+each tuned constant's evidence is in docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -27,20 +26,14 @@ WARP = 32
 VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)
 ROW_THREAD_BLOCK = 128   # ln_fwd_row_thread: rows per block (a thread per row)
 SMEM_BLOCK = 256         # ln_fwd_block_smem: threads per row
-# ln_bwd_reduce[COLS, LEVELS]: COLS columns per block, 2^LEVELS threads per column (H100 sweeps of the backward,
-# reduce_us). 32 x 8 walked parts / 8 partials per thread on h / 32 blocks: at h 768 24 blocks, 0.012 us per row
-# group (results/bench_layernorm_bwd_sweep.md at b95eeb2 in git: bf16 4096x768 7.25 of 21.3 us). 8 x 128 took that
-# to 3.43 but h 4096's from 3.0-4.7 to 5.8-7.2 us (512 blocks of 1024 threads for 132-264 groups;
-# results/bench_layernorm_bwd_sweep_at_c3f08d8.md): narrow up to REDUCE_NARROW_MAX_H (768 and 1024 measured), wide
-# beyond (results/bench_layernorm_bwd_sweep.md at af122fa).
+# ln_bwd_reduce[COLS, LEVELS]: COLS columns per block, 2^LEVELS threads per column; narrow rows want many threads
+# per column, wide ones many columns per block (docs/tuning.md)
 REDUCE_NARROW_MAX_H = 1024
 REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS = 8, 7
 REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS = 32, 3
 MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle (H100 sweep)
-# ln_fwd_loop's UNROLL: columns per thread whose loads go out together, in a launch of fewer blocks than SMs (a few
-# long rows: latency-bound); 1 otherwise. H100, branch wip/loop-unroll (0f874df, docs/kernels/layernorm.md):
-# unrolled by 4, vector fp32 32x65536 (ln_fwd_loop[16, 1], 32 blocks) went 66.75 -> 45.81 us, but launches of many
-# blocks slowed (block_warp fp32 16384x4096 208 -> 239 us, 4096x768 11.55 -> 13.86; vector 512x32768 82 -> 90).
+# ln_fwd_loop's UNROLL: columns per thread whose loads go out together in a launch of fewer blocks than SMs (a few
+# long rows are latency-bound); 1 otherwise, where it slowed launches of many blocks (docs/tuning.md)
 LOOP_UNROLL = 4
 H100_SMS = 132   # the SM count that the choice functions assume when not told the GPU's
 
@@ -57,39 +50,22 @@ FWD_CLUSTERS = ((2, 16, 2), (4, 16, 4), (4, 16, 8))
 # Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays.
 BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1))
 
-# Under torch.compile, who runs the default ("fast") LayerNorm, alone and as LayerNorm+Linear's "unfused" LayerNorm:
-# "inductor" leaves it to torch's layer_norm, which inductor fuses with its neighbours (the residual add before it);
-# "ours" calls our C++ ops, opaque to inductor. OPS_COMPILED_LAYERNORM overrides it. Evidence: GPT-2-small on the
-# H100 (results/bench_transformer_compiled_layernorm.md at c66bab0), pipelined, over torch.compile of the torch
-# model: "inductor" 0.91-1.00, "ours" 0.98-1.11 (each call of our op and of the add before it costs host time that
-# the fused triton kernel does not; the model is host-bound there).
-COMPILED_LAYERNORM = os.environ.get("OPS_COMPILED_LAYERNORM", "inductor")
+# Under torch.compile, who runs the default LayerNorm: "inductor" (torch's layer_norm, which inductor fuses with the
+# residual add before it) or "ours" (our C++ op); inductor's costs less host time per call (docs/tuning.md)
+COMPILED_LAYERNORM = "inductor"
 
 # The forward kernel progression (docs/kernels/layernorm.md says what each step changes).
 VARIANTS = ("row_thread", "block_smem", "block_warp", "vector", "fast")
 
-# Backward: rows are dealt to `parts` row groups whose dgamma/dbeta partials ([parts, H] float32 each) a
-# second kernel reduces. Parts come as a whole number of groups per SM (a fractional wave leaves SMs idle).
-# Short rows want more groups per SM to keep loads in flight, until registers cap residency; each group
-# wants ~8 rows so its partials stay small next to what it reads. An H100 sweep of 11 shapes in fp32 and bf16
-# (session 15) put the best count at 16 KB of row bytes per SM, the row's bytes rounded up to a power of two,
-# at most 12 groups per SM. Rows up to REDUCE_NARROW_MAX_H, whose column sums are the cheap narrow shape, want ~2
-# rows a group since ln_bwd_regs writes one partial row per block of RPB groups (26e2b81; ~4 before, from the af122fa
-# sweep in git). The sweep at 26e2b81 (results/bench_layernorm_bwd_sweep_at_26e2b81.md, one row in flight), kernel
-# us with the column sums, ~2 against ~4 rows a group: bf16 2048x768 9.2 against 10.03, 1024x768 7.65 against 9.15
-# (264 groups of one row per block), 512x768 7.01 against 7.78; fp32 1024x768 8.67 against 9.22, 512x768 7.12
-# against 7.92; 4096 rows keep their counts (the row-bytes cap). With two rows in flight (50581a1; its sweep,
-# results/bench_layernorm_bwd_sweep.md) these choices are still the fastest at 16 of the 18 shapes; the other two
-# are within 5% (bf16 512x768 6.67 us against 6.37, fp32 1024x768 8.34 against 8.1).
+# Backward: rows are dealt to `parts` row groups whose dgamma/dbeta partials ([parts, H] float32 each) a second
+# kernel reduces; a whole number of groups per SM, as many as 16 KiB of row bytes per SM allow, at most 12
+# (docs/tuning.md)
 BWD_ROW_BYTES_PER_SM = 16384
 BWD_MAX_PER_SM = 12
 BWD_ROWS_PER_GROUP = 8          # rows over REDUCE_NARROW_MAX_H
 BWD_ROWS_PER_GROUP_NARROW = 2   # rows up to REDUCE_NARROW_MAX_H
 # BWD_FEW_PARTS: with fewer row groups than SMs x rows per block, a configuration of one row per block keeps more
-# SMs busy. The af122fa sweep (results/bench_layernorm_bwd_sweep.md), bf16 h 768, the first holding configuration
-# (4, 1, 4) against (2, 4, 1), kernel us with the reduction: 128 groups 5.76 against 4.64; 132 (512 rows) 10.03
-# against 7.94; 264 (1024 rows) 10.75 against 9.28; from 528 groups (132 blocks) (4, 1, 4) wins: 11.78 against
-# 14.4 (2048 rows), 15.2 against 21.02 at 1056 (4096 rows).
+# SMs busy (docs/tuning.md)
 
 
 @dataclass(frozen=True)

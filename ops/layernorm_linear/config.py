@@ -6,13 +6,11 @@ code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the constants below mirro
 values, and ``tests/test_direct.py`` checks them against the kernel sources (a CPU test) and checks both routes'
 outputs bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
 section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``,
-``training_algo``), each citing its evidence; ``ops/layernorm_linear/`` (``pick_algo``, ``fused_splits``,
-``autograd_algo``) reads them. A new GPU's tuning is a new table there.
+``training_algo``); ``route.py`` and ``launch.py`` read them. The evidence for each is in docs/tuning.md.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -166,141 +164,64 @@ def all_specs() -> list[KernelSpec]:
     return list(specs)
 
 
-# ---------------------------------------------------------------- auto's tuning (H100)
+# ---------------------------------------------------------------- auto's tuning (H100; evidence: docs/tuning.md)
 
 FUSED_MAX_N = 128     # auto's "fused" region (GPU, float32): n up to this ...
 FUSED_MIN_ROWS = 512  # ... and at least this many rows (a few rows cannot fill the GPU)
-# fp16/bf16 "fused" region (H100 sweep, results/bench_layernorm_linear_splits.md at 4b7006f, with the fold cached
-# per weight version; the sweep is due a rerun with the per-call fold): the tensor-core kernel
-# beats our LayerNorm + cuBLAS where x is long and n small; at k ~1000 they tie, at n 128 cuBLAS wins.
+# fp16/bf16 "fused": the tensor-core kernel beats our LayerNorm + cuBLAS where x is long and n small
 FUSED16_MAX_N, FUSED16_MIN_ROWS, FUSED16_MIN_K = 64, 2048, 2048
 FUSED_TILE_ROWS, FUSED_TILE_COLS = TILE_ROWS, TILE_COLS  # rows and columns per block of the fused kernel
-# k splits of the fused kernel: an H100 sweep (results/bench_layernorm_linear_splits.md at commit 7fc549e) had
-# fp32 best near 256-1024 blocks, at 4b7006f the bf16 one; each split adds a [rows, n] fp32 partial.
+# k splits of the fused kernel (each adds a [rows, n] fp32 partial)
 SPLIT_BLOCKS_PER_SM = 4     # float32: at least this many blocks per SM
 SPLIT_BLOCKS_PER_SM_16 = 2  # fp16/bf16: at most this many (its loop is latency-bound: long blocks, few partials)
 SPLIT_MIN_K = 128  # no chunk shorter than this
 SPLIT_MAX = 16
-# auto's "sm90" region (bf16 on an sm_90 GPU). The op makes the fold's rows at every call (376322c: nothing
-# derived from the weights is kept). With 16384 rows the Hopper kernel plus that prep beat our LayerNorm + cuBLAS
-# by CUPTI kernel time at every region shape of the bf16 grid (results/bench_layernorm_linear.md, bf16 rows at
-# 376322c: 16384 x 768 -> 3072 132.4 against 137.4 us).
+# auto's "sm90" region (bf16 on an sm_90 GPU): from 16384 rows the Hopper kernel and its per-call prep beat our
+# LayerNorm + cuBLAS at every region shape of the bf16 grid
 SM90_MIN_ROWS = 16384
 SM90_MIN_N, SM90_MAX_N = 768, 3072
-# ... except where kernel version 6's runs re-read more x than L2 keeps: each block takes a run of
-# ceil(tiles / SMs) consecutive SM90_TILE tiles and re-reads its x rows once per tile. Runs longer than
-# SM90_SHORT_RUN tiles with x beyond SM90_RUN_MAX_X elements (24 MiB of bf16) lost to LayerNorm + cuBLAS
-# (results/bench_layernorm_linear_sm90.md and bench_layernorm_linear.md at 8aa98c9: 16384 x 1024 -> 3072,
-# runs of 12, 183.4 against 176.5 us; 16384 x 4096 -> 3072 694.4 against 620.5; version 5 had won both);
-# shorter runs, or x within that, won at every region shape of the sweep.
+# ... except where a block's run of consecutive tiles re-reads more x than L2 keeps (runs over SM90_SHORT_RUN tiles
+# with x beyond SM90_RUN_MAX_X elements)
 SM90_TILE = (WG_TILE_ROWS, WG_TILE_COLS)   # the Hopper kernel's output tile
 SM90_SHORT_RUN = 4
 SM90_RUN_MAX_X = 16384 * 768
-# From SM90_FILL_ROWS rows (up to SM90_MIN_ROWS): only where the persistent grid keeps SM90_FILL_MIN of the SMs
-# busy and k is at most SM90_FILL_MAX_K. Since kernel version 8 (gamma on the A side: the prep only reads w, and
-# the kernel is launched as the prep's programmatic dependent) 4096 x 768 -> 3072 (384 tiles, 128 of 132 SMs)
-# took 39.15 us per call against LayerNorm + cuBLAS's 41.94 and torch's 46.49, while 4096 x 768 -> 2304 (288
-# tiles: 96 SMs busy) lost, 36.12 against 33.15, and so did k = 4096 by kernel time (4096^3: 200.8 against
-# 194.6 us; H100 run of scripts/bench_layernorm_linear.py --sm90 --quick, docs/kernels/layernorm_linear.md).
+# From SM90_FILL_ROWS rows: only where the persistent grid keeps SM90_FILL_MIN of the SMs busy and k is short
 SM90_FILL_ROWS = 4096
 SM90_FILL_MIN = 0.9
 SM90_FILL_MAX_K = 1024
-# ... but not inside a CUDA graph (stream capture). There a kernel costs its device time and a gap of about 0.4 us,
-# and the Hopper route's edge over LayerNorm + cuBLAS (one launch gap less, and none spent in a memset of cuBLAS's
-# workspace: LT_NO_WORKSPACE_MAX_K_PER_N) is gone: at 4096 x 768 -> 3072 LayerNorm + cuBLAS took 36.67 us of
-# kernel time (results/bench_layernorm_linear_workspace.md at 4e12ba7) against the route's 38.43
-# (bench_layernorm_linear.md, ours at 3fb4516), and the transformer's captured 8x512 inference, where ln_2 + fc1
-# is this shape, ran faster with fc1 unfused (results/bench_transformer.md; docs/kernels/layernorm_linear.md).
+# ... and not under CUDA graph capture, where the Hopper route's edge (one launch gap less) is gone.
 
-# The unfused forward's GEMM (cuBLASLt) asks for no workspace where k <= LT_NO_WORKSPACE_MAX_K_PER_N * n, else
-# for up to 32 MiB (ops/launch/direct.cpp: lt_max_workspace). With a workspace, the heuristics' first choice at
-# 4096 x 768 -> 3072 is a kernel that zeroes part of it first (a memset node, and about 5 us of gaps, in a CUDA
-# graph); without, a statically scheduled one of the same tile and no memset. Over the bf16 grid
-# (results/bench_layernorm_linear_workspace.md at 4e12ba7) none was as fast as 32 MiB or faster by kernel time
-# where k <= 1.33 n (within 1%, or 0.86x at 16 x 4096 -> 3072), and slower where the heuristics split a long k over
-# few output tiles (k >= 5.3 n: 16 x 4096 -> 64 by 14%).
+# The unfused forward's GEMM asks cuBLASLt for no workspace where k <= this * n (no memset node in a CUDA graph),
+# else for up to 32 MiB (ops/launch/direct.cpp: lt_max_workspace)
 LT_NO_WORKSPACE_MAX_K_PER_N = 2
 
 
-# Under CUDA graph capture, the C++ route's backward runs the weight's gradients (dW and db: a cuBLASLt GEMM and its
-# bias reduction) on a side stream forked from the captured one and joined back before it returns, so that the
-# graph runs them beside dxn's GEMM and the LayerNorm backward (ops/launch/direct.cpp: LayerNormLinearFn). Eager
-# calls keep one stream (a fork and a join cost host time). Evidence: results/bench_transformer_capture_overlap.md
-# at 42fdfcf (H100, medians over 5 processes): the captured training step 0.981 of torch's at 1x128 and 0.943 at
-# 8x512, against 0.985 and 0.944 captured on one stream; inference, which has no backward, unchanged.
+# Under CUDA graph capture, the C++ route's backward runs dW and db on a side stream, beside dxn's GEMM and the
+# LayerNorm backward (ops/launch/direct.cpp: LayerNormLinearFn); eager calls keep one stream
 CAPTURED_WEIGHT_GRADS_BESIDE = True
 
-# Under CUDA graph capture, the C++ route's forwards (LayerNorm+Linear unfused, and LayerNorm) of at most this many
-# rows make their parameters' AccumulateGrad nodes on four streams of their own, so that the graph runs the
-# gradients' accumulation into .grad (one add per parameter) beside the rest of the backward instead of in its
-# chain, and the LayerNorm backward's column sums (dweight, dbias) beside it too, on the streams of those two
-# parameters' accumulation (ops/launch/direct.cpp: accumulate_beside, sums_streams; 0 turns both off). Eager calls
-# never do (an event per parameter costs host time). Evidence: results/bench_transformer_capture_overlap.md at
-# 949a327 (H100, medians over 5 processes): GPT-2-small's captured 1x128 training step 0.948 of torch's, against
-# 0.979 with this at 0 (ours_accumulate_in_chain). The limit keeps 8x512 (4096 rows) in the chain, where an ad hoc
-# A/B with every size beside read 0.002-0.006 slower; where it sits between 128 and 4096 rows is a guess
-# (docs/direct_launch.md).
+# Under capture, forwards of at most this many rows accumulate their parameters' gradients (and the LayerNorm
+# backward's column sums) on streams of their own, beside the rest of the backward; 0 turns it off
 CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS = 1024
 
-# Under torch.compile, the unfused LayerNorm+Linear of a training forward holds its Linear as "inductor": F.linear,
-# which inductor runs as addmm, and two mm and a column sum (fused with its neighbours) in the backward; or as
-# "ours": the C++ op mojo_direct.traced_linear (the eager route's cuBLASLt plan), whose C++ autograd kernel's
-# backward is the C++ op linear_grads (dxn's and dW's GEMMs, db in dW's epilogue: one call from inductor's code).
-# 16-bit only: float32 keeps F.linear (the C++ ops would run torch's GEMMs). OPS_COMPILED_TRAINING_LINEAR
-# overrides it. Evidence: GPT-2-small's training step under torch.compile on the H100, ratios to torch's, "ours"
-# against "inductor" (torch's own program: tests/test_drop_in.py's test_compiled_training_graphs_are_torchs; so its
-# ratio is the run's noise). Side by side in one process (bench_transformer.py --linear-ab, when "ours" was the
-# default and "inductor" the contender ours_torch_linear: results/bench_transformer_compiled_linear_at_ba6218a.md,
-# "ours"' autograd formula then in Python, and _at_988fb7a.md, in C++): 1x128 1.034 and 1.005 against 0.982 and
-# 0.961, 8x512 0.995 and 0.980 against 0.961 and 0.960. Medians over 5 processes
-# (results/bench_transformer_compiled_linear.md at dcbfc7f): 1x128 1.019 against 0.977, 8x512 1.056 against 1.073,
-# per-process ratios spread over 0.83-1.15. No gain beyond the noise: torch's program stays.
-COMPILED_TRAINING_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LINEAR", "inductor")
+# Under torch.compile, a 16-bit training graph's unfused Linear: "inductor" (F.linear, torch's program) or "ours"
+# (mojo_direct.traced_linear, its backward the C++ linear_grads); "ours" gained nothing beyond the noise
+COMPILED_TRAINING_LINEAR = "inductor"
 
-# Under torch.compile, the 16-bit unfused LayerNorm+Linear of a training forward as "ours": the C++ op
-# mojo_direct.traced_layernorm_linear, one call each way in the compiled code (our LayerNorm and the cuBLASLt GEMM;
-# in the backward the Linear's gradients and our LayerNorm backward), with a tanh GELU after it in the GEMM's
-# epilogue (ops/layernorm_linear/inductor.py); as "inductor": torch's layer_norm (which inductor fuses with the
-# residual add before it) and the Linear as COMPILED_TRAINING_LINEAR says, a tanh GELU after it in the GEMM's
-# epilogue as COMPILED_LINEAR_GELU says; as "torch": torch's program, with no op of ours in it (the Linear as
-# COMPILED_TRAINING_LINEAR says, no GELU epilogue). "auto" (the default) is "ours" for inputs of
-# COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows or more and "torch" below (compiled_training_form).
-# OPS_COMPILED_TRAINING_LAYERNORM_LINEAR and OPS_COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS override them.
-# Evidence: GPT-2-small's compiled training step on the H100, every thread pinned to one core after compiling, 2
-# steps x 121 rotated rounds per contender, the median of the per-round ratios to torch's model, in each of three
-# processes (ad hoc runs at 09996e7, not committed; docs/direct_launch.md has them): at 1x128, torch_again (a second
-# torch model: the noise floor) read 0.992-0.998, "torch" 0.988-0.995, "inductor" with the GELU epilogue 0.992-1.004
-# and "ours" 1.016-1.021 (there each C++ call costs the host-bound step more than the kernels it saves); at 8x512,
-# torch_again 0.989-0.998, "torch" 0.997-1.001, "inductor" 0.984-0.990 and "ours" 0.945-0.963. Committed, at 715b187
-# (bench_transformer.py --pin-core 4 --inductor-form-ab --ln-linear-ab --control, 2 processes of 21 rounds of 10
-# steps: results/bench_transformer_compiled_inductor_form.md, _compiled_ln_linear.md, _control.md): at 1x128 "auto"
-# ("torch") 0.986, "inductor" 0.978, "ours" 1.007, torch_again 0.948 (0.884-1.012: "torch" and "inductor" are within
-# the noise of each other); at 8x512 "auto" ("ours") 0.952, "inductor" 1.016, torch_again 0.982. Sizes between 128
-# and 4096 rows are not measured: they take torch's program.
-COMPILED_TRAINING_LAYERNORM_LINEAR = os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR", "auto")
-COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS = int(os.environ.get("OPS_COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS",
-                                                                 "4096"))
+# Under torch.compile, how a 16-bit training graph holds the unfused LayerNorm+Linear (compiled_training_form):
+# "ours" (the C++ op traced_layernorm_linear), "inductor" (torch's layer_norm, the Linear as
+# COMPILED_TRAINING_LINEAR says), "torch" (no op of ours), or "auto": "ours" from _MIN_ROWS rows, "torch" below
+COMPILED_TRAINING_LAYERNORM_LINEAR = "auto"
+COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS = 4096
 COMPILED_TRAINING_FORMS = ("auto", "ours", "inductor", "torch")
 
-# Under torch.compile, a tanh GELU right after the unfused LayerNorm+Linear's Linear goes into that GEMM's cuBLASLt
-# epilogue, in inference and in training graphs of the "ours" and "inductor" forms (compiled_training_form; the
-# evidence below is of "inductor", the default then) (ops/layernorm_linear/inductor.py). OPS_COMPILED_LINEAR_GELU=0
-# turns it off.
-# Evidence (H100, GPT-2-small): fewer kernels per compiled call than without it (as many as torch's): inference
-# 97 (109) at 1x128 and 97 (121) at 8x512, where auto's Hopper forward becomes torch's layer_norm and that GEMM;
-# training 398 (410) at 1x128 and 509 (545) at 8x512 (results/bench_transformer_compile_kernels.md at 32ff9d5). The
-# pipelined A/B (results/bench_transformer_compiled_gelu.md at fe868af, before both later rewrites) was within the
-# host's noise.
-COMPILED_LINEAR_GELU = os.environ.get("OPS_COMPILED_LINEAR_GELU", "1") != "0"
+# Under torch.compile, a tanh GELU right after the unfused Linear goes into its GEMM's cuBLASLt epilogue
+# (ops/layernorm_linear/inductor.py): fewer kernels per call, as many as torch's or fewer
+COMPILED_LINEAR_GELU = True
 
-# In the "inductor" training form, the bias gradient comes from dW's GEMM epilogue (cuBLASLt BGRADB) from this many rows
-# of x up; below, from torch's sum over GELU's gradient, which inductor makes one kernel with gelu_backward. Evidence
-# (H100, GPT-2-small, CUPTI): with db from the epilogue at every size, the 1x128 training step launched 410 kernels, as
-# many as torch's (results/bench_transformer_compile_kernels.md at 941863e, commit a13f6f2; an ad hoc profile, not
-# committed, showed cuBLASLt running that epilogue as a kernel of its own there, globalKernelBgradAB); with this choice,
-# 398 at 1x128 and still 509 against torch's 545 at 8x512 (that report at 32ff9d5, every kernel in its _kernels.md).
-# Sizes between 128 and 4096 rows are not measured: they take torch's sum, whose launches are torch's.
-COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS = int(os.environ.get("OPS_COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS", "4096"))
+# In the "inductor" training form, db comes from dW's GEMM epilogue from this many rows up; below, from torch's sum
+# beside gelu_backward (cuBLASLt would run the epilogue as a kernel of its own there)
+COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS = 4096
 
 
 def lt_without_workspace(k: int, n: int) -> bool:
@@ -358,6 +279,5 @@ def compiled_training_form(rows: int) -> str:
 def training_algo(algo: str, dtype: torch.dtype) -> str:
     """The forward algo when a gradient will be taken: ``auto`` on fp16/bf16 takes ``unfused``, since that path
     keeps xn for dW and the backward after ``fused`` or ``sm90`` must recompute it, which costs more than those
-    save in the forward (H100, bf16, results at 95f7c88: backward 1.053x torch at (4096, 768 -> 3072) after sm90
-    and 1.007x at (4096, 4096 -> 64) after fused, against 0.988x and 0.812x with xn kept at 4e65f40)."""
+    save in the forward (docs/tuning.md)."""
     return "unfused" if algo == "auto" and dtype != torch.float32 else algo

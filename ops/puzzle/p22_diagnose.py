@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.skeleton import parse
+from ops.puzzle.skeleton import parse
 
 # file:line:col: error: message   (mojo's own format; a relative or an absolute path)
 _ERROR = re.compile(r"^(?P<path>[^:\n]+\.mojo):(?P<line>\d+):(?P<col>\d+): error: (?P<msg>.+)$", re.M)
