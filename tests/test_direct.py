@@ -231,14 +231,20 @@ def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_native_library_follows_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An edited C++ source (or another torch) gets another library path: an old build is never loaded for it."""
+    """An edited C++ source or part (or another torch) gets another library path: an old build is never
+    loaded for it."""
     before = direct.native_library_path()
     src = tmp_path / "direct.cpp"
     src.write_text(direct.NATIVE_SOURCE.read_text() + "\n// edited\n")
     monkeypatch.setattr(direct, "NATIVE_SOURCE", src)
     edited = direct.native_library_path()
+    parts = tmp_path / "native"
+    shutil.copytree(direct.NATIVE_PARTS, parts)
+    (parts / "layernorm.h").write_text((parts / "layernorm.h").read_text() + "\n// edited\n")
+    monkeypatch.setattr(direct, "NATIVE_PARTS", parts)
+    part_edited = direct.native_library_path()
     monkeypatch.setattr(torch, "__version__", "0.0.0")
-    assert len({before, edited, direct.native_library_path()}) == 3
+    assert len({before, edited, part_edited, direct.native_library_path()}) == 4
 
 
 @pytest.mark.parametrize("with_bias", [True, False])

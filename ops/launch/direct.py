@@ -192,7 +192,8 @@ class on_device:
 # The C++ host side (ops/launch/direct.cpp): the eager calls' allocation, launch and autograd node in C++.
 # --------------------------------------------------------------------------
 
-NATIVE_SOURCE = Path(__file__).resolve().parent / "direct.cpp"
+NATIVE_SOURCE = Path(__file__).resolve().parent / "direct.cpp"   # one translation unit: it includes the parts
+NATIVE_PARTS = Path(__file__).resolve().parent / "native"        # ... by concern, ops/launch/native/*.h
 
 
 _native_lock = threading.Lock()   # one build and load of the C++ library per process
@@ -224,9 +225,11 @@ _native_tried = False
 
 
 def native_library_path() -> Path:
-    """Where the C++ library built from ``NATIVE_SOURCE`` for this torch lives (named by the source's digest,
-    torch's version and C++ ABI: torch's C++ API is not stable across versions, so it is built per torch)."""
+    """Where the C++ library built from ``NATIVE_SOURCE`` and its parts for this torch lives (named by the sources'
+    digest, torch's version and C++ ABI: torch's C++ API is not stable across versions, so it is built per torch)."""
     key = hashlib.sha256(NATIVE_SOURCE.read_bytes())
+    for part in sorted(NATIVE_PARTS.glob("*.h")):
+        key.update(part.name.encode() + part.read_bytes())
     key.update(f"{torch.__version__}-{torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
     return cache_dir() / "native" / key.hexdigest()[:24] / "mojo_direct.so"
 
@@ -254,7 +257,7 @@ def _compile_native(path: Path, quiet: bool) -> None:
     libs = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [compiler, "-O2", "-std=c++20", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-           *(f"-I{d}" for d in cpp_extension.include_paths()), str(NATIVE_SOURCE),
+           *(f"-I{d}" for d in cpp_extension.include_paths()), f"-I{NATIVE_PARTS.parent}", str(NATIVE_SOURCE),
            *(f"-L{d}" for d in libs), "-lc10", "-ltorch_cpu", "-ltorch", *(f"-Wl,-rpath,{d}" for d in libs), "-ldl"]
     if not quiet:
         print(f"ops: building the C++ launcher {NATIVE_SOURCE.name} (once per torch version) ...", file=sys.stderr)
