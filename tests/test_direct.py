@@ -683,7 +683,9 @@ def test_gpu_native_layernorm_is_the_python_route(dtype: torch.dtype, shape: tup
     """After a shape's first call (the Python route, which hands over the plan) the C++ entry takes the call and
     gives bitwise the Python route's output and gradients (the same kernels), with and without GELU; without a
     gradient to come too. Rows of 12288 bf16 take a clustered launch."""
-    from ops.layernorm import ACTIVATIONS, LayerNormFunction, layernorm, layernorm_bwd, layernorm_fwd
+    from ops.layernorm import layernorm, layernorm_bwd, layernorm_fwd
+    from ops.layernorm.autograd import LayerNormFunction
+    from ops.layernorm.config import ACTIVATIONS
 
     torch.manual_seed(0)
     h = shape[-1]
@@ -723,7 +725,9 @@ def test_gpu_native_layernorm_linear_is_the_python_route(dtype: torch.dtype, row
                                                          bias: bool) -> None:
     """The unfused LayerNorm+Linear through the C++ entry: bitwise the Python route's output and five gradients
     (four without a bias), and its inference output."""
-    from ops.layernorm_linear import ALGO_IDS, FusedLayerNormLinear, LayerNormLinearFunction
+    from ops.layernorm_linear import FusedLayerNormLinear
+    from ops.layernorm_linear.autograd import LayerNormLinearFunction
+    from ops.layernorm_linear.config import ALGO_IDS
 
     rows, k, n = rows_k_n
     torch.manual_seed(0)
@@ -843,7 +847,8 @@ def test_gpu_native_takes_strided_x(dtype: torch.dtype) -> None:
     bitwise the contiguous x's output and gradients (LayerNorm, unfused LayerNorm+Linear), statistics and fused
     forward."""
     from ops.layernorm import layernorm, layernorm_fwd
-    from ops.layernorm_linear import ALGO_IDS, FusedLayerNormLinear
+    from ops.layernorm_linear import FusedLayerNormLinear
+    from ops.layernorm_linear.config import ALGO_IDS
 
     torch.manual_seed(0)
     base = torch.randn(64, 5, 768, device="cuda").to(dtype)
@@ -1417,7 +1422,8 @@ def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, free_pr
     and keeps the Hopper forward with "sm90" asked for by name; both match the float64 reference."""
     from torch._inductor.utils import run_and_get_code
 
-    from ops.layernorm_linear import layernorm_linear, pick_algo
+    from ops.layernorm_linear import layernorm_linear
+    from ops.layernorm_linear.route import pick_algo
     from ops.reference import gelu_ref, layernorm_linear_ref
     from ops.tolerance import compare
 

@@ -1,0 +1,151 @@
+"""Per-call time of the public modules in two source trees, side by side on one GPU in one sitting.
+
+    python scripts/compare_trees.py --tree before=.probe/before --tree after=. [--rounds 3]
+
+For a change that must not move speed (a refactor), run on the GPU machine: each round starts one process per tree
+(their ``ops`` first on PYTHONPATH), alternating, and each process times ours and torch's own modules at the same
+shapes. Torch's rows are the control: the same code in both trees, so their after/before ratio is the run-to-run
+noise that ours' ratio is read against. Only the public API is used, so any layout of ``ops`` works. Kernels are not
+compared here (``scripts/compare_ptx.py`` does, on the CPU). Writes results/compare_trees.{csv,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "compare_trees"
+# (case, rows, k, n): LayerNorm over k, or LayerNorm+Linear k -> n; 8 rows: host-bound, 4096: device-bound
+CASES = (("layernorm", 8, 768, 0), ("layernorm", 4096, 768, 0), ("layernorm_linear", 8, 768, 3072),
+         ("layernorm_linear", 4096, 768, 3072))
+CALLS, REPEATS = 200, 7
+
+
+def worker() -> None:
+    """In one tree's process: pipelined us per call (CALLS back to back, one sync; median of REPEATS) of ours and
+    torch's modules, inference and a training step (forward and backward), bfloat16, checked against torch first."""
+    import torch
+
+    from ops.layernorm import LayerNorm
+    from ops.layernorm_linear import FusedLayerNormLinear
+
+    rows_out = []
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    for case, rows, k, n in CASES:
+        torch.manual_seed(0)
+        if case == "layernorm":
+            theirs = torch.nn.LayerNorm(k, device=dev, dtype=dt)
+            ours = LayerNorm.from_torch(theirs)
+        else:
+            theirs = torch.nn.Sequential(torch.nn.LayerNorm(k), torch.nn.Linear(k, n)).to(dev, dt)
+            ours = FusedLayerNormLinear.from_torch(theirs)
+        x = torch.randn(rows, k, device=dev, dtype=dt)
+        with torch.no_grad():
+            err = (ours(x).float() - theirs(x).float()).abs().max().item()
+        if not err <= 0.1:
+            raise SystemExit(f"{case} {rows}x{k}: ours differs from torch's by {err}")
+        for phase in ("infer", "train"):
+            for impl, m in (("ours", ours), ("torch", theirs)):
+                rows_out.append({"case": case, "shape": f"{rows}x{k}" + (f"->{n}" if n else ""), "phase": phase,
+                                 "impl": impl, "us": _time(m, x, phase)})
+    print(json.dumps(rows_out))
+
+
+def _time(m: object, x: object, phase: str) -> float:
+    import torch
+
+    xg = x.detach().requires_grad_(phase == "train")
+
+    def step() -> None:
+        if phase == "infer":
+            with torch.no_grad():
+                m(x)
+        else:
+            m(xg).sum().backward()
+
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(CALLS):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / CALLS)
+    return statistics.median(times)
+
+
+def run(trees: dict[str, Path], rounds: int) -> list[dict]:
+    rows = []
+    for r in range(rounds):
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": f"{tree.resolve()}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+            proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=tree, env=env, capture_output=True,
+                                  text=True)
+            if proc.returncode:
+                raise SystemExit(f"{name}: {proc.stderr[-3000:]}")
+            rows += [{"round": r, "tree": name, **row} for row in json.loads(proc.stdout.strip().splitlines()[-1])]
+    return rows
+
+
+def report(rows: list[dict], before: str, after: str) -> str:
+    """Per case: the median over rounds of after / before, ours and torch's (the control), and the verdict."""
+    def med(tree: str, key: tuple) -> float:
+        return statistics.median(r["us"] for r in rows if r["tree"] == tree
+                                 and (r["case"], r["shape"], r["phase"], r["impl"]) == key)
+
+    keys = sorted({(r["case"], r["shape"], r["phase"]) for r in rows})
+    control = [med(after, (*key, "torch")) / med(before, (*key, "torch")) for key in keys]
+    band = max(abs(c - 1) for c in control)
+    lines = [f"# {after} against {before}: per-call time of the public modules", "",
+             f"`python scripts/compare_trees.py`, bfloat16, pipelined us per call (median of {REPEATS} x {CALLS} "
+             f"calls, then the median over rounds). Control: torch's own modules in the same processes; their "
+             f"after / before spread is the noise band: {band:.3f}.", "",
+             f"| case | shape | phase | ours {before} | ours {after} | ours after/before | torch after/before | "
+             "verdict |", "|---|---|---|---|---|---|---|---|"]
+    for key, c in zip(keys, control, strict=True):
+        b, a = med(before, (*key, "ours")), med(after, (*key, "ours"))
+        ratio = a / b
+        verdict = "within noise" if ratio <= 1 + band else "slower beyond noise"
+        lines.append(f"| {' | '.join(key)} | {b:.2f} | {a:.2f} | {ratio:.3f} | {c:.3f} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tree", action="append", default=[], help="NAME=PATH, twice: the earlier tree first")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=OUT, help="the CSV and Markdown's path without suffix")
+    a = p.parse_args(argv)
+    if a.worker:
+        worker()
+        return 0
+    trees = dict(t.split("=", 1) for t in a.tree)
+    if len(trees) != 2:
+        p.error("--tree: give two, NAME=PATH each")
+    rows = run({name: Path(path) for name, path in trees.items()}, a.rounds)
+    before, after = trees
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    text = report(rows, before, after)
+    a.out.with_suffix(".md").write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
