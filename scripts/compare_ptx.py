@@ -7,13 +7,15 @@ Builds every kernel the direct route can launch (``poe build-kernels``'s list) a
 git worktree, and at the working tree, then compares the two sets of PTX files with kernel and function names
 taken out (names changed in the issue-35 renames; code did not). A kernel whose PTX is unchanged runs the same
 machine code with the same launch, so a kernel time of it that moved between two benchmark reports moved with
-the machine, not with the code: the companion of ``scripts/compare_results.py``.
+the machine, not with the code: the companion of ``scripts/compare_results.py``. The C++ launcher of both is
+compared too, by its instructions (``objdump``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import difflib
 import hashlib
 import os
 import re
@@ -53,15 +55,47 @@ def build_at(rev: str, tmp: Path) -> list[Path]:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
 
 
+def machine_code(lib: Path) -> list[str]:
+    """The C++ launcher's instructions (``objdump -d``) with addresses, constants and alignment padding taken out:
+    equal for equal code, whatever the file layout of its source moved."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True,
+                         check=True).stdout
+    lines = []
+    for line in out.splitlines():
+        if ":\t" not in line:
+            continue
+        ins = re.sub(r"0x[0-9a-f]+|[0-9a-f]{4,} <[^>]*>|#.*$", "X", line.split(":\t", 1)[1]).strip()
+        if ins and not re.fullmatch(r"(cs\s+)?(data16\s+)*nop[wl]?(\s+X\(%[a-z]+,%[a-z]+,1\))?", ins):
+            lines.append(ins)
+    return lines
+
+
+def native_difference(old_cache: Path, new_cache: Path) -> str:
+    """A line for the report: the two C++ launchers' instructions, equal or how many differ."""
+    libs = [sorted(c.glob("native/*/mojo_direct.so")) for c in (old_cache, new_cache)]
+    if not all(libs):
+        return "C++ launcher: not built on one side (no C++ compiler?), not compared."
+    old, new = (machine_code(found[-1]) for found in libs)
+    if old == new:
+        return f"C++ launcher: the same {len(new)} instructions (addresses, constants and alignment padding aside)."
+    changed = sum(1 for line in difflib.unified_diff(old, new, n=0, lineterm="") if line[:1] in "+-") - 2
+    return f"C++ launcher: {changed} of {len(new)} instructions differ (addresses, constants and padding aside)."
+
+
 def build_here() -> dict[Path, str]:
     """Build every kernel of the working tree (``poe build-kernels``'s list, in OPS_CACHE_DIR); kernel function
     name -> its instantiations' PTX files."""
+    from ops.launch import direct
     from ops.launch import ptx as ptxlib
     from ops.layernorm import config as layernorm_config
     from ops.layernorm_linear import config as layernorm_linear_config
 
     specs = list(dict.fromkeys(layernorm_config.all_specs() + layernorm_linear_config.all_specs()))
     ptxlib.build(specs, "H100", quiet=True)
+    try:
+        direct.build_native(quiet=True)
+    except direct.NativeBuildError:
+        pass   # native_difference says so
     return {ptxlib.ptx_path(spec, "H100"): spec.name for spec in specs}
 
 
@@ -103,12 +137,14 @@ def moved_rows(rev: str, built: set[str], band: float = 0.05) -> list[str]:
     return out
 
 
-def report(rev: str, rows: list[tuple[str, int, int]], old_total: int, new_total: int, moved: list[str]) -> str:
+def report(rev: str, rows: list[tuple[str, int, int]], old_total: int, new_total: int, moved: list[str],
+           native: str) -> str:
     lines = [f"# Kernel PTX against {rev}'s", "",
              f"`python scripts/compare_ptx.py {rev}`: the working tree's {new_total} kernel instantiations against "
              f"{rev}'s {old_total}, by PTX with names taken out. \"unchanged\": the same PTX was built at {rev}.", "",
              "| kernel function | unchanged | changed or new |", "|---|---|---|"]
     lines += [f"| {f} | {s} | {c} |" for f, s, c in rows]
+    lines += ["", native]
     lines += ["", f"LayerNorm forward rows of ours more than 5% off {rev}'s kernel time "
               f"(results/kernel_times_vs_{rev}.md), and their kernel's PTX:", "",
               "| row | old us | new us | new / old | kernel | PTX |", "|---|---|---|---|---|---|", *moved]
@@ -125,7 +161,8 @@ def main(argv: list[str]) -> int:
         built = {fingerprint(f.read_text()) for f in old}
         os.environ["OPS_CACHE_DIR"] = str(Path(tmp) / "new")
         new = build_here()
-        text = report(args.rev, compare(built, new), len(old), len(new), moved_rows(args.rev, built))
+        native = native_difference(Path(tmp) / "old", Path(tmp) / "new")
+        text = report(args.rev, compare(built, new), len(old), len(new), moved_rows(args.rev, built), native)
     print(text, end="")
     if args.write:
         (ROOT / "results" / f"ptx_vs_{args.rev}.md").write_text(text)

@@ -3,10 +3,11 @@
     python scripts/compare_trees.py --tree before=.probe/before --tree after=. [--rounds 3]
 
 For a change that must not move speed (a refactor), run on the GPU machine: each round starts one process per tree
-(their ``ops`` first on PYTHONPATH), alternating, and each process times ours and torch's own modules at the same
-shapes. Torch's rows are the control: the same code in both trees, so their after/before ratio is the run-to-run
-noise that ours' ratio is read against. Only the public API is used, so any layout of ``ops`` works. Kernels are not
-compared here (``scripts/compare_ptx.py`` does, on the CPU). Writes results/compare_trees.{csv,md}.
+(their ``ops`` first on PYTHONPATH), the order reversed every other round (ABBA), and each process times ours and
+torch's own modules at the same shapes. Torch's rows are the control: the same code in both trees, so their
+after/before ratio is the run-to-run noise that ours' ratio is read against. Only the public API is used, so any
+layout of ``ops`` works. Kernels are not compared here (``scripts/compare_ptx.py`` does, on the CPU). Writes
+results/compare_trees.{csv,md}.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ OUT = ROOT / "results" / "compare_trees"
 CASES = (("layernorm", 8, 768, 0), ("layernorm", 4096, 768, 0), ("layernorm_linear", 8, 768, 3072),
          ("layernorm_linear", 4096, 768, 3072))
 CALLS, REPEATS = 200, 7
+MAX_BAND = 0.05   # a control spread wider than this makes the comparison inconclusive, not a pass
 
 
 def worker() -> None:
     """In one tree's process: pipelined us per call (CALLS back to back, one sync; median of REPEATS) of ours and
     torch's modules, inference and a training step (forward and backward), bfloat16, checked against torch first."""
+    if (pin := os.environ.get("COMPARE_TREES_PIN")) is not None:
+        os.sched_setaffinity(0, {int(pin)})
     import torch
 
     from ops.layernorm import LayerNorm
@@ -85,11 +89,14 @@ def _time(m: object, x: object, phase: str) -> float:
     return statistics.median(times)
 
 
-def run(trees: dict[str, Path], rounds: int) -> list[dict]:
+def run(trees: dict[str, Path], rounds: int, pin_core: int | None) -> list[dict]:
+    """``rounds`` of one process per tree, in ABBA order; their rows."""
     rows = []
     for r in range(rounds):
-        for name, tree in trees.items():
+        for name, tree in (list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]):
             env = {**os.environ, "PYTHONPATH": f"{tree.resolve()}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+            if pin_core is not None:
+                env["COMPARE_TREES_PIN"] = str(pin_core)
             proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=tree, env=env, capture_output=True,
                                   text=True)
             if proc.returncode:
@@ -107,16 +114,18 @@ def report(rows: list[dict], before: str, after: str) -> str:
     keys = sorted({(r["case"], r["shape"], r["phase"]) for r in rows})
     control = [med(after, (*key, "torch")) / med(before, (*key, "torch")) for key in keys]
     band = max(abs(c - 1) for c in control)
+    verdict_note = f" (over {MAX_BAND}: inconclusive)." if band > MAX_BAND else "."
     lines = [f"# {after} against {before}: per-call time of the public modules", "",
              f"`python scripts/compare_trees.py`, bfloat16, pipelined us per call (median of {REPEATS} x {CALLS} "
              f"calls, then the median over rounds). Control: torch's own modules in the same processes; their "
-             f"after / before spread is the noise band: {band:.3f}.", "",
+             f"after / before spread is the noise band: {band:.3f}{verdict_note}", "",
              f"| case | shape | phase | ours {before} | ours {after} | ours after/before | torch after/before | "
              "verdict |", "|---|---|---|---|---|---|---|---|"]
     for key, c in zip(keys, control, strict=True):
         b, a = med(before, (*key, "ours")), med(after, (*key, "ours"))
         ratio = a / b
-        verdict = "within noise" if ratio <= 1 + band else "slower beyond noise"
+        verdict = ("inconclusive" if band > MAX_BAND else "within noise" if ratio <= 1 + band
+                   else "slower beyond noise")
         lines.append(f"| {' | '.join(key)} | {b:.2f} | {a:.2f} | {ratio:.3f} | {c:.3f} | {verdict} |")
     return "\n".join(lines) + "\n"
 
@@ -125,22 +134,29 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", action="append", default=[], help="NAME=PATH, twice: the earlier tree first")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pin-core", type=int, help="pin each process to this CPU (less host noise)")
+    p.add_argument("--from-csv", action="store_true", help="rewrite the Markdown from the CSV at --out")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=OUT, help="the CSV and Markdown's path without suffix")
     a = p.parse_args(argv)
     if a.worker:
         worker()
         return 0
-    trees = dict(t.split("=", 1) for t in a.tree)
-    if len(trees) != 2:
-        p.error("--tree: give two, NAME=PATH each")
-    rows = run({name: Path(path) for name, path in trees.items()}, a.rounds)
-    before, after = trees
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    if a.from_csv:
+        with open(a.out.with_suffix(".csv")) as f:
+            rows = [{**r, "us": float(r["us"])} for r in csv.DictReader(f)]
+        before, after = dict.fromkeys(r["tree"] for r in rows)
+    else:
+        trees = dict(t.split("=", 1) for t in a.tree)
+        if len(trees) != 2:
+            p.error("--tree: give two, NAME=PATH each")
+        rows = run({name: Path(path) for name, path in trees.items()}, a.rounds, a.pin_core)
+        before, after = trees
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(a.out.with_suffix(".csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     text = report(rows, before, after)
     a.out.with_suffix(".md").write_text(text)
     print(text, end="")
