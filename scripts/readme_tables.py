@@ -33,9 +33,8 @@ def read(name: str) -> tuple[str, list[dict]]:
 def transformer_table() -> list[str]:
     stamp, rows = read("bench_transformer")
     ratio = {(r["mode"], r["phase"], r["tokens"]): r["vs_torch"] for r in rows if r["impl"] == "ours"}
-    out = [f"GPT-2-small, bf16, ours / torch in the same mode, pipelined time per call "
-           f"([results/bench_transformer.md](results/bench_transformer.md); {stamp.split(';')[0]}; "
-           f"{stamp.split(';')[1].strip()}):", "",
+    out = ["GPT-2-small, bf16, ours / torch in the same mode, pipelined time per call",
+           f"([results/bench_transformer.md](results/bench_transformer.md); {stamp.split(';')[1].strip()}):", "",
            "| mode | inference 1x128 | inference 8x512 | training 1x128 | training 8x512 |", "|---|---|---|---|---|"]
     for mode in ("eager", "cuda_graph", "compile"):
         out.append(f"| {mode} | " + " | ".join(ratio.get((mode, p, t), "-") for p, t in TRANSFORMER_COLUMNS) + " |")
@@ -45,7 +44,7 @@ def transformer_table() -> list[str]:
 def per_call_table() -> list[str]:
     ln_stamp, ln = read("bench_layernorm")
     lnl_stamp, lnl = read("bench_layernorm_linear")
-    out = ["Per call, ours / torch eager, pipelined (back-to-back calls with their allocations, one sync; "
+    out = ["Per call, ours / torch eager, pipelined (back-to-back calls with their allocations, one sync;",
            "[results/bench_layernorm.md](results/bench_layernorm.md), "
            "[results/bench_layernorm_linear.md](results/bench_layernorm_linear.md)):", "",
            "| call | dtype | ours / torch | commit |", "|---|---|---|---|"]

@@ -45,3 +45,15 @@ def test_readme_results_section_is_generated() -> None:
     proc = subprocess.run([sys.executable, str(root / "scripts" / "readme_tables.py"), "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_readme_library_example_runs() -> None:
+    """README's library example, as a newcomer pastes it: it runs and fills every gradient."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lines = readme.split("## The library", 1)[1].splitlines()[2:]
+    block = lines[:next(i for i, line in enumerate(lines) if line and not line.startswith("    "))]
+    code = "\n".join(line[4:] for line in block)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["y"].shape == (8, 512, 3072) and scope["x"].grad is not None
+    assert all(p.grad is not None for p in scope["mlp_in"].parameters())

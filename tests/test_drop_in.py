@@ -1447,7 +1447,7 @@ def test_threads_each_on_its_own_stream(device: str) -> None:
 # ---------------------------------------------------------------- more than one GPU
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-NEEDS_TWO = pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs: multi-GPU use is untested here (README)")
+NEEDS_TWO = pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs: multi-GPU use is untested here")
 
 
 @NEEDS_TWO
