@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import csv
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -45,13 +44,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+from gpt2_block import (  # noqa: E402 (the model, its contenders and its timed calls)
+    CONTROL_IMPL,
+    contender,
+    infer_call,
+    ours_from,
+    reference,
+    rel_err,
+    train_call,
+)
+from transformer_kernels import (  # noqa: E402 (the kernel breakdowns)
+    BREAKDOWN_OUT,
+    COMPILE_KERNEL_FIELDS,
+    COMPILE_KERNELS_OUT,
+    KERNEL_FIELDS,
+    breakdown,
+    compile_kernels,
+    write_breakdown,
+)
 
 from ops.bench.timing import (  # noqa: E402
     Pipelined,
     appended,
-    captured,
     check_pin_core,
     commit,
     gpu_name,
@@ -60,33 +74,20 @@ from ops.bench.timing import (  # noqa: E402
     pipelined_runs,
     write_report,
 )
-from ops.layernorm import LayerNorm  # noqa: E402
 from ops.layernorm import config as layernorm_config  # noqa: E402
-from ops.layernorm_linear import FusedLayerNormLinear  # noqa: E402
 from ops.layernorm_linear import config as layernorm_linear_config  # noqa: E402
 
-D, HEADS, BLOCKS = 768, 12, 12
 SIZES = ((1, 128), (8, 512))
 MODES = ("eager", "cuda_graph", "compile")
 REPEATS = 11   # interleaved runs per contender (median): the GPU machine's host speed drifts
 FIELDS = ("mode", "phase", "tokens", "impl", "ms", "tokens_per_s", "vs_torch")
 OUT = ROOT / "results" / "bench_transformer"
 OVERLAP_AB_OUT = ROOT / "results" / "bench_transformer_capture_overlap"
-BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
-COMPILE_KERNELS_OUT = ROOT / "results" / "bench_transformer_compile_kernels"
-COMPILE_KERNEL_FIELDS = ("phase", "tokens", "impl", "launches", "device_us")
-# --breakdown: kernels by kind, from their names (the first pattern that matches; torch's and cuBLAS's names on the
-# H100 with torch 2.11): our Mojo kernels, LayerNorm's, GEMMs, attention, the AdamW step, the rest.
-KINDS = (("ours (Mojo)", r"^kernels_"), ("LayerNorm (torch)", r"layer_norm|LayerNorm|GammaBeta"),
-         ("attention", r"sdpa|flash|fmha|attention"), ("GEMM (cuBLAS)", r"gemm|xmma|cutlass|nvjet|Bgrad|splitKreduce"),
-         ("AdamW", r"multi_tensor|foreach|adam"), ("other", r""))
-KERNEL_FIELDS = ("phase", "tokens", "impl", "kind", "kernel", "launches", "us")
 ONE_STREAM_IMPL = "ours_one_stream"   # --capture-overlap-ab: ours captured with CAPTURED_WEIGHT_GRADS_BESIDE off
 IN_CHAIN_IMPL = "ours_accumulate_in_chain"   # and with CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS 0
 # --capture-overlap-ab's contenders: the C++ setter each calls while it is captured, its value, and the default's
 CAPTURE_ABS = {ONE_STREAM_IMPL: ("set_capture_overlap", False, "CAPTURED_WEIGHT_GRADS_BESIDE"),
                IN_CHAIN_IMPL: ("set_accumulate_beside", 0, "CAPTURED_GRADS_ACCUMULATED_BESIDE_MAX_ROWS")}
-CONTROL_IMPL = "torch_again"   # --control: a second copy of torch's model; its vs_torch is an A/A ratio
 CONTROL_OUT = ROOT / "results" / "bench_transformer_control"
 SPREAD_FIELDS = ("vs_torch_min", "vs_torch_max")   # over the processes of a --processes run
 RATIO_NOTE = ("in eager and compile, whose runs alternate, the median over rounds of the contender's run over "
@@ -161,101 +162,6 @@ COMPILE_ABS = {
                                        "the MLP's tanh GELU inductor's, after our C++ Linear in inference and "
                                        "torch's in training (the pass of ops/layernorm_linear/inductor.py off)"),
 }
-
-
-class Block(nn.Module):
-    """Pre-LN GPT-2 block: x + proj(attn(ln_1 + qkv)), then x + fc2(gelu(ln_2 + fc1))."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln_qkv = nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 3 * D))
-        self.proj = nn.Linear(D, D)
-        self.ln_fc1 = nn.Sequential(nn.LayerNorm(D), nn.Linear(D, 4 * D))
-        self.fc2 = nn.Linear(4 * D, D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.ln_qkv(x).view(b, t, 3, HEADS, D // HEADS).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, D))
-        return x + self.fc2(F.gelu(self.ln_fc1(x), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    """BLOCKS blocks and a final LayerNorm over hidden states [B, T, D] (no embeddings, no head)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.ln_f = nn.LayerNorm(D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_f(x)
-
-
-def ours_from(model: GPT) -> GPT:
-    """A copy of ``model`` with our drop-ins in place of its LayerNorms (same weights)."""
-    import copy
-
-    m = copy.deepcopy(model)
-    for block in m.blocks:
-        block.ln_qkv = FusedLayerNormLinear.from_torch(block.ln_qkv)
-        block.ln_fc1 = FusedLayerNormLinear.from_torch(block.ln_fc1)
-    m.ln_f = LayerNorm.from_torch(m.ln_f)
-    return m
-
-
-def reference(b: int, t: int) -> tuple[GPT, torch.Tensor]:
-    """The seeded torch model (bf16, CUDA) whose weights every contender copies, and its input [b, t, D]."""
-    torch.manual_seed(0)
-    return GPT().cuda().bfloat16(), torch.randn(b, t, D, device="cuda", dtype=torch.bfloat16)
-
-
-def contender(ref: GPT, impl: str) -> GPT:
-    """A fresh model with ``ref``'s weights: torch's modules for "torch" and CONTROL_IMPL, our drop-ins
-    (``ours_from``) otherwise."""
-    model = GPT().cuda().bfloat16()
-    model.load_state_dict(ref.state_dict())
-    return model if impl in ("torch", CONTROL_IMPL) else ours_from(model)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def infer_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], object]:
-    """One forward under no_grad as ``mode`` runs it."""
-    if mode == "compile":
-        compiled = torch.compile(model)
-        def fwd() -> object:
-            with torch.no_grad():
-                return compiled(x)
-        return fwd
-    if mode == "cuda_graph":
-        with torch.no_grad():
-            return captured(lambda: model(x))[0].replay
-    def eager() -> object:
-        with torch.no_grad():
-            return model(x)
-    return eager
-
-
-def train_call(model: nn.Module, x: torch.Tensor, mode: str) -> Callable[[], object]:
-    """One training step (forward, mean-square loss, backward, AdamW) as ``mode`` runs it."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=mode == "cuda_graph", foreach=True)
-    fwd = torch.compile(model) if mode == "compile" else model
-
-    def step() -> torch.Tensor:
-        loss = fwd(x).float().pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=mode != "cuda_graph")
-        return loss
-    if mode != "cuda_graph":
-        return step
-    return captured(step)[0].replay
 
 
 def vs_torch(runs: dict[str, Pipelined], impl: str, mode: str) -> float:
@@ -353,92 +259,6 @@ def run(modes: list[str], compile_abs: tuple[str, ...] = (), overlap_ab: bool = 
                     print(f"{mode:10} {phase:5} {b * t:>5} tokens {impl:5} {ms[impl]:8.3f} ms "
                           f"({rows[-1]['vs_torch']}; per round {per_round})", flush=True)
     return rows
-
-
-def kind_of(name: str) -> str:
-    return next(kind for kind, pattern in KINDS if re.search(pattern, name))
-
-
-def kernel_rows(kernels: dict[str, tuple[int, float]], calls: int, **where: object) -> list[dict]:
-    """``kernel_times``' kernels over ``calls`` calls as rows of ``KERNEL_FIELDS`` (launches per call, the kind
-    as ``KINDS`` says), each with ``where`` (phase, tokens, impl)."""
-    return [{**where, "kind": kind_of(name), "kernel": name[:90], "launches": count // calls, "us": round(us, 2)}
-            for name, (count, us) in kernels.items()]
-
-
-def breakdown() -> list[dict]:
-    """Per size and phase, torch and ours captured (CUDA graph) as ``run`` times them: CUPTI's device time per
-    call of each kind of kernel (``KINDS``), and the busiest kernels, into results/bench_transformer_breakdown.md."""
-    from ops.bench.timing import kernel_times
-
-    rows = []
-    for b, t in SIZES:
-        ref_model, x = reference(b, t)
-        for phase in ("infer", "train"):
-            for impl in ("torch", "ours"):
-                model = contender(ref_model, impl)
-                fn = (infer_call if phase == "infer" else train_call)(model, x, "cuda_graph")
-                rows += kernel_rows(kernel_times(fn, calls=5), 5, phase=phase, tokens=b * t, impl=impl)
-                del fn, model
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-    return rows
-
-
-def compile_kernels(compile_abs: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
-    """Per size and phase, torch's model, ours and the contenders ``compile_abs`` under torch.compile as ``run`` builds
-    them: CUPTI's kernel launches and device time per call (counts, not host timings: the compile rows' pipelined
-    times are host-bound and noisy), and every kernel (``KERNEL_FIELDS``), for
-    results/bench_transformer_compile_kernels.md and its _kernels.md."""
-    from ops.bench.timing import kernel_times
-
-    rows, every = [], []
-    for b, t in SIZES:
-        torch._dynamo.reset()
-        ref_model, x = reference(b, t)
-        for phase in ("infer", "train"):
-            for impl in ("torch", "ours", *compile_abs):
-                fn = (infer_call if phase == "infer" else train_call)(contender(ref_model, impl), x, "compile")
-                kernels = kernel_times(fn if impl == "torch" else with_compile_knobs(impl, fn), calls=5)
-                rows.append({"phase": phase, "tokens": b * t, "impl": impl,
-                             "launches": sum(count for count, _ in kernels.values()) // 5,
-                             "device_us": round(sum(us for _, us in kernels.values()), 1)})
-                every += kernel_rows(kernels, 5, phase=phase, tokens=b * t, impl=impl)
-                print(rows[-1], flush=True)
-                del fn
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-    return rows, every
-
-
-def write_breakdown(rows: list[dict], stamp: str) -> None:
-    """Per (phase, tokens): each kind's device us per call, torch and ours, and its share of torch's total; and
-    every kernel (``KERNEL_FIELDS``) with its kind as ``KINDS`` says."""
-    for r in rows:
-        r["kind"], r["us"] = kind_of(r["kernel"]), float(r["us"])
-    sums: dict[tuple, float] = {}
-    for r in rows:
-        for kind in (r["kind"], "all"):
-            key = (r["phase"], r["tokens"], kind, r["impl"])
-            sums[key] = sums.get(key, 0.0) + r["us"]
-    table = []
-    for phase, tokens in dict.fromkeys((r["phase"], r["tokens"]) for r in rows):
-        total = sums[(phase, tokens, "all", "torch")]
-        for kind in [k for k, _ in KINDS] + ["all"]:
-            t, o = sums.get((phase, tokens, kind, "torch"), 0.0), sums.get((phase, tokens, kind, "ours"), 0.0)
-            table.append({"phase": phase, "tokens": tokens, "kind": kind, "torch_us": round(t, 1),
-                          "ours_us": round(o, 1), "torch_share": round(t / total, 3),
-                          "ours_minus_torch_over_torch_total": round((o - t) / total, 3)})
-    fields = tuple(table[0])
-    busiest = sorted(rows, key=lambda r: -r["us"])
-    top = "; ".join(f"{r['phase']} {r['tokens']} {r['impl']}: {r['kernel'][:50]} {r['us']} us" for r in busiest[:8])
-    write_report(BREAKDOWN_OUT, table, fields, stamp, "GPT-2-small captured in a CUDA graph: device time by kind",
-                 "bf16, the models of bench_transformer.md, each call captured (torch.cuda.graph) and replayed: CUPTI "
-                 "kernel time per call (5 calls), summed per kind of kernel by name (scripts/bench_transformer.py "
-                 "KINDS). The kinds' sums count overlapping kernels twice, so 'all' can exceed the pipelined time. "
-                 f"ours_minus_torch_over_torch_total: what that kind moves the ratio ours / torch by. Busiest: {top}.")
-    write_report(BREAKDOWN_OUT.with_name(BREAKDOWN_OUT.name + "_kernels"), rows, KERNEL_FIELDS, stamp,
-                 "GPT-2-small captured: every kernel", "Per phase, tokens and model: CUPTI us per call, launches.")
 
 
 def across_processes(argv: list[str], processes: int) -> list[dict]:
@@ -616,10 +436,10 @@ def main() -> None:
                    help=f"rewrite {BREAKDOWN_OUT.name}.md from an earlier run's {BREAKDOWN_OUT.name}_kernels.csv")
     args = p.parse_args()
     if args.breakdown:
-        write_breakdown(breakdown(), Timing().stamp())
+        write_breakdown(breakdown(SIZES), Timing().stamp())
         return
     if args.compile_kernels:
-        rows, kernel_rows = compile_kernels(tuple(args.compile_abs))
+        rows, kernel_rows = compile_kernels(SIZES, tuple(args.compile_abs), with_compile_knobs)
         stamp = Timing().stamp()
         write_report(COMPILE_KERNELS_OUT, rows, COMPILE_KERNEL_FIELDS, stamp,
                      "GPT-2-small under torch.compile: kernels per call",

@@ -76,23 +76,24 @@ def test_every_default_kernel_has_a_spec() -> None:
     assert chosen <= set(specs), sorted(s.expr for s in chosen - set(specs))
 
 
-# The constants the config modules mirror, as the kernel sources define them.
-MIRRORED = {"layernorm_linear": ("TILE_THREADS", "TILE_ROWS", "TILE_COLS", "STAGE_THREADS_PER_ROW", "MMA_STAGES",
+# Constants the config modules take from the kernel sources (ops/launch/mojo_constants.py), by kernel module.
+READ = {"layernorm_linear": ("TILE_THREADS", "TILE_ROWS", "TILE_COLS", "STAGE_THREADS_PER_ROW", "MMA_STAGES",
                                  "MMA_STEP_K", "MMA_SMEM_BYTES", "FINISH_ROWS", "FINISH_COLS", "FOLD_THREADS"),
             "layernorm_linear_sm90": ("PREP_WARPS", "WG_TILE_ROWS", "WG_TILE_COLS", "WG_SLOT_K", "WG_STAGES",
                                       "WG_THREADS", "WG_ROWS", "WG_BOX", "WG_EXT_COLS", "WG_SMEM_BYTES"),
             "layernorm": ("REDUCE_NARROW_MAX_H", "REDUCE_NARROW_COLS", "REDUCE_NARROW_LEVELS", "REDUCE_WIDE_COLS",
                           "REDUCE_WIDE_LEVELS", "TRANSPOSE_TILE", "TRANSPOSE_THREADS")}
-MIRRORING = {"layernorm_linear": lnl_config, "layernorm_linear_sm90": lnl_config, "layernorm": config}
+CONFIGS = {"layernorm_linear": lnl_config, "layernorm_linear_sm90": lnl_config, "layernorm": config}
 
 
-def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:
-    """The config modules launch what the Mojo host code launches: their constants equal the kernel sources'
-    (printed by Mojo itself), and every fused, Hopper and copy instantiation builds to PTX whose entry takes the
-    arguments its spec lists (pointers, 32-bit scalars, 128-byte TMA descriptors aligned to 64)."""
+def test_kernel_constants_are_read_as_mojo_defines_them(cache: Path) -> None:
+    """The config modules launch what the Mojo host code launches: the constants they read from the kernel sources
+    (ops/launch/mojo_constants.py) are the values Mojo itself prints, and every fused, Hopper and copy instantiation
+    builds to PTX whose entry takes the arguments its spec lists (pointers, 32-bit scalars, 128-byte TMA descriptors
+    aligned to 64)."""
     from mojo.run import subprocess_run_mojo
 
-    names = [(module, name) for module, names in MIRRORED.items() for name in names]
+    names = [(module, name) for module, names in READ.items() for name in names]
     program = cache / "constants.mojo"
     program.parent.mkdir(parents=True)
     program.write_text("".join(f"from kernels.{m} import {n}\n" for m, n in names)
@@ -100,7 +101,7 @@ def test_layernorm_linear_launches_mirror_the_kernels(cache: Path) -> None:
     proc = subprocess_run_mojo(["run", "-I", str(bridge.LIBRARY.parent), str(program)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert dict(zip([n for _, n in names], map(int, proc.stdout.split()), strict=True)) == {
-        n: getattr(MIRRORING[m], n) for m, n in names}
+        n: getattr(CONFIGS[m], n) for m, n in names}
     specs = [*lnl_config.all_specs(), *(config.transpose_spec(d) for d in config.DTYPES)]
     assert ptxlib.build(specs, "H100", quiet=True) == len(specs)
     for spec in specs:

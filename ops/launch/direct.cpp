@@ -90,7 +90,8 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_fused_plan(int rows, int k, int n, ScalarType dtype, int device, int algo, int mask, int kind, "
         "int[] kernels, int[] grids, int[] blocks, int[] smem, int[] sizes, "
         "Tensor? counters, Tensor zero_bias) -> ()", &set_fused_plan);
-  m.def("set_transpose_kernel(ScalarType dtype, int device, int kernel) -> ()", &set_transpose_kernel);
+  m.def("set_transpose_kernel(ScalarType dtype, int device, int kernel, int tile, int threads) -> ()",
+        &set_transpose_kernel);
   m.def("clear_plans() -> ()", &clear_plans);
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);

@@ -15,31 +15,35 @@ from functools import cache
 import torch
 
 from ops.inputs import DTYPES
+from ops.launch.mojo_constants import comptime
 from ops.launch.ptx import KernelSpec
+
+K = comptime("layernorm")   # the kernels' own constants (ops/kernels/layernorm.mojo): the one source of each
 
 # the activation after the norm, as the kernels' act parameter: "gelu" is the erf form (torch's default),
 # "gelu_tanh" the tanh approximation
-ACTIVATIONS = {"none": 0, "gelu_tanh": 1, "gelu": 2}
+ACTIVATIONS = {"none": K["ACT_NONE"], "gelu_tanh": K["ACT_GELU_TANH"], "gelu": K["ACT_GELU_ERF"]}
 F32 = torch.float32   # the statistics' dtype
 
 WARP = 32
-VECTOR_BYTES = 16        # one vector load (ALIGN in the .mojo)
-ROW_THREAD_BLOCK = 128   # ln_fwd_row_thread: rows per block (a thread per row)
-SMEM_BLOCK = 256         # ln_fwd_block_smem: threads per row
+VECTOR_BYTES = K["ALIGN"]                 # one vector load
+ROW_THREAD_BLOCK = K["ROW_THREAD_BLOCK"]   # ln_fwd_row_thread: rows per block (a thread per row)
+SMEM_BLOCK = K["SMEM_BLOCK"]               # ln_fwd_block_smem: threads per row
 # ln_bwd_reduce[COLS, LEVELS]: COLS columns per block, 2^LEVELS threads per column; narrow rows want many threads
 # per column, wide ones many columns per block (docs/tuning.md)
-REDUCE_NARROW_MAX_H = 1024
-REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS = 8, 7
-REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS = 32, 3
+REDUCE_NARROW_MAX_H = K["REDUCE_NARROW_MAX_H"]
+REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS = K["REDUCE_NARROW_COLS"], K["REDUCE_NARROW_LEVELS"]
+REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS = K["REDUCE_WIDE_COLS"], K["REDUCE_WIDE_LEVELS"]
 MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle (H100 sweep)
 # ln_fwd_loop's UNROLL: columns per thread whose loads go out together in a launch of fewer blocks than SMs (a few
 # long rows are latency-bound); 1 otherwise, where it slowed launches of many blocks (docs/tuning.md)
 LOOP_UNROLL = 4
 H100_SMS = 132   # the SM count that the choice functions assume when not told the GPU's
 
-# Forward kernels, by the number the MAX op takes as its `kernel` parameter.
-FWD_KERNELS = ("ln_fwd_row_thread", "ln_fwd_block_smem", "ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster")
-BWD_KERNELS = ("ln_bwd_loop", "ln_bwd_regs")
+# Each kernel's code, the `kernel` parameter its MAX op takes (K_* in the .mojo).
+KERNEL_CODES = {"ln_fwd_row_thread": K["K_ROW_THREAD"], "ln_fwd_block_smem": K["K_BLOCK_SMEM"],
+                "ln_fwd_loop": K["K_LOOP"], "ln_fwd_regs": K["K_REGS"], "ln_fwd_cluster": K["K_CLUSTER"],
+                "ln_bwd_loop": K["K_LOOP"], "ln_bwd_regs": K["K_REGS"]}
 
 # Register configurations of the forward (ln_fwd_regs): (CH vectors per thread, WPR warps per row,
 # RPB rows per block); a row of up to CH * WPR * 32 vectors fits. Index = the "config:<i>" variant.
@@ -254,9 +258,9 @@ def reduce_block(h: int) -> int:
 
 
 # The C++ route's copy of an x whose last two dims are column-major (a transposed view: torch's contiguous() moves
-# those at 450-960 GB/s on the H100, results/bench_layernorm.md's copy:strided rows); mirrors the kernel's constants.
-TRANSPOSE_TILE = 32
-TRANSPOSE_THREADS = 256
+# those at 450-960 GB/s on the H100, results/bench_layernorm.md's copy:strided rows); handed to the C++ side at loading.
+TRANSPOSE_TILE = K["TRANSPOSE_TILE"]
+TRANSPOSE_THREADS = K["TRANSPOSE_THREADS"]
 
 
 def transpose_spec(dtype: torch.dtype) -> KernelSpec:
@@ -264,7 +268,7 @@ def transpose_spec(dtype: torch.dtype) -> KernelSpec:
     return KernelSpec("layernorm", "copy_transposed", (dtype,), "ppiii")
 
 
-ACTS = (0, 1, 2)
+ACTS = tuple(ACTIVATIONS.values())
 
 
 def all_specs() -> list[KernelSpec]:

@@ -39,8 +39,9 @@ def eps_bits(eps: float) -> int:
 _F32_MAX = torch.finfo(torch.float32).max
 
 
-def _op_parameters(launch: Launch, kernels: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """A launch as the registered op's parameters: kernel (its index) and CH, WPR, RPB, CL, UNROLL (0: unused)."""
+def _op_parameters(launch: Launch) -> tuple[tuple[str, int], ...]:
+    """A launch as the registered op's parameters: kernel (its code, ``config.KERNEL_CODES``) and CH, WPR, RPB, CL,
+    UNROLL (0: unused)."""
     p = dict.fromkeys(("CH", "WPR", "RPB", "CL", "UNROLL"), 0)
     if launch.kernel == "ln_fwd_loop":
         p["WPR"], p["RPB"], p["UNROLL"] = launch.params
@@ -50,7 +51,7 @@ def _op_parameters(launch: Launch, kernels: tuple[str, ...]) -> tuple[tuple[str,
         _, p["CH"], p["WPR"], p["RPB"] = launch.params
     elif launch.kernel.endswith("_cluster"):
         _, p["CH"], p["WPR"], p["CL"] = launch.params
-    return (("kernel", kernels.index(launch.kernel)), *p.items())
+    return (("kernel", config.KERNEL_CODES[launch.kernel]), *p.items())
 
 
 @cache
@@ -61,7 +62,7 @@ def fwd_op(activation: str, eps: float, launch: Launch = CPU_LAUNCH) -> GraphOp:
         inputs=(_ROWS_H, ("h",), ("h",)),
         outputs=(Out(_ROWS_H), Out(("rows",), F32), Out(("rows",), F32)),
         parameters=(("act", ACTIVATIONS[activation]), ("eps_bits", eps_bits(eps)),
-                    *_op_parameters(launch, config.FWD_KERNELS)),
+                    *_op_parameters(launch)),
         weights=frozenset({1, 2}),
     )
 
@@ -75,7 +76,7 @@ def bwd_op(activation: str, launch: Launch = CPU_BWD_LAUNCH) -> GraphOp:
         outputs=(Out(_ROWS_H), Out(("h",), 2), Out(("h",), 2),
                  Out(("parts", "h"), F32), Out(("parts", "h"), F32)),
         parameters=(("act", ACTIVATIONS[activation]),
-                    *_op_parameters(launch, config.BWD_KERNELS)[:4]),
+                    *_op_parameters(launch)[:4]),
         weights=frozenset({2, 3}),
     )
 
@@ -207,7 +208,8 @@ def native_transpose(dtype: torch.dtype, index: int) -> None:
     """Hand the C++ entries the transposing copy of ``dtype`` on device ``index``: their ``dense`` takes an x
     whose last two dims are column-major (a transposed view) through it, without a gradient to come."""
     plans.remember(("transpose", dtype, index), lambda native: native.set_transpose_kernel(
-        dtype, index, int(direct.kernel(config.transpose_spec(dtype), index).function)))
+        dtype, index, int(direct.kernel(config.transpose_spec(dtype), index).function), config.TRANSPOSE_TILE,
+        config.TRANSPOSE_THREADS))
 
 
 def bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: int, rstd: int,

@@ -2,9 +2,9 @@
 forwards launch for a shape, with which grids, blocks, shared memory and scratch.
 
 The MAX ops (``layernorm_linear_fwd``, ``layernorm_linear_fwd_sm90``) make the same choices in their Mojo host
-code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the constants below mirror that code's ``comptime``
-values, and ``tests/test_direct.py`` checks them against the kernel sources (a CPU test) and checks both routes'
-outputs bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
+code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the sizes below are that code's own ``comptime`` values, read
+from the kernel sources (``ops/launch/mojo_constants.py``), and ``tests/test_direct.py`` checks both routes' outputs
+bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
 section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``,
 ``training_algo``); ``route.py`` and ``launch.py`` read them. The evidence for each is in docs/tuning.md.
 """
@@ -15,28 +15,29 @@ from dataclasses import dataclass
 
 import torch
 
+from ops.launch.mojo_constants import comptime
 from ops.launch.ptx import KernelSpec
 
 MODULE, SM90_MODULE = "layernorm_linear", "layernorm_linear_sm90"
 ALGOS = ("auto", "fused", "sm90", "unfused")   # the op's algo argument: auto picks; the others force a route
 ALGO_IDS = {a: i for i, a in enumerate(ALGOS)}   # the C++ entry's algo argument
-VECTOR_BYTES = 16   # ALIGN: one vector load
+_F, _H = comptime("layernorm_linear"), comptime("layernorm_linear_sm90")   # the kernels' constants: their one source
+VECTOR_BYTES = comptime("layernorm")["ALIGN"]   # one vector load
 
 # ops/kernels/layernorm_linear.mojo
-TILE_THREADS, TILE_ROWS, TILE_COLS = 128, 64, 64   # fused kernels: threads, rows and columns per block
-STAGE_THREADS_PER_ROW = 8                          # threads staging one row (16 bytes each)
-MMA_STAGES, MMA_STEP_K = 3, 64                     # the 16-bit kernel's cp.async ring: steps, k per step
-MMA_SMEM_BYTES = MMA_STAGES * ((TILE_ROWS + TILE_COLS) * (MMA_STEP_K + 8) + MMA_STEP_K) * 2
-FINISH_ROWS, FINISH_COLS = 4, 64                            # float32 finish kernel: rows x columns per block
-FOLD_THREADS = 256                                    # fold kernel: one block per output column
+TILE_THREADS, TILE_ROWS, TILE_COLS = _F["TILE_THREADS"], _F["TILE_ROWS"], _F["TILE_COLS"]   # fused: per block
+STAGE_THREADS_PER_ROW = _F["STAGE_THREADS_PER_ROW"]    # threads staging one row (16 bytes each)
+MMA_STAGES, MMA_STEP_K = _F["MMA_STAGES"], _F["MMA_STEP_K"]   # the 16-bit kernel's cp.async ring: steps, k per step
+MMA_SMEM_BYTES = _F["MMA_SMEM_BYTES"]
+FINISH_ROWS, FINISH_COLS = _F["FINISH_ROWS"], _F["FINISH_COLS"]   # float32 finish kernel: rows x columns per block
+FOLD_THREADS = _F["FOLD_THREADS"]                                  # fold kernel: one block per output column
 
 # ops/kernels/layernorm_linear_sm90.mojo
-PREP_WARPS = 8                                        # prep kernel: one warp per output column
-WG_TILE_ROWS, WG_TILE_COLS, WG_SLOT_K, WG_STAGES = 128, 256, 64, 3   # tile rows, columns, k per slot, slots
-WG_THREADS, WG_ROWS, WG_BOX, WG_EXT_COLS = 384, 64, 64, 8
-WG_SMEM_BYTES = (WG_STAGES * (WG_TILE_ROWS * WG_SLOT_K * 2 + WG_TILE_COLS * WG_SLOT_K * 2
-                              + WG_TILE_COLS * WG_EXT_COLS * 2)
-                 + 2 * WG_ROWS * 256 * 2 + 2 * WG_STAGES * 8)
+PREP_WARPS = _H["PREP_WARPS"]   # prep kernel: one warp per output column
+WG_TILE_ROWS, WG_TILE_COLS = _H["WG_TILE_ROWS"], _H["WG_TILE_COLS"]   # the Hopper kernel's output tile
+WG_SLOT_K, WG_STAGES = _H["WG_SLOT_K"], _H["WG_STAGES"]               # k per ring slot, slots
+WG_THREADS, WG_ROWS, WG_BOX, WG_EXT_COLS = _H["WG_THREADS"], _H["WG_ROWS"], _H["WG_BOX"], _H["WG_EXT_COLS"]
+WG_SMEM_BYTES = _H["WG_SMEM_BYTES"]
 
 # align_mask bits: k a whole number of vectors, then each tensor's address 16-byte aligned.
 K_VEC, X_AL, W_AL, G_AL, B_AL = 1, 2, 4, 8, 16

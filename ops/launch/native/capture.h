@@ -151,7 +151,6 @@ std::vector<c10::Stream> sums_streams(AutogradContext* ctx, const Tensor& w, con
   return streams;
 }
 
-constexpr int64_t TRANSPOSE_TILE = 32, TRANSPOSE_THREADS = 256;   // ops/layernorm/config.py's, the kernel's
 constexpr int64_t GRID_YZ_LIMIT = 65535;
 
 // x [..., r, h] whose [r, h] matrices are column-major (stride(-2) 1, stride(-1) r; the leading dims one batch
@@ -170,21 +169,22 @@ std::optional<Tensor> copy_transposed(const Tensor& x) {
     else if (x.stride(i) != batch_stride * batches) return std::nullopt;
     batches *= x.size(i);
   }
-  const int64_t tiles_r = (r + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+  auto plan = find(transpose_plans, Key{static_cast<int64_t>(x.scalar_type()), x.get_device(), 0, 0, 0, 0, 0, 0});
+  if (!plan) return std::nullopt;
+  const int64_t tile = plan->tile;
+  const int64_t tiles_r = (r + tile - 1) / tile;
   if (x.numel() > INT32_LIMIT || batch_stride > INT32_LIMIT || batch_stride * (batches - 1) + r * h > INT32_LIMIT ||
       tiles_r > GRID_YZ_LIMIT || batches > GRID_YZ_LIMIT)
     return std::nullopt;
-  auto kernel = find(transpose_kernels, Key{static_cast<int64_t>(x.scalar_type()), x.get_device(), 0, 0, 0, 0, 0, 0});
-  if (!kernel) return std::nullopt;
   Tensor y = empty(x.sizes(), x.options());
   void* yp = y.data_ptr();
   void* xp = x.data_ptr();
   int32_t r32 = static_cast<int32_t>(r), h32 = static_cast<int32_t>(h), stride32 = static_cast<int32_t>(batch_stride);
   void* params[] = {&yp, &xp, &r32, &h32, &stride32};
-  const std::array<unsigned, 3> grid = {static_cast<unsigned>((h + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE),
-                                        static_cast<unsigned>(tiles_r), static_cast<unsigned>(batches)};
+  const std::array<unsigned, 3> grid = {static_cast<unsigned>((h + tile - 1) / tile), static_cast<unsigned>(tiles_r),
+                                        static_cast<unsigned>(batches)};
   c10::DeviceGuard guard(x.device());
-  launch(x.device(), *kernel, grid, TRANSPOSE_THREADS, 1, params, 0);
+  launch(x.device(), plan->kernel, grid, static_cast<unsigned>(plan->threads), 1, params, 0);
   return y;
 }
 

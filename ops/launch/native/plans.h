@@ -53,7 +53,11 @@ std::unordered_map<Key, FwdPlan, KeyHash> fwd_plans;
 std::unordered_map<Key, BwdPlan, KeyHash> bwd_plans;
 std::unordered_map<Key, bool, KeyHash> linear_unfused;  // auto's (or the named) algo is "unfused"
 std::unordered_map<Key, FusedPlan, KeyHash> fused_plans;
-std::unordered_map<Key, CUfunction, KeyHash> transpose_kernels;   // copy_transposed, by dtype and device
+struct TransposePlan {   // copy_transposed's kernel and its geometry (ops/kernels/layernorm.mojo's, via Python)
+  CUfunction kernel;
+  int64_t tile, threads;
+};
+std::unordered_map<Key, TransposePlan, KeyHash> transpose_plans;   // by dtype and device
 bool poison = false;   // tests: every output starts as NaN, so an unwritten element never passes
 
 Key fwd_key(int64_t rows, int64_t h, at::ScalarType dtype, bool vec_ok, int64_t act, int64_t device) {

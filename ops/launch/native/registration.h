@@ -47,14 +47,14 @@ void set_fused_plan(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, in
   fused_plans[lnl_key(rows, k, n, dtype, device, algo, mask)] = std::move(plan);
 }
 
-void set_transpose_kernel(at::ScalarType dtype, int64_t device, int64_t kernel) {
+void set_transpose_kernel(at::ScalarType dtype, int64_t device, int64_t kernel, int64_t tile, int64_t threads) {
   std::lock_guard<std::mutex> guard(plans_lock);
-  transpose_kernels[Key{static_cast<int64_t>(dtype), device, 0, 0, 0, 0, 0, 0}] = function(kernel);
+  transpose_plans[Key{static_cast<int64_t>(dtype), device, 0, 0, 0, 0, 0, 0}] = {function(kernel), tile, threads};
 }
 
 void clear_plans() {
   std::lock_guard<std::mutex> guard(plans_lock);
-  transpose_kernels.clear();
+  transpose_plans.clear();
   fused_plans.clear();
   fwd_plans.clear();
   bwd_plans.clear();
