@@ -170,12 +170,12 @@ def run(rev: str) -> list[dict]:
 
 
 def write(rev: str, rows: list[dict]) -> None:
-    from ops.bench import timing
+    from ops.bench import reports
 
     worst = sorted(rows, key=lambda r: -r["new_vs_old"])[:15]
-    timing.write_report(
+    reports.write_report(
         ROOT / "results" / f"kernel_ab_vs_{rev}", rows, FIELDS,
-        f"GPU: {timing.gpu_name()}; commit {timing.commit()}; against {rev}",
+        f"GPU: {reports.gpu_name()}; commit {reports.commit()}; against {rev}",
         f"LayerNorm forward kernels, A/B against {rev} (scripts/ab_kernels.py)",
         f"Each forward row of ours in results/bench_layernorm.csv: the kernel {rev} launched for it (old_kernel, "
         f"its PTX and launch as built at {rev}) and the one the working tree launches (new_kernel), timed in one "

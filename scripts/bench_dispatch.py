@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from ops.bench.dispatch import dispatch_op  # noqa: E402
-from ops.bench.timing import commit, gpu_name, kernel_times  # noqa: E402
+from ops.bench.reports import commit, gpu_name  # noqa: E402
+from ops.bench.timing import kernel_times  # noqa: E402
 from ops.launch import bridge  # noqa: E402
 from ops.launch.bridge import LIBRARY  # noqa: E402
 

@@ -24,7 +24,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
-from ops.bench.timing import commit, gpu_name, measure, write_report  # noqa: E402
+from ops.bench.reports import commit, gpu_name, write_report  # noqa: E402
+from ops.bench.timing import measure  # noqa: E402
 from ops.launch import direct  # noqa: E402
 
 SHAPES = ((4, 768), (4096, 768), (16384, 4096))

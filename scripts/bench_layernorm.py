@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm as L  # noqa: E402
-from ops.bench import timing  # noqa: E402
+from ops.bench import reports, timing  # noqa: E402
 from ops.layernorm import config as config  # noqa: E402
 from ops.reference import layernorm_act_ref, layernorm_grads_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
@@ -294,8 +294,8 @@ def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]]) -> tuple[Callable,
 
 def write(rows: list[dict], copy: float, kept: str = "") -> None:
     """The report (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
-    stamp = f"GPU: {timing.gpu_name()}; commit {timing.commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
-    timing.write_report(
+    stamp = f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
+    reports.write_report(
         OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
         "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
         "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
@@ -312,33 +312,33 @@ def write(rows: list[dict], copy: float, kept: str = "") -> None:
 
 def plot() -> None:
     """GB/s of torch vs ours per forward shape, one panel per dtype, from the committed CSV."""
-    timing.plot_forward(OUT / "bench_layernorm.csv", OUT / "bench_layernorm.png", "LayerNorm forward", "GBps",
+    reports.plot_forward(OUT / "bench_layernorm.csv", OUT / "bench_layernorm.png", "LayerNorm forward", "GBps",
                         "GB/s (x read + y write)", ("M", "H"), "{}x{}",
                         ("copy", "torch", "torch.compile", "liger", "ours"))
 
 
 def main() -> int:
-    args = timing.bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16",
+    args = reports.bench_args(__doc__, "targets, progression and backward only", "float32,bfloat16",
                              ("--bwd-sweep", "sweep the backward's row groups and register configurations instead"))
-    if (status := timing.run_without_gpu(args, plot, "bench_layernorm")) is not None:
+    if (status := reports.run_without_gpu(args, plot, "bench_layernorm")) is not None:
         return status
     copy = copy_gbps()
-    print(f"{timing.gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
+    print(f"{reports.gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
     if args.bwd_sweep:
         rows = [r for d in args.dtypes.split(",") for r in bench_bwd_sweep(getattr(torch, d), list(BWD_SWEEP_SHAPES),
                                                                            copy)]
-        timing.write_report(OUT / "bench_layernorm_bwd_sweep", rows, SWEEP_FIELDS,
-                            f"GPU: {timing.gpu_name()}; commit {timing.commit()}; device copy {copy:.0f} GB/s",
+        reports.write_report(OUT / "bench_layernorm_bwd_sweep", rows, SWEEP_FIELDS,
+                            f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s",
                             "LayerNorm backward launch sweep (scripts/bench_layernorm.py --bwd-sweep)",
                             bench_bwd_sweep.__doc__.replace("\n    ", " "))
         return 0
     if args.shape:   # a quick look at one shape: forward and backward, printed
-        shape = timing.parse_shape(args.shape, 2)
+        shape = reports.parse_shape(args.shape, 2)
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             rows += bench_forward(dtype, [shape], ["fast"], copy, with_compile=not args.no_compile)
             rows += bench_backward(dtype, [shape], copy)
-        timing.print_rows(rows, FIELDS)
+        reports.print_rows(rows, FIELDS)
         return 0
     fast = ["fast"] if args.quick else ["vector", "fast"]
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
@@ -353,9 +353,9 @@ def main() -> int:
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows, kept = timing.appended(OUT / "bench_layernorm.csv", args.dtypes, rows)
+        rows, kept = reports.appended(OUT / "bench_layernorm.csv", args.dtypes, rows)
     write(rows, copy, kept)
-    timing.save_plot(plot)
+    reports.save_plot(plot)
     return 0
 
 

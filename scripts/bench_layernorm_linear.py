@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ops import layernorm_linear as LL  # noqa: E402
-from ops.bench import timing  # noqa: E402
+from ops.bench import reports, timing  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
@@ -293,8 +293,8 @@ def bench_train(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[
 
 def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = "") -> None:
     """The report ``stem`` (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
-    timing.write_report(
-        OUT / stem, rows, FIELDS, f"GPU: {timing.gpu_name()}; commit {timing.commit()}; TF32 off{kept}",
+    reports.write_report(
+        OUT / stem, rows, FIELDS, f"GPU: {reports.gpu_name()}; commit {reports.commit()}; TF32 off{kept}",
         "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
         "pipe_us: pipelined time per call, the headline (back-to-back calls with their allocations, one "
         "synchronisation, divided; median of 5 runs); pipe_vs_torch divides by torch eager's; host_us: "
@@ -312,17 +312,17 @@ def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = ""
 
 def plot() -> None:
     """Forward time relative to torch eager per shape, one panel per dtype, from the committed CSV."""
-    timing.plot_forward(OUT / "bench_layernorm_linear.csv", OUT / "bench_layernorm_linear.png",
+    reports.plot_forward(OUT / "bench_layernorm_linear.csv", OUT / "bench_layernorm_linear.png",
                         "LayerNorm+Linear forward", "pipe_vs_torch", "pipelined time / torch eager", ("M", "K", "N"),
                         "{}x{}->{}", log=True)
 
 
 def main() -> int:
-    args = timing.bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
+    args = reports.bench_args(__doc__, "the issue's target shapes only", "bfloat16,float32",
                              ("--splits", "sweep the fused kernel's k splits instead (small n)"),
                              ("--sm90", "time the Hopper kernel (algo sm90, bfloat16) instead"),
                              ("--workspace", "time the unfused forward's GEMM under each workspace cap instead"))
-    if (status := timing.run_without_gpu(args, plot, "bench_layernorm_linear")) is not None:
+    if (status := reports.run_without_gpu(args, plot, "bench_layernorm_linear")) is not None:
         return status
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -331,12 +331,12 @@ def main() -> int:
               "bench_layernorm_linear_splits")
         return 0
     if args.shape:   # a quick look at one shape: forward, backward and training step, printed
-        shape = timing.parse_shape(args.shape, 3)
+        shape = reports.parse_shape(args.shape, 3)
         rows = []
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
             rows += bench_forward(dtype, [shape], not args.no_compile)
             rows += bench_backward(dtype, [shape]) + bench_train(dtype, [shape])
-        timing.print_rows(rows, FIELDS)
+        reports.print_rows(rows, FIELDS)
         return 0
     full = list(dict.fromkeys(list(TARGETS) + [(m, k, n) for m in GRID_M for k in GRID_K for n in GRID_N]))
     if args.sm90:
@@ -347,9 +347,9 @@ def main() -> int:
         if os.environ.get(WORKSPACE_CHILD):
             workspace_child(shapes)
             return 0
-        timing.write_report(
+        reports.write_report(
             OUT / "bench_layernorm_linear_workspace", bench_workspace(shapes, args.quick), WORKSPACE_FIELDS,
-            f"GPU: {timing.gpu_name()}; commit {timing.commit()}", "LayerNorm + Linear: cuBLASLt's workspace "
+            f"GPU: {reports.gpu_name()}; commit {reports.commit()}", "LayerNorm + Linear: cuBLASLt's workspace "
             "(scripts/bench_layernorm_linear.py --workspace)",
             "ours:unfused (our LayerNorm, then the GEMM by cuBLASLt with the bias in its epilogue), bfloat16, in one "
             "fresh process per workspace cap (OPS_LT_WORKSPACE): rule is the library's (no workspace where "
@@ -367,9 +367,9 @@ def main() -> int:
         rows += bench_strided(dtype, list(STRIDED_SHAPES))
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows, kept = timing.appended(OUT / "bench_layernorm_linear.csv", args.dtypes, rows)
+        rows, kept = reports.appended(OUT / "bench_layernorm_linear.csv", args.dtypes, rows)
     write(rows, kept=kept)
-    timing.save_plot(plot)
+    reports.save_plot(plot)
     return 0
 
 

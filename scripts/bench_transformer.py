@@ -55,25 +55,15 @@ from gpt2_block import (  # noqa: E402 (the model, its contenders and its timed 
 )
 from transformer_kernels import (  # noqa: E402 (the kernel breakdowns)
     BREAKDOWN_OUT,
-    COMPILE_KERNEL_FIELDS,
     COMPILE_KERNELS_OUT,
-    KERNEL_FIELDS,
     breakdown,
     compile_kernels,
     write_breakdown,
+    write_compile_kernels,
 )
 
-from ops.bench.timing import (  # noqa: E402
-    Pipelined,
-    appended,
-    check_pin_core,
-    commit,
-    gpu_name,
-    paired_ratio,
-    pinned_threads,
-    pipelined_runs,
-    write_report,
-)
+from ops.bench.reports import appended, commit, gpu_name, write_report  # noqa: E402
+from ops.bench.timing import Pipelined, check_pin_core, paired_ratio, pinned_threads, pipelined_runs  # noqa: E402
 from ops.layernorm import config as layernorm_config  # noqa: E402
 from ops.layernorm_linear import config as layernorm_linear_config  # noqa: E402
 
@@ -440,16 +430,7 @@ def main() -> None:
         return
     if args.compile_kernels:
         rows, kernel_rows = compile_kernels(SIZES, tuple(args.compile_abs), with_compile_knobs)
-        stamp = Timing().stamp()
-        write_report(COMPILE_KERNELS_OUT, rows, COMPILE_KERNEL_FIELDS, stamp,
-                     "GPT-2-small under torch.compile: kernels per call",
-                     "bf16, the models of bench_transformer.md compiled as its compile rows are (ours_*: the compile "
-                     "A/B contenders asked for, each with its knob at its contender's value). CUPTI over 5 calls "
-                     "after a warm-up: kernels launched per call (memsets included) and their device time summed, "
-                     f"in us per call. Every kernel: {COMPILE_KERNELS_OUT.name}_kernels.md.")
-        write_report(COMPILE_KERNELS_OUT.with_name(COMPILE_KERNELS_OUT.name + "_kernels"), kernel_rows, KERNEL_FIELDS,
-                     stamp, "GPT-2-small under torch.compile: every kernel",
-                     "Per phase, tokens and model: CUPTI us per call, launches per call.")
+        write_compile_kernels(rows, kernel_rows, Timing().stamp())
         return
     if args.breakdown_from:   # the kernels of an earlier --breakdown, their kinds as KINDS says now
         lines = Path(args.breakdown_from).read_text().splitlines()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import compare_results  # noqa: E402
 from readme_tables import read  # noqa: E402
 
-from ops.bench.timing import stamp_commit  # noqa: E402
+from ops.bench.reports import stamp_commit  # noqa: E402
 
 if TYPE_CHECKING:
     from ops.layernorm.config import Launch

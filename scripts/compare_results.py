@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench.timing import stamp_commit  # noqa: E402
+from ops.bench.reports import stamp_commit  # noqa: E402
 
 BENCHES = ("bench_layernorm", "bench_layernorm_linear")
 KEY_COLUMNS = ("kind", "impl", "dtype", "M", "H", "K", "N")

@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ops.bench.timing import captured, commit, gpu_name, write_report  # noqa: E402
+from ops.bench.reports import commit, gpu_name, write_report  # noqa: E402
+from ops.bench.timing import captured  # noqa: E402
 
 FIELDS = ("probe", "module", "gemm", "variant", "us", "note")
 ROWS, K = 128, 768

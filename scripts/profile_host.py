@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ops.bench import timing  # noqa: E402
+from ops.bench import reports, timing  # noqa: E402
 from ops.layernorm import layernorm  # noqa: E402
 from ops.reference import layernorm_linear_grads_ref, layernorm_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
@@ -121,7 +121,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("profile_host needs a CUDA GPU")
     parts = ["# Host time per call, torch against ours (scripts/profile_host.py)", "",
-             f"GPU: {timing.gpu_name()}; commit {timing.commit()}", ""]
+             f"GPU: {reports.gpu_name()}; commit {reports.commit()}", ""]
     parts += [run_case(case, args.calls) + "\n" for case in args.cases or CASES]
     out = Path(os.environ.get("OUT_DIR") or ROOT / "results") / "profile_host.md"
     out.parent.mkdir(parents=True, exist_ok=True)

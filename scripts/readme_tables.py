@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench.timing import stamp_commit  # noqa: E402
+from ops.bench.reports import stamp_commit  # noqa: E402
 
 README = ROOT / "README.md"
 BEGIN = "<!-- results:begin (scripts/readme_tables.py writes this section from results/; do not edit) -->"

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from gpt2_block import contender, infer_call, reference, train_call  # noqa: E402
 
-from ops.bench.timing import write_report  # noqa: E402
+from ops.bench.reports import write_report  # noqa: E402
 
 BREAKDOWN_OUT = ROOT / "results" / "bench_transformer_breakdown"
 COMPILE_KERNELS_OUT = ROOT / "results" / "bench_transformer_compile_kernels"
@@ -113,3 +113,17 @@ def write_breakdown(rows: list[dict], stamp: str) -> None:
                  f"ours_minus_torch_over_torch_total: what that kind moves the ratio ours / torch by. Busiest: {top}.")
     write_report(BREAKDOWN_OUT.with_name(BREAKDOWN_OUT.name + "_kernels"), rows, KERNEL_FIELDS, stamp,
                  "GPT-2-small captured: every kernel", "Per phase, tokens and model: CUPTI us per call, launches.")
+
+
+def write_compile_kernels(rows: list[dict], kernels: list[dict], stamp: str) -> None:
+    """``compile_kernels``' rows into results/bench_transformer_compile_kernels.md and every kernel into its
+    _kernels.md."""
+    write_report(COMPILE_KERNELS_OUT, rows, COMPILE_KERNEL_FIELDS, stamp,
+                 "GPT-2-small under torch.compile: kernels per call",
+                 "bf16, the models of bench_transformer.md compiled as its compile rows are (ours_*: the compile "
+                 "A/B contenders asked for, each with its knob at its contender's value). CUPTI over 5 calls "
+                 "after a warm-up: kernels launched per call (memsets included) and their device time summed, "
+                 f"in us per call. Every kernel: {COMPILE_KERNELS_OUT.name}_kernels.md.")
+    write_report(COMPILE_KERNELS_OUT.with_name(COMPILE_KERNELS_OUT.name + "_kernels"), kernels, KERNEL_FIELDS,
+                 stamp, "GPT-2-small under torch.compile: every kernel",
+                 "Per phase, tokens and model: CUPTI us per call, launches per call.")

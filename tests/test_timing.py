@@ -8,18 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.bench.timing import (
-    MARK_KERNEL,
-    appended,
-    busy_us_per_call,
-    kept_rows,
-    kept_stamp,
-    measure,
-    plot_forward,
-    side_by_side,
-    stamp_commit,
-    write_report,
-)
+from ops.bench.reports import appended, kept_rows, kept_stamp, plot_forward, stamp_commit, write_report
+from ops.bench.timing import MARK_KERNEL, busy_us_per_call, measure, side_by_side
 from ops.layernorm import layernorm_fwd
 
 MARK = f"{MARK_KERNEL}(long)"
@@ -138,7 +128,7 @@ def test_kernel_time_on_the_gpu_counts_torch_and_max_kernels() -> None:
 
 
 def test_parse_shape_takes_sizes_and_names_the_flag() -> None:
-    from ops.bench.timing import parse_shape
+    from ops.bench.reports import parse_shape
 
     assert parse_shape("4096x768x3072", 3) == (4096, 768, 3072)
     assert parse_shape("1X7", 2) == (1, 7)
