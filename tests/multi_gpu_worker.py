@@ -1,5 +1,5 @@
 """One training step of a small model with our modules, on one GPU or data-parallel on several (DDP or FSDP2),
-for tests/test_drop_in.py. Writes the loss and the parameters after the step (rank 0) to --out.
+for tests/test_multi_gpu.py. Writes the loss and the parameters after the step (rank 0) to --out.
 
     python tests/multi_gpu_worker.py --kind single --out one.pt
     python -m torch.distributed.run --nproc_per_node 2 tests/multi_gpu_worker.py --kind ddp --out two.pt
