@@ -78,7 +78,7 @@ for step in "${steps[@]}"; do
 building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG" | tee -a "$out/gpu_tests.txt"
       unset OPS_COMPILE_LOG ;;
     direct-tests) run gpu_tests_drop_in python -m pytest -q -rs -p no:cacheprovider tests/test_drop_in_*.py tests/test_multi_gpu.py \
-      tests/test_direct.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
+      tests/test_routes.py tests/test_cuda_graphs.py tests/test_compile_gpu.py -k "(cuda or gpu) and not graph_route" --durations=8 ;;
     p22-tests) run gpu_tests_p22 python -m pytest -q -rs -p no:cacheprovider tests/test_p22.py -k "cuda or gpu" ;;
     layernorm-tests)
       run gpu_tests_layernorm python -m pytest -q -rfs --tb=short -p no:cacheprovider tests/test_layernorm.py -k "cuda or gpu" ;;

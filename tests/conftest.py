@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -90,3 +92,13 @@ def compiled_double(module: torch.nn.Module, x: torch.Tensor, compiled_layernorm
     y.sum().backward()
     assert_compiled_layernorm(codes, compiled_layernorm)
     return y
+
+
+@pytest.fixture
+def free_pre_grad_pass() -> Iterator[None]:
+    """Inductor's pre-grad custom pass emptied for the test and restored after, by its ``config.patch``
+    (monkeypatch would delete the entry on undo: a ConfigModule's options are not in its ``__dict__``)."""
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(pre_grad_custom_pass=None):
+        yield

@@ -246,7 +246,8 @@ def test_compiled_training_graphs_are_torchs() -> None:
     """Under torch.compile with the default knobs (COMPILED_LAYERNORM and COMPILED_TRAINING_LINEAR "inductor"),
     a model with our drop-ins traces, for training, to the forward and backward graphs of the same model with
     torch's modules, op for op (the graphs' inputs may come in another order), here on the CPU; on CUDA, the same
-    holds below COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows (the default "auto"; test_direct.py's GPU tests)."""
+    holds below COMPILED_TRAINING_LAYERNORM_LINEAR_MIN_ROWS rows (the default "auto"; test_compile_gpu.py's GPU
+    tests)."""
     from conftest import recording_backend
 
     from ops.layernorm import config as layernorm_config

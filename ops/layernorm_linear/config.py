@@ -3,7 +3,7 @@ forwards launch for a shape, with which grids, blocks, shared memory and scratch
 
 The MAX ops (``layernorm_linear_fwd``, ``layernorm_linear_fwd_sm90``) make the same choices in their Mojo host
 code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the sizes below are that code's own ``comptime`` values, read
-from the kernel sources (``ops/launch/mojo_constants.py``), and ``tests/test_direct.py`` checks both routes' outputs
+from the kernel sources (``ops/launch/mojo_constants.py``), and ``tests/test_routes.py`` checks both routes' outputs
 bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
 section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``,
 ``training_algo``); ``route.py`` and ``launch.py`` read them. The evidence for each is in docs/tuning.md.
