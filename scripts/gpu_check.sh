@@ -84,7 +84,7 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       run gpu_tests_layernorm python -m pytest -q -rfs --tb=short -p no:cacheprovider tests/test_layernorm.py -k "cuda or gpu" ;;
     layernorm-linear-tests)
       run gpu_tests_layernorm_linear python -m pytest -v -rfs --tb=short -p no:cacheprovider \
-        tests/test_layernorm_linear.py -k "cuda or gpu" ;;
+        tests/test_layernorm_linear.py tests/test_layernorm_linear_algos.py -k "cuda or gpu" ;;
     p22)
       run p22_default python scripts/p22.py --solution --unfused --fused
       run p22_realistic python scripts/p22.py --solution --unfused --fused --batch 8 --seq 512 --hidden 768 --out 3072 --iters 100 --col-tiles-sweep
