@@ -53,23 +53,27 @@ def differentiable_grads(ctx: torch.autograd.function.FunctionCtx, y: torch.Tens
     return tuple(next(grads) if w else None for w in wants)
 
 
-CONSTANTS_MAX = 64   # constants kept (a model has a few widths; one that sees ever new ones must not grow them)
+CONSTANTS_MAX = 64   # tensors kept per table below (a model has a few widths; one that sees ever new ones must not
+                     # grow them without end)
 _constants: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
 
-def constant(value: float, h: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A [h] tensor of ``value`` that stands in for an absent weight or bias: one per (value, h, dtype, device),
-    the ``CONSTANTS_MAX`` most recently used kept, never written (it depends on no tensor's values, so it cannot go
-    stale)."""
-    key = (value, h, dtype, device)
-    t = _constants.get(key)
+def kept(table: OrderedDict, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``table[key]``, made by ``make`` when missing; the ``CONSTANTS_MAX`` most recently used kept. For tensors
+    that depend on no tensor's values (so they cannot go stale), never written."""
+    t = table.get(key)
     if t is None:
-        t = _constants[key] = torch.full((h,), value, dtype=dtype, device=device)
-        if len(_constants) > CONSTANTS_MAX:
-            _constants.popitem(last=False)
+        t = table[key] = make()
+        if len(table) > CONSTANTS_MAX:
+            table.popitem(last=False)
     else:
-        _constants.move_to_end(key)
+        table.move_to_end(key)
     return t
+
+
+def constant(value: float, h: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A [h] tensor of ``value`` that stands in for an absent weight or bias (``kept``)."""
+    return kept(_constants, (value, h, dtype, device), lambda: torch.full((h,), value, dtype=dtype, device=device))
 
 
 # the modules whose parameters weight_and_bias reads straight from _parameters (ours add themselves)

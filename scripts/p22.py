@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from ops.bench.timing import kernel_times, measure  # noqa: E402
 from ops.launch import bridge, progress, together  # noqa: E402
+from ops.launch.cache import CacheError  # noqa: E402
 from ops.launch.packages import MojoCompileError  # noqa: E402
 from ops.puzzle.p22 import (  # noqa: E402
     PROBLEMS,
@@ -334,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return check(args) if args.check else run(args)
     except UsageError as e:
+        print(f"p22: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except CacheError as e:   # OPS_CACHE_DIR at a file, or a read-only cache that lacks a build
         print(f"p22: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

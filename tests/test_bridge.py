@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ops.launch import bridge, packages
+from ops.launch import bridge, cache, packages
 from ops.puzzle.p22 import SOLUTIONS, P22Kernels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,9 +113,9 @@ def test_precompile_soon_builds_and_leaves_errors_to_caller(tmp_path: Path, monk
     shutil.copytree(SOLUTIONS, bad)
     (bad / "bias_add.mojo").write_text((bad / "bias_add.mojo").read_text() + "\noops here\n")
     packages.precompile_soon(tmp_path / "good", tmp_path / "bad").join(timeout=120)
-    built = tmp_path / "cache" / packages.package_digest(good) / "op.mojoc"
+    built = tmp_path / "cache" / f"{packages.package_digest(good)}-{cache.toolchain()}" / "op.mojoc"
     assert built.is_file() and packages.compile_package(good) == built
-    assert not (tmp_path / "cache" / packages.package_digest(bad)).exists()
+    assert not list((tmp_path / "cache").glob(f"{packages.package_digest(bad)}*"))
     with pytest.raises(packages.MojoCompileError, match="oops"):
         packages.compile_package(bad)
 

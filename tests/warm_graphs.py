@@ -2,7 +2,7 @@
 one process per item on a GPU machine).
 
 Each MAX graph of ``graphs()`` (and the C++ launcher, item -1) is built in a process of its own, under its cache
-lock (``ops.launch.packages.built_once``). A worker that needs one of them waits on that lock and then loads it
+lock (``ops.launch.cache.built_once``). A worker that needs one of them waits on that lock and then loads it
 from the cache in a few seconds. Without this, whichever worker came first compiled each graph, one after
 another (the puzzle's unfused path alone needs four), while the others waited: in the H100 run at 04393c2, 1186 s
 of the workers' time went to waiting, 696 s to building (``results/gpu_tests.txt`` as of 0f47e5e). Only speed

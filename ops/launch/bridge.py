@@ -2,12 +2,11 @@
 
 Every op in ``ops/`` and every puzzle runner goes through this module. It:
 
-* precompiles a Mojo source package once per *content* digest (an edited
-  ``.mojo`` file gives a new digest, so stale packages are never loaded);
-* builds a MAX graph with symbolic dimensions once per
-  (package digest, graph name, parameters, input dtypes/ranks, device), so a
-  new shape never recompiles; processes sharing the cache build each package
-  and graph once between them (``built_once``: a lock per build);
+* precompiles a Mojo source package once per *content* digest (``packages.py``: an edited ``.mojo`` file gives a
+  new digest, so stale packages are never loaded);
+* builds a MAX graph with symbolic dimensions once per (package digest, graph name, parameters, input dtypes/ranks,
+  device), so a new shape never recompiles; processes sharing the cache build each package and graph once between
+  them (``cache.built_once``: a lock per build);
 * executes it on torch tensors with stream ordering against torch's current
   CUDA stream, and returns torch tensors that alias MAX's outputs (no copy).
 
@@ -36,7 +35,8 @@ from typing import Any
 
 import torch
 
-from ops.launch.packages import built_once, compile_package, forget_digests, package_digest
+from ops.launch.cache import built_once
+from ops.launch.packages import compile_package, forget_digests, package_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "ops" / "kernels"
@@ -179,9 +179,10 @@ def _device_ref(kind: str, index: int) -> Any:
     return DeviceRef.GPU(index) if kind == "gpu" else DeviceRef.CPU()
 
 
+MODELS_MAX = 512   # compiled models kept (each is a graph of one op; ever new eps must not grow them without end)
 _models: dict[tuple, Any] = {}
 models_lock = threading.Lock()   # held while this process compiles or loads a model
-compile_count = 0  # graphs compiled or loaded by this process (tests check reuse)
+compile_count = 0   # graphs compiled or loaded by this process (tests check reuse)
 _generation = 0  # bumped by clear_caches(): invalidates every GraphOp memo
 
 
@@ -259,8 +260,15 @@ def loaded(key: tuple) -> bool:
 def keep(key: tuple, model: Any) -> None:
     """Hold ``model`` as the one ``key`` names (``ops/launch/together.py`` compiles them several at a time)."""
     global compile_count
-    _models[key] = model
+    _remember_model(key, model)
     compile_count += 1
+
+
+def _remember_model(key: tuple, model: Any) -> None:
+    """Keep ``model`` under ``key``; past ``MODELS_MAX``, the oldest let go (MAX's cache reloads it if needed)."""
+    _models[key] = model
+    if len(_models) > MODELS_MAX:
+        _models.pop(next(iter(_models)))
 
 
 def session(device: torch.device) -> Any:
@@ -277,11 +285,13 @@ def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.devic
     if model is not None:
         return model
     with models_lock:
-        if key not in _models:
+        model = _models.get(key)
+        if model is None:
             with built_once(f"graph {key}"):
-                _models[key] = _session(kind, index).load(build_graph(op, dtypes, kind, index))
+                model = _session(kind, index).load(build_graph(op, dtypes, kind, index))
+            _remember_model(key, model)
             compile_count += 1
-        return _models[key]
+        return model
 
 
 # --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ops.launch.packages import built_file, cache_dir
+from ops.launch.cache import built_file, cache_dir, verified
 from ops.launch.ptx import KernelSpec, NoBuildError, build, entry_name, ptx_path, target_for
 
 # --------------------------------------------------------------------------
@@ -64,7 +64,7 @@ class Kernel:
 
         name, _ = target_for(torch.cuda.get_device_capability(device_index))
         path = ptx_path(spec, name)
-        if not path.is_file():
+        if not verified(path):
             build([spec], name)
         ptx = path.read_text()
         # The library kernel's function in this device's primary context (torch's): launching a CUfunction
@@ -241,11 +241,11 @@ def build_native(quiet: bool = False) -> Path:
         NativeBuildError: no C++ compiler, or the compile failed (its output in the message).
     """
     path = native_library_path()
-    return built_file(path, f"native {path}", lambda: _compile_native(path, quiet))
+    return built_file(path, f"native {path}", lambda staged: _compile_native(staged, quiet))
 
 
 def _compile_native(path: Path, quiet: bool) -> None:
-    """``build_native``'s compile into ``path``, published by an atomic rename."""
+    """``build_native``'s compile into ``path`` (a staging file ``built_file`` publishes)."""
     import shutil
     import subprocess
 
@@ -261,12 +261,9 @@ def _compile_native(path: Path, quiet: bool) -> None:
            *(f"-L{d}" for d in libs), "-lc10", "-ltorch_cpu", "-ltorch", *(f"-Wl,-rpath,{d}" for d in libs), "-ldl"]
     if not quiet:
         print(f"ops: building the C++ launcher {NATIVE_SOURCE.name} (once per torch version) ...", file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".{os.getpid()}.tmp")
-    proc = subprocess.run([*cmd, "-o", str(staging)], capture_output=True, text=True)
+    proc = subprocess.run([*cmd, "-o", str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise NativeBuildError(f"building {NATIVE_SOURCE} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-    os.replace(staging, path)
 
 
 def load_native() -> NativeOps:

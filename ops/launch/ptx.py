@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from ops.launch.bridge import LIBRARY
-from ops.launch.packages import MojoCompileError, built_once, cache_dir, package_digest
+from ops.launch.cache import READ_ONLY, CacheError, built_once, cache_dir, publish, verified
+from ops.launch.packages import MojoCompileError, package_digest
 
 # CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
 TARGETS = {(8, 0): ("A100", "sm_80"), (8, 9): ("L4", "sm_89"), (9, 0): ("H100", "sm_90a"),
@@ -108,10 +109,10 @@ def build(specs: Iterable[KernelSpec], target: str = "H100", quiet: bool = False
     """Compile the specs whose PTX is not cached yet, in one ``mojo run``; returns how many it built."""
     specs = list(dict.fromkeys(specs))
     with _build_lock:
-        if all(ptx_path(s, target).is_file() for s in specs):
+        if all(verified(ptx_path(s, target)) for s in specs):
             return 0
         with built_once(f"ptx {ptx_dir(target)}"):
-            return _build_missing([s for s in specs if not ptx_path(s, target).is_file()], target, quiet)
+            return _build_missing([s for s in specs if not verified(ptx_path(s, target))], target, quiet)
 
 
 def _build_missing(missing: list[KernelSpec], target: str, quiet: bool) -> int:
@@ -133,14 +134,21 @@ def _build_missing(missing: list[KernelSpec], target: str, quiet: bool) -> int:
     if len(parts) != len(missing):
         raise MojoCompileError(f"PTX build printed {len(parts)} kernels, expected {len(missing)}")
     out = ptx_dir(target)
-    out.mkdir(parents=True, exist_ok=True)
-    for spec, part in zip(missing, parts, strict=True):
-        ptx = part.split("\n", 1)[1]
-        if ".entry" not in ptx:
-            raise MojoCompileError(f"no kernel entry in the PTX of {spec.expr}")
-        tmp_file = out / f".{os.getpid()}.tmp"
-        tmp_file.write_text(ptx)
-        os.replace(tmp_file, ptx_path(spec, target))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for spec, part in zip(missing, parts, strict=True):
+            ptx = part.split("\n", 1)[1]
+            if ".entry" not in ptx:
+                raise MojoCompileError(f"no kernel entry in the PTX of {spec.expr}")
+            tmp_file = out / f".{os.getpid()}.tmp"
+            tmp_file.write_text(ptx)
+            publish(tmp_file, ptx_path(spec, target))
+    except OSError as e:
+        if e.errno in READ_ONLY:
+            raise CacheError(f"OPS_CACHE_DIR: the cache folder {cache_dir()} is read-only and the PTX of "
+                             f"{len(missing)} kernel(s) is not built there; point OPS_CACHE_DIR at a writable folder "
+                             "(or build them there first: poe build-kernels)") from None
+        raise
     return len(missing)
 
 

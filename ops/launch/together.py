@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ops.launch import bridge, packages, progress
+from ops.launch import bridge, cache, packages, progress
 from ops.launch.bridge import GraphOp
 from ops.launch.packages import MojoCompileError
 
@@ -53,7 +53,7 @@ def load_groups(groups: Sequence[tuple[Calls, torch.device, str]]) -> list[int |
     if busy:
         with bridge.models_lock, ExitStack() as locks, progress.building(", ".join(p.label for p in busy)) as b:
             for plan in busy:
-                locks.enter_context(packages.built_once(f"module {plan.keys}"))
+                locks.enter_context(cache.built_once(f"module {plan.keys}"))
             _build(busy, results, b)
     for plan in plans:   # a group whose graphs another built shares that one's failure
         errors = [results[j] for j in plan.borrowed(owner) if isinstance(results[j], MojoCompileError)]
@@ -109,20 +109,16 @@ class _Plan:
 
     def load_saved(self) -> bool:
         """Keep the models of the saved module if there is one that verifies and loads; else remove it."""
-        if not self.saved.is_file():
+        if not cache.verified(self.saved):   # a damaged one is removed, with a line
             return False
         try:
-            data = self.saved.read_bytes()
-            if hashlib.sha256(data).hexdigest() != self.saved.with_suffix(".sha256").read_text().strip():
-                raise ValueError("its SHA-256 does not match")
             models = bridge.session(self.device).load_all(str(self.saved))
             self._keep(models)
             os.utime(self.saved)   # recently used: the last to be swept
             return True
         except (OSError, ValueError, RuntimeError, KeyError) as e:
             print(f"  {self.saved}: {e}; rebuilding it", file=sys.stderr)
-            for f in (self.saved, self.saved.with_suffix(".sha256")):
-                f.unlink(missing_ok=True)
+            self.saved.unlink(missing_ok=True)
             return False
 
     def compile_here(self, build: progress.building) -> int | MojoCompileError:
@@ -152,22 +148,24 @@ def _saved_path(names: Sequence[str], keys: Sequence[tuple], device: torch.devic
     """Where the module of these graphs is saved: named by their keys, MAX's version and the GPU's capability."""
     gpu = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     what = repr((list(names), list(keys), importlib.metadata.version("max"), gpu))
-    return packages.cache_dir() / "modules" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.mef"
+    return cache.cache_dir() / "modules" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.mef"
 
 
 def _save(compiled: Any, path: Path) -> None:
-    """Write ``compiled`` to ``path`` and its SHA-256 beside it, each published by an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    compiled.export_mef(str(staging))
-    digest = path.with_suffix(".sha256")
-    staged_digest = digest.with_name(f".{digest.name}.{os.getpid()}")
-    staged_digest.write_text(hashlib.sha256(staging.read_bytes()).hexdigest() + "\n")
-    os.replace(staged_digest, digest)
-    os.replace(staging, path)
+    """Write ``compiled`` to ``path`` with its checksum (``cache.publish``), unless the cache is read-only; past
+    ``KEEP_SAVED`` modules, the least recently used removed."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        compiled.export_mef(str(staging))
+        cache.publish(staging, path)
+    except OSError as e:
+        if e.errno in cache.READ_ONLY:
+            return   # a read-only cache: the module runs from memory, compiled again by the next process
+        raise
     saved = sorted(path.parent.glob("*.mef"), key=lambda f: f.stat().st_mtime)
     for old in saved[:-KEEP_SAVED]:
-        for f in (old, old.with_suffix(".sha256")):
+        for f in (old, old.with_name(old.name + ".sha256")):
             f.unlink(missing_ok=True)
 
 

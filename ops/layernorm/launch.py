@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 
@@ -54,7 +54,7 @@ def _op_parameters(launch: Launch) -> tuple[tuple[str, int], ...]:
     return (("kernel", config.KERNEL_CODES[launch.kernel]), *p.items())
 
 
-@cache
+@lru_cache(maxsize=1024)   # by eps and launch: a few eps per model, a launch per row-length bracket
 def fwd_op(activation: str, eps: float, launch: Launch = CPU_LAUNCH) -> GraphOp:
     """The registered forward for one launch choice: outputs y [rows, h], mean [rows], rstd [rows]."""
     return GraphOp(

@@ -3,10 +3,12 @@ for them, and the unfused route's cuBLASLt Linear and its gradients."""
 
 from __future__ import annotations
 
-from functools import cache
+from collections import OrderedDict
+from functools import cache, lru_cache
 
 import torch
 
+from ops.common import kept
 from ops.inputs import DTYPES, check_tensor
 from ops.launch import direct, plans
 from ops.launch.bridge import LIBRARY, GraphOp, Out
@@ -25,7 +27,7 @@ def configure_native(native: object) -> None:
 direct.on_native_load(configure_native)   # every C++ GEMM call comes through this module, so it is set first
 
 
-@cache
+@lru_cache(maxsize=64)   # by eps: a few per model
 def fwd_op(eps: float) -> GraphOp:
     """The registered fused forward: y [rows, n], mean [rows], rstd [rows] (float32), then GPU scratch
     (flat per split, see ``scratch_sizes``): partial products and partial row sums, and the fold [2, n]
@@ -64,7 +66,7 @@ def folded(weight: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
     return fold_op()(*(t.detach() for t in (weight, ln_weight, ln_bias, bias)))[0]
 
 
-@cache
+@lru_cache(maxsize=64)
 def sm90_op(eps: float) -> GraphOp:
     """The registered Hopper forward (``layernorm_linear_sm90.mojo``): y [rows, n], mean, rstd [rows]
     (float32), then scratch the op fills at every call from the weights: the fold's bf16 parts (``fold_ext``,
@@ -200,15 +202,11 @@ def linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_
             dy2.sum(0) if bias_grad else None)
 
 
-_zero_biases: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+_zero_biases: OrderedDict[tuple[int, torch.dtype, torch.device], torch.Tensor] = OrderedDict()
 
 
 def zero_bias(weight: object) -> torch.Tensor:
-    """bias = 0 [N] for a Linear without bias (weight checked first, so a bad one is named). One zero tensor
-    per (N, dtype, device), never written: it depends on no tensor's values, so it cannot go stale."""
+    """bias = 0 [N] for a Linear without bias (weight checked first, so a bad one is named): one zero tensor per
+    (N, dtype, device), bounded (``common.kept``)."""
     check_tensor("weight", weight, ndim=2, dtypes=DTYPES, layout=False)
-    key = (weight.shape[0], weight.dtype, weight.device)
-    zeros = _zero_biases.get(key)
-    if zeros is None:
-        zeros = _zero_biases[key] = weight.new_zeros(weight.shape[0])
-    return zeros
+    return kept(_zero_biases, (weight.shape[0], weight.dtype, weight.device), lambda: weight.new_zeros(weight.shape[0]))
