@@ -161,7 +161,7 @@ def built_file(path: Path, name: str, make: Callable[[Path], None]) -> Path:
         CacheError: the cache is read-only and ``path`` is not built there.
     """
     if verified(path):
-        _touch(path)
+        touch(path)
         return path
     sweep()
     with built_once(name):
@@ -182,7 +182,7 @@ def built_file(path: Path, name: str, make: Callable[[Path], None]) -> Path:
     return path
 
 
-def _touch(path: Path) -> None:
+def touch(path: Path) -> None:
     """Mark ``path`` used now (the sweep's least recently used order); nothing on a read-only cache."""
     try:
         os.utime(path)
@@ -254,7 +254,7 @@ def _of_this_toolchain(kind: str, name: str) -> bool:
 
 
 def _used(folder: Path) -> float:
-    """When a build folder was last used: its newest file's time (``_touch`` marks a use)."""
+    """When a build folder was last used: its newest file's time (``touch`` marks a use)."""
     times = [f.stat().st_mtime for f in folder.iterdir() if f.is_file()]
     return max(times, default=folder.stat().st_mtime)
 

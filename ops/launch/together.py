@@ -13,6 +13,7 @@ not verify or load is removed and rebuilt, with a line saying so.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -114,11 +115,12 @@ class _Plan:
         try:
             models = bridge.session(self.device).load_all(str(self.saved))
             self._keep(models)
-            os.utime(self.saved)   # recently used: the last to be swept
+            cache.touch(self.saved)   # recently used: the last to be swept
             return True
         except (OSError, ValueError, RuntimeError, KeyError) as e:
             print(f"  {self.saved}: {e}; rebuilding it", file=sys.stderr)
-            self.saved.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):   # a read-only cache keeps it; the rebuilt one stays in memory
+                self.saved.unlink(missing_ok=True)
             return False
 
     def compile_here(self, build: progress.building) -> int | MojoCompileError:
