@@ -62,21 +62,42 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
     eps = as_eps(eps)
+    way = route(x, weight, bias, variant)
+    if way in _CHECKED_HERE:
+        check_call(x, weight, bias, eps, variant, activation)
+    return _ROUTES[way](x, weight, bias, eps, activation, variant)
+
+
+def route(x: object, weight: object, bias: object, variant: str) -> str:
+    """The one route decision of a ``layernorm`` call that the C++ entry did not take:
+
+    * "torch": torch's own ops answer it (``torch_answers``: float64, fake or meta tensors, a dispatch mode, ...);
+    * "adapt": our kernels do not take it as it comes (CUDA autocast, empty, strided, float32 parameters);
+    * "compiled", "compiled_infer": torch.compile traces it (the default variant; or another, without a gradient);
+    * "infer": a direct launch without a gradient to come (no statistics kept, no autograd node);
+    * "autograd": ``LayerNormFunction``.
+    """
     if torch_answers(x, weight, bias):
-        return torch_layernorm(x, weight, bias, eps, activation)
+        return "torch"
     if not valid(x, weight, bias) or autocast_to_fp32(x):
-        return _layernorm_adapted(x, weight, bias, eps, activation, variant)
-    if torch.compiler.is_compiling() and variant == "fast":
-        check_call(x, weight, bias, eps, variant, activation)
-        return compiled_layernorm(x, weight, bias, eps, activation)
-    if torch.compiler.is_compiling() and no_grad_to_come(x, weight, bias):
-        check_call(x, weight, bias, eps, variant, activation)
-        return infer_call(x, weight, bias, eps, variant, activation)
-    if isinstance(x, torch.Tensor) and direct.launches(x) and no_grad_to_come(x, weight, bias):
-        # No gradient to come (inference): one launch that keeps no statistics, no autograd node.
-        check_call(x, weight, bias, eps, variant, activation)
-        return fwd_direct(x, weight, bias, float(eps), variant, ACTIVATIONS[activation])
-    return LayerNormFunction.apply(x, weight, bias, eps, variant, activation)
+        return "adapt"
+    grad = not no_grad_to_come(x, weight, bias)
+    if torch.compiler.is_compiling():
+        if variant == "fast":
+            return "compiled"
+        return "autograd" if grad else "compiled_infer"
+    return "infer" if not grad and direct.launches(x) else "autograd"
+
+
+_CHECKED_HERE = frozenset({"compiled", "compiled_infer", "infer"})   # the others check inside
+_ROUTES = {
+    "torch": lambda x, w, b, eps, act, variant: torch_layernorm(x, w, b, eps, act),
+    "adapt": lambda x, w, b, eps, act, variant: _layernorm_adapted(x, w, b, eps, act, variant),
+    "compiled": lambda x, w, b, eps, act, variant: compiled_layernorm(x, w, b, eps, act),
+    "compiled_infer": lambda x, w, b, eps, act, variant: infer_call(x, w, b, eps, variant, act),
+    "infer": lambda x, w, b, eps, act, variant: fwd_direct(x, w, b, float(eps), variant, ACTIVATIONS[act]),
+    "autograd": lambda x, w, b, eps, act, variant: LayerNormFunction.apply(x, w, b, eps, variant, act),
+}
 
 
 def autocast_to_fp32(x: torch.Tensor) -> bool:

@@ -63,29 +63,61 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
             return y
     eps = as_eps(eps)
     tensors = (x, ln_weight, ln_bias, weight, bias)
+    return _ROUTES[route(*tensors)](tensors, eps, algo)
+
+
+def route(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object) -> str:
+    """The one route decision of a ``layernorm_linear`` call that the C++ entry did not take:
+
+    * "torch": torch's own ops answer it (``torch_answers``);
+    * "adapt": our kernels do not take it as it comes (autocast, empty, strided, float32 LayerNorm parameters);
+    * "traced": torch.compile traces it (``traced``);
+    * "autograd": ``LayerNormLinearFunction`` (no direct launch here: the CPU, or ``OPS_ROUTE=graph``);
+    * "train": the same on a GPU, the C++ entry told the algorithm for the shape's next call;
+    * "infer": a direct forward without a gradient to come (no autograd node; unfused keeps no statistics).
+    """
+    tensors = (x, ln_weight, ln_bias, weight, bias)
     if torch_answers(*tensors):
-        return torch_layernorm_linear(*tensors, eps, algo)
+        return "torch"
     if not (ln_checks.valid(x, ln_weight, ln_bias) and valid_linear(x, weight, bias)) or torch.is_autocast_enabled(
             x.device.type):
-        return _layernorm_linear_adapted(x, ln_weight, ln_bias, weight, bias, eps, algo)
+        return "adapt"
     if torch.compiler.is_compiling():
-        return traced(x, ln_weight, ln_bias, weight, bias, eps, algo)
-    if not (isinstance(x, torch.Tensor) and direct.launches(x)):
-        return LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors))
-    if not no_grad_to_come(*tensors):
-        runs = autograd_algo(algo, tensors)
-        y = LayerNormLinearFunction.apply(*tensors, eps, runs)
-        remember_algo(x, weight, algo, True, runs)
-        return y
-    # No gradient to come (inference): no autograd node, and the unfused path keeps no statistics.
+        return "traced"
+    if not direct.launches(x):
+        return "autograd"
+    return "infer" if no_grad_to_come(*tensors) else "train"
+
+
+def _train(tensors: tuple, eps: float, algo: str) -> torch.Tensor:
+    """The "train" route: autograd, and the C++ entry told what ``algo`` runs at this shape with a gradient."""
+    x, weight = tensors[0], tensors[3]
+    runs = autograd_algo(algo, tensors)
+    y = LayerNormLinearFunction.apply(*tensors, eps, runs)
+    remember_algo(x, weight, algo, True, runs)
+    return y
+
+
+def _infer(tensors: tuple, eps: float, algo: str) -> torch.Tensor:
+    """The "infer" route: the forward alone, its algorithm remembered for the C++ entry."""
     validate(*tensors)
+    x, ln_weight, ln_bias, weight, bias = tensors
     k = x.shape[-1]
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k)
     remember_algo(x, weight, algo, False, algo)
     if picked != "unfused":
         return layernorm_linear_fwd(*tensors, eps, algo)[0]
-    xn = ln_launch.fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0)
-    return linear(xn, weight, bias)
+    return linear(ln_launch.fwd_direct(x, ln_weight, ln_bias, float(eps), "fast", 0), weight, bias)
+
+
+_ROUTES = {
+    "torch": lambda tensors, eps, algo: torch_layernorm_linear(*tensors, eps, algo),
+    "adapt": lambda tensors, eps, algo: _layernorm_linear_adapted(*tensors, eps, algo),
+    "traced": lambda tensors, eps, algo: traced(*tensors, eps, algo),
+    "autograd": lambda tensors, eps, algo: LayerNormLinearFunction.apply(*tensors, eps, autograd_algo(algo, tensors)),
+    "train": _train,
+    "infer": _infer,
+}
 
 
 def torch_layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
