@@ -75,7 +75,7 @@ def hopper_kernels() -> int:
     """The Hopper kernel (TMA, mbarriers, wgmma), on an sm_90 GPU: rows, columns and k off its 128 x 256 x 64
     tiles."""
     bad = 0
-    if not LL.route.is_sm90(torch.device("cuda")):
+    if not LL.algo.is_sm90(torch.device("cuda")):
         return bad
     for m, kk, n in ((37, 200, 264), (300, 776, 520)):
         x, g, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((m, kk), (kk,), (kk,)))

@@ -200,7 +200,7 @@ def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, free_pr
     from torch._inductor.utils import run_and_get_code
 
     from ops.layernorm_linear import layernorm_linear
-    from ops.layernorm_linear.route import pick_algo
+    from ops.layernorm_linear.algo import pick_algo
     from ops.reference import gelu_ref, layernorm_linear_ref
     from ops.tolerance import compare
 

@@ -20,7 +20,7 @@ def test_gpu_cuda_graph_fused_inference(algo: str) -> None:
     """A captured inference forward of the fused or Hopper op (C++ entry) replays right on new input."""
     from ops import layernorm_linear as LL
 
-    if algo == "sm90" and not LL.route.is_sm90(torch.device("cuda")):
+    if algo == "sm90" and not LL.algo.is_sm90(torch.device("cuda")):
         pytest.skip("needs an sm_90 GPU")
     torch.manual_seed(0)
     m = LL.FusedLayerNormLinear(2048, 64, algo=algo).to("cuda", torch.bfloat16)
@@ -39,7 +39,7 @@ def test_gpu_cuda_graph_auto_fill_region_runs_unfused() -> None:
     from ops import layernorm_linear as LL
 
     cuda, bf16, rows, k, n = torch.device("cuda"), torch.bfloat16, LL.config.SM90_FILL_ROWS, 768, 3072
-    if not LL.route.is_sm90(cuda) or LL.route.pick_algo("auto", cuda, bf16, rows, n, k) != "sm90":
+    if not LL.algo.is_sm90(cuda) or LL.algo.pick_algo("auto", cuda, bf16, rows, n, k) != "sm90":
         pytest.skip("needs an sm_90 GPU whose grid this shape fills")
     torch.manual_seed(0)
     m = LL.FusedLayerNormLinear(k, n).to(cuda, bf16)

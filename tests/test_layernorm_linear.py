@@ -51,7 +51,7 @@ def check_grads(got: tuple[torch.Tensor, ...], x: torch.Tensor, g: torch.Tensor,
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_forward(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, g, b, w, bias, _ = make(shape[:-2], shape[-2], shape[-1], dtype, device)
-    for algo in LL.route.algos_for(x.view(-1, x.shape[-1]), w):
+    for algo in LL.algo.algos_for(x.view(-1, x.shape[-1]), w):
         check_forward(x, g, b, w, bias, algo)
 
 
@@ -80,7 +80,7 @@ def test_linear_grads_makes_only_what_is_wanted(device: str) -> None:
 def test_large_mean_rows(device: str) -> None:
     """Rows with mean 1e4 times their spread: the statistics must not cancel."""
     x, g, b, w, bias, dy = make((6,), 1000, 24, torch.float32, device, mean=1e4)
-    for algo in LL.route.algos_for(x, w):
+    for algo in LL.algo.algos_for(x, w):
         check_forward(x, g, b, w, bias, algo, cond=1e4)
     check_backward(x, g, b, w, bias, dy, cond=1e4)
 
@@ -88,7 +88,7 @@ def test_large_mean_rows(device: str) -> None:
 def test_nan_propagates(device: str) -> None:
     x, g, b, w, bias, _ = make((4,), 300, 20, torch.float32, device)
     x[1, 17] = float("nan")
-    for algo in LL.route.algos_for(x, w):
+    for algo in LL.algo.algos_for(x, w):
         y, _, _ = LL.layernorm_linear_fwd(x, g, b, w, bias, algo=algo)
         assert torch.isnan(y[1]).all(), algo
         assert compare(y[[0, 2, 3]], layernorm_linear_ref(x[[0, 2, 3]], g, b, w, bias), torch.float32, 300) is None
@@ -202,7 +202,7 @@ def test_mixed_devices_rejected() -> None:
 def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     """Transformer-sized shapes: every algorithm that takes them (and auto's pick) forward, and the backward."""
     x, g, b, w, bias, dy = make(shape[:-2], shape[-2], shape[-1], dtype, "cuda")
-    for algo in LL.route.algos_for(x.view(-1, x.shape[-1]), w):
+    for algo in LL.algo.algos_for(x.view(-1, x.shape[-1]), w):
         check_forward(x, g, b, w, bias, algo)
     check_backward(x, g, b, w, bias, dy)
 
@@ -299,7 +299,7 @@ def test_weight_update(device: str, algo: str, dtype: torch.dtype, way: str) -> 
     """After any change a user can make to the parameters, forward (inference and autograd) and backward
     match float64 on the new parameters: nothing derived from the old weights is served. The old output
     fails against the new reference, so a stale answer could not pass."""
-    if algo == "sm90" and (device != "cuda" or dtype != torch.bfloat16 or not LL.route.is_sm90(torch.device(device))):
+    if algo == "sm90" and (device != "cuda" or dtype != torch.bfloat16 or not LL.algo.is_sm90(torch.device(device))):
         pytest.skip("algo sm90 takes bfloat16 on an sm_90 GPU only")
     m, x, dy = weight_update_module(algo, dtype, device, way)
     with torch.no_grad():

@@ -1,5 +1,5 @@
 """LayerNorm + Linear's algorithms (CPU, and the GPU where present): auto's choice of fused, Hopper or unfused
-(``route.pick_algo``), the fused kernel's k splits, the fold, the Hopper kernel's refusals, prep and determinism, and
+(``algo.pick_algo``), the fused kernel's k splits, the fold, the Hopper kernel's refusals, prep and determinism, and
 the fused kernels on rows that stress them."""
 
 from __future__ import annotations
@@ -80,20 +80,20 @@ def test_fused_splits_rules() -> None:
 def test_auto_rule() -> None:
     """auto: fused only on the GPU, small n, enough rows (fp16/bf16: long k too): the H100 sweeps' winners."""
     cuda, cpu, f32 = torch.device("cuda"), torch.device("cpu"), torch.float32
-    assert LL.route.pick_algo("auto", cuda, f32, 4096, 64) == "fused"
-    assert LL.route.pick_algo("auto", cuda, f32, 4096, LLC.FUSED_MAX_N + 1) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, f32, LLC.FUSED_MIN_ROWS - 1, 64) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, torch.bfloat16, 4096, 64) == "unfused"  # k unknown (0): too short
+    assert LL.algo.pick_algo("auto", cuda, f32, 4096, 64) == "fused"
+    assert LL.algo.pick_algo("auto", cuda, f32, 4096, LLC.FUSED_MAX_N + 1) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, f32, LLC.FUSED_MIN_ROWS - 1, 64) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, torch.bfloat16, 4096, 64) == "unfused"  # k unknown (0): too short
     bf16, k16 = torch.bfloat16, LLC.FUSED16_MIN_K
-    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16) == "fused"
-    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N + 1, k16) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS - 1, LLC.FUSED16_MAX_N, k16) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16 - 1) == "unfused"
-    assert LL.route.pick_algo("auto", cpu, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16) == "unfused"
-    assert LL.route.pick_algo("auto", cpu, f32, 4096, 64) == "unfused"
-    assert LL.route.pick_algo("fused", cpu, f32, 1, 1) == "fused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16) == "fused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N + 1, k16) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS - 1, LLC.FUSED16_MAX_N, k16) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16 - 1) == "unfused"
+    assert LL.algo.pick_algo("auto", cpu, bf16, LLC.FUSED16_MIN_ROWS, LLC.FUSED16_MAX_N, k16) == "unfused"
+    assert LL.algo.pick_algo("auto", cpu, f32, 4096, 64) == "unfused"
+    assert LL.algo.pick_algo("fused", cpu, f32, 1, 1) == "fused"
     with pytest.raises(ValueError, match="^algo:"):
-        LL.route.pick_algo("fast", cuda, f32, 4096, 64)
+        LL.algo.pick_algo("fast", cuda, f32, 4096, 64)
 
 
 def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,34 +101,34 @@ def test_auto_rule_sm90(monkeypatch: pytest.MonkeyPatch) -> None:
     runs of tiles per block over a large x (132 SMs: 16384 rows, n 3072 are runs of 12) and, below
     SM90_MIN_ROWS, grids that leave SMs idle or long rows; else as before."""
     cuda, bf16, rows, n, k = torch.device("cuda"), torch.bfloat16, LLC.SM90_MIN_ROWS, LLC.SM90_MAX_N, 768
-    monkeypatch.setattr(LL.route, "is_sm90", lambda device: device.type == "cuda")
+    monkeypatch.setattr(LL.algo, "is_sm90", lambda device: device.type == "cuda")
     monkeypatch.setattr(ln_launch, "sm_count", lambda device: 132)
-    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
-    assert LL.route.pick_algo("auto", cuda, bf16, 16384, n, LLC.SM90_RUN_MAX_X // 16384) == "sm90"
-    assert LL.route.pick_algo("auto", cuda, bf16, 16384, n, LLC.SM90_RUN_MAX_X // 16384 + 8) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, bf16, 16384, LLC.SM90_MIN_N, 4096) == "sm90"   # runs of 3
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
+    assert LL.algo.pick_algo("auto", cuda, bf16, 16384, n, LLC.SM90_RUN_MAX_X // 16384) == "sm90"
+    assert LL.algo.pick_algo("auto", cuda, bf16, 16384, n, LLC.SM90_RUN_MAX_X // 16384 + 8) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, 16384, LLC.SM90_MIN_N, 4096) == "sm90"   # runs of 3
     # from SM90_FILL_ROWS rows: where the persistent grid fills 90% of the SMs, k at most SM90_FILL_MAX_K
-    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "sm90"       # 384 tiles: 128 blocks
-    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, LLC.SM90_FILL_MAX_K) == "sm90"
-    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, LLC.SM90_FILL_MAX_K + 8) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 2304, 768) == "unfused"    # 288 tiles: 96 blocks
-    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 768, 768) == "unfused"     # 96 tiles
-    assert LL.route.pick_algo("auto", cuda, bf16, LLC.SM90_FILL_ROWS - 128, 3072, 768) == "unfused"
-    monkeypatch.setattr(LL.route, "capturing", lambda: True)   # inside a CUDA graph: not below SM90_MIN_ROWS
-    assert LL.route.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
-    monkeypatch.setattr(LL.route, "capturing", lambda: False)
-    assert LL.route.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MIN_N, k) == "sm90"
-    assert LL.route.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "sm90"            # the fill rule: 128 blocks
-    assert LL.route.pick_algo("auto", cuda, bf16, rows - 1, n, 4096) == "unfused"      # ... but k > SM90_FILL_MAX_K
-    assert LL.route.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MAX_N + 8, k) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MIN_N - 8, k) == "unfused"
-    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k + 4) == "unfused"       # TMA rows: K % 8 == 0
-    assert LL.route.pick_algo("auto", cuda, torch.float16, rows, n, k) == "unfused"  # bf16 only
-    assert LL.route.pick_algo("auto", torch.device("cpu"), bf16, rows, n, k) == "unfused"
-    assert LL.route.pick_algo("unfused", cuda, bf16, rows, n, k) == "unfused"
-    monkeypatch.setattr(LL.route, "is_sm90", lambda device: False)
-    assert LL.route.pick_algo("auto", cuda, bf16, rows, n, k) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "sm90"       # 384 tiles: 128 blocks
+    assert LL.algo.pick_algo("auto", cuda, bf16, 4096, 3072, LLC.SM90_FILL_MAX_K) == "sm90"
+    assert LL.algo.pick_algo("auto", cuda, bf16, 4096, 3072, LLC.SM90_FILL_MAX_K + 8) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, 4096, 2304, 768) == "unfused"    # 288 tiles: 96 blocks
+    assert LL.algo.pick_algo("auto", cuda, bf16, 4096, 768, 768) == "unfused"     # 96 tiles
+    assert LL.algo.pick_algo("auto", cuda, bf16, LLC.SM90_FILL_ROWS - 128, 3072, 768) == "unfused"
+    monkeypatch.setattr(LL.algo, "capturing", lambda: True)   # inside a CUDA graph: not below SM90_MIN_ROWS
+    assert LL.algo.pick_algo("auto", cuda, bf16, 4096, 3072, 768) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows, n, k) == "sm90"
+    monkeypatch.setattr(LL.algo, "capturing", lambda: False)
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MIN_N, k) == "sm90"
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows - 1, n, k) == "sm90"            # the fill rule: 128 blocks
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows - 1, n, 4096) == "unfused"      # ... but k > SM90_FILL_MAX_K
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MAX_N + 8, k) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows, LLC.SM90_MIN_N - 8, k) == "unfused"
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows, n, k + 4) == "unfused"       # TMA rows: K % 8 == 0
+    assert LL.algo.pick_algo("auto", cuda, torch.float16, rows, n, k) == "unfused"  # bf16 only
+    assert LL.algo.pick_algo("auto", torch.device("cpu"), bf16, rows, n, k) == "unfused"
+    assert LL.algo.pick_algo("unfused", cuda, bf16, rows, n, k) == "unfused"
+    monkeypatch.setattr(LL.algo, "is_sm90", lambda device: False)
+    assert LL.algo.pick_algo("auto", cuda, bf16, rows, n, k) == "unfused"
 
 
 def test_autograd_algo() -> None:
@@ -137,14 +137,14 @@ def test_autograd_algo() -> None:
     bf16 = torch.zeros(2, 8, dtype=torch.bfloat16)
     w = torch.zeros(4, 8, dtype=torch.bfloat16)
     grad_w = w.clone().requires_grad_()
-    assert LL.route.autograd_algo("auto", (bf16, grad_w)) == "unfused"
-    assert LL.route.autograd_algo("auto", (bf16.clone().requires_grad_(), w)) == "unfused"
-    assert LL.route.autograd_algo("auto", (bf16, w)) == "auto"
-    assert LL.route.autograd_algo("sm90", (bf16, grad_w)) == "sm90"
-    assert LL.route.autograd_algo("auto", (bf16.float(), grad_w)) == "auto"
-    assert LL.route.autograd_algo("auto", ([1.0], grad_w)) == "auto"   # left to the validation that follows
+    assert LL.algo.autograd_algo("auto", (bf16, grad_w)) == "unfused"
+    assert LL.algo.autograd_algo("auto", (bf16.clone().requires_grad_(), w)) == "unfused"
+    assert LL.algo.autograd_algo("auto", (bf16, w)) == "auto"
+    assert LL.algo.autograd_algo("sm90", (bf16, grad_w)) == "sm90"
+    assert LL.algo.autograd_algo("auto", (bf16.float(), grad_w)) == "auto"
+    assert LL.algo.autograd_algo("auto", ([1.0], grad_w)) == "auto"   # left to the validation that follows
     with torch.no_grad():
-        assert LL.route.autograd_algo("auto", (bf16, grad_w)) == "auto"
+        assert LL.algo.autograd_algo("auto", (bf16, grad_w)) == "auto"
 
 
 @pytest.mark.gpu
@@ -221,8 +221,8 @@ def test_sm90_refuses_what_it_cannot_take(device: str) -> None:
     """algo "sm90" names why it cannot run: no Hopper GPU, not bfloat16, K or N not multiples of 8."""
     for dtype, k, n in [(torch.float32, 64, 16), (torch.bfloat16, 36, 16), (torch.bfloat16, 64, 12)]:
         x, g, b, w, bias, _ = make((5,), k, n, dtype, device)
-        why = LL.route.sm90_unsupported(x, w)
-        assert why is not None and "sm90" not in LL.route.algos_for(x, w)
+        why = LL.algo.sm90_unsupported(x, w)
+        assert why is not None and "sm90" not in LL.algo.algos_for(x, w)
         with pytest.raises(ValueError, match="^algo: 'sm90' needs"):
             LL.layernorm_linear_fwd(x, g, b, w, bias, algo="sm90")
 
@@ -231,7 +231,7 @@ SM90_SHAPES = [(1, 8, 8), (37, 200, 264), (1000, 768, 3072), (513, 1032, 776), (
                (4999, 56, 1000), (4100, 1000, 1544)]   # these two: several tiles per block (tile runs)
 
 
-needs_sm90 = pytest.mark.skipif(not LL.route.is_sm90(torch.device("cuda")), reason="algo sm90 needs an sm_90 GPU")
+needs_sm90 = pytest.mark.skipif(not LL.algo.is_sm90(torch.device("cuda")), reason="algo sm90 needs an sm_90 GPU")
 
 
 @pytest.mark.gpu
@@ -285,7 +285,7 @@ def test_gpu_auto_takes_sm90_where_it_can(monkeypatch: pytest.MonkeyPatch) -> No
     calls.clear()
     flat = torch.randn(rows * k + 1, device="cuda").bfloat16()
     xs = flat[1:].view(rows, k)   # 2 bytes past an aligned start
-    assert LL.route.sm90_unsupported(xs, w) is not None
+    assert LL.algo.sm90_unsupported(xs, w) is not None
     check_forward(xs, g, b, w, bias, "auto")
     assert "sm90" not in calls, "auto ran sm90 on a misaligned x view"
 

@@ -39,7 +39,7 @@ def edges() -> dict[str, set[str]]:
 
 
 # Each op's package, its files from the top layer down: a file imports only the files after it.
-OP_LAYERS = ("module", "functional", "traced", "inductor", "autograd", "fwd_bwd", "route", "checks", "launch", "config")
+OP_LAYERS = ("module", "functional", "traced", "inductor", "autograd", "fwd_bwd", "algo", "checks", "launch", "config")
 OP_PACKAGES = ("ops.layernorm", "ops.layernorm_linear")
 
 

@@ -239,7 +239,7 @@ def test_gpu_fused_forwards_are_the_graph_route(algo: str, dtype: torch.dtype, s
     aligned x only); and the module's inference output is that y."""
     from ops import layernorm_linear as LL
 
-    if algo == "sm90" and not LL.route.is_sm90(torch.device("cuda")):
+    if algo == "sm90" and not LL.algo.is_sm90(torch.device("cuda")):
         pytest.skip("needs an sm_90 GPU")
     if algo == "sm90" and offset:
         pytest.skip("the Hopper kernel takes 16-byte-aligned x only")
@@ -275,7 +275,7 @@ def test_gpu_auto_falls_back_to_unfused_not_fused(off: str) -> None:
     fused kernel there)."""
     from ops import layernorm_linear as LL
 
-    if not LL.route.is_sm90(torch.device("cuda")):
+    if not LL.algo.is_sm90(torch.device("cuda")):
         pytest.skip("needs an sm_90 GPU")
     torch.manual_seed(0)
     rows, k, n = LL.config.SM90_MIN_ROWS, 64, 768
@@ -288,8 +288,8 @@ def test_gpu_auto_falls_back_to_unfused_not_fused(off: str) -> None:
     x, w = values(rows, k, off == "x"), values(n, k, off == "weight", 1 / 8)
     g, b = torch.ones(k, device="cuda", dtype=x.dtype), torch.zeros(k, device="cuda", dtype=x.dtype)
     bias = torch.randn(n, device="cuda", dtype=x.dtype)
-    assert LL.route.pick_algo("auto", x.device, x.dtype, rows, n, k) == "sm90"
-    assert LL.route.sm90_unsupported(x, w) == f"needs {off} 16-byte aligned"
+    assert LL.algo.pick_algo("auto", x.device, x.dtype, rows, n, k) == "sm90"
+    assert LL.algo.sm90_unsupported(x, w) == f"needs {off} 16-byte aligned"
     for _ in range(2):
         got = LL.layernorm_linear_fwd(x, g, b, w, bias, 1e-5, "auto")
         want = LL.layernorm_linear_fwd(x, g, b, w, bias, 1e-5, "unfused")

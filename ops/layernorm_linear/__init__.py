@@ -16,16 +16,16 @@ Forward algorithms (``algo``):
   elsewhere.
 * ``"unfused"``: our LayerNorm kernel, then the Linear by cuBLASLt (16-bit on a CUDA GPU, the bias and its gradient
   in the GEMMs' epilogues; ``docs/direct_launch.md``) or ``F.linear``.
-* ``"auto"`` (default): the region table of ``config.py`` (``route.pick_algo``; evidence in ``docs/tuning.md``).
+* ``"auto"`` (default): the region table of ``config.py`` (``algo.pick_algo``; evidence in ``docs/tuning.md``).
 
 Backward (one path for all): dW = dy^T xn and dxn = dy W by cuBLAS, db = sum of dy, and dx, dgamma, dbeta by our
 deterministic LayerNorm backward. The autograd forward of ``unfused`` keeps the normalized xn for it (as torch does);
 after ``fused`` or ``sm90`` the backward recomputes xn, so with gradients to come fp16/bf16 ``auto`` takes
-``unfused`` (``route.autograd_algo``).
+``unfused`` (``algo.autograd_algo``).
 
 The files, each layer calling only those below it: ``module.py`` (``FusedLayerNormLinear``) → ``functional.py``
 (``layernorm_linear``: check, route, call) → ``traced.py`` (the torch.compile form) → ``autograd.py`` →
-``fwd_bwd.py`` (``layernorm_linear_fwd`` / ``_bwd`` and their ``torch.library`` ops) → ``route.py`` (which algorithm)
+``fwd_bwd.py`` (``layernorm_linear_fwd`` / ``_bwd`` and their ``torch.library`` ops) → ``algo.py`` (which algorithm)
 → ``checks.py`` → ``launch.py`` (graph ops, C++ plans, cuBLASLt) → ``config.py`` (tuning tables);
 ``inductor.py``:
 the inductor pass that puts a GELU after the Linear into its GEMM.

@@ -17,10 +17,10 @@ from ops.inputs import (
 from ops.launch import direct
 from ops.layernorm import fwd_bwd as ln_fwd_bwd
 from ops.layernorm import launch as ln_launch
+from ops.layernorm_linear.algo import pick_algo
 from ops.layernorm_linear.checks import validate
 from ops.layernorm_linear.fwd_bwd import layernorm_linear_bwd, layernorm_linear_fwd
 from ops.layernorm_linear.launch import linear, linear_grads, zero_bias
-from ops.layernorm_linear.route import pick_algo
 
 
 class LayerNormLinearFunction(torch.autograd.Function):

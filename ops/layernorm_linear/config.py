@@ -6,7 +6,7 @@ code (``fwd_gpu``, ``launch_fold``, ``launch_wgmma``); the sizes below are that 
 from the kernel sources (``ops/launch/mojo_constants.py``), and ``tests/test_routes.py`` checks both routes' outputs
 bitwise on the GPU. The tuning that ``auto`` and the fused kernel's k splits follow (H100) is the last
 section: its tables and choice functions (``fused_region``, ``sm90_region``, ``split_count``,
-``training_algo``); ``route.py`` and ``launch.py`` read them. The evidence for each is in docs/tuning.md.
+``training_algo``); ``algo.py`` and ``launch.py`` read them. The evidence for each is in docs/tuning.md.
 """
 
 from __future__ import annotations

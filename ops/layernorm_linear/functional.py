@@ -18,12 +18,12 @@ from ops.launch import direct
 from ops.layernorm import checks as ln_checks
 from ops.layernorm import functional as ln_functional
 from ops.layernorm import launch as ln_launch
+from ops.layernorm_linear.algo import autograd_algo, check_algo, pick_algo, remember_algo
 from ops.layernorm_linear.autograd import LayerNormLinearFunction
 from ops.layernorm_linear.checks import adapted_fwd, check_linear, empty_result, valid_linear, validate
 from ops.layernorm_linear.config import ALGO_IDS
 from ops.layernorm_linear.fwd_bwd import layernorm_linear_fwd
 from ops.layernorm_linear.launch import linear
-from ops.layernorm_linear.route import autograd_algo, check_algo, pick_algo, remember_algo
 from ops.layernorm_linear.traced import traced
 
 

@@ -15,9 +15,9 @@ from ops.inputs import (
 from ops.layernorm import checks as ln_checks
 from ops.layernorm import fwd_bwd as ln_fwd_bwd
 from ops.layernorm_linear import launch
+from ops.layernorm_linear.algo import check_algo, pick_algo, sm90_unsupported
 from ops.layernorm_linear.checks import adapted_fwd, empty_result, valid_linear, validate
 from ops.layernorm_linear.launch import linear, linear_grads, zero_bias
-from ops.layernorm_linear.route import check_algo, pick_algo, sm90_unsupported
 
 
 def layernorm_linear_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,

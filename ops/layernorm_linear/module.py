@@ -21,8 +21,8 @@ from ops.inputs import (
 )
 from ops.layernorm import LayerNorm
 from ops.layernorm import functional as ln_functional
+from ops.layernorm_linear.algo import pick_algo
 from ops.layernorm_linear.functional import module_forward
-from ops.layernorm_linear.route import pick_algo
 
 
 class FusedLayerNormLinear(nn.Sequential):

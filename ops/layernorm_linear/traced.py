@@ -12,11 +12,11 @@ from ops.launch import direct
 from ops.layernorm import autograd as ln_autograd
 from ops.layernorm import fwd_bwd as ln_fwd_bwd
 from ops.layernorm_linear import config
+from ops.layernorm_linear.algo import autograd_algo, pick_algo
 from ops.layernorm_linear.autograd import LayerNormLinearFunction
 from ops.layernorm_linear.checks import validate
 from ops.layernorm_linear.config import ALGO_IDS
 from ops.layernorm_linear.launch import zero_bias
-from ops.layernorm_linear.route import autograd_algo, pick_algo
 
 
 def traced(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,

@@ -1,4 +1,4 @@
-"""LayerNorm+Linear's route: which forward algorithm ``auto`` runs for a shape (``pick_algo``), with a gradient
+"""LayerNorm+Linear's algorithm: which forward algorithm ``auto`` runs for a shape (``pick_algo``), with a gradient
 to come or not (``autograd_algo``), and the C++ entry told the same choice (``remember_algo``)."""
 
 from __future__ import annotations
