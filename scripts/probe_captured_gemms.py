@@ -102,8 +102,8 @@ class Lt:
     def candidates(self, gemm: str, n_out: int) -> tuple[list[Callable[[], None]], list]:
         """One call per heuristic candidate (first: the heuristics' choice) of ``gemm`` for the module of
         ``n_out`` outputs, on tensors it keeps; and those tensors."""
-        # cuBLAS's column-major terms, as direct.cpp's make_gemm_plan: fwd D[N, M] = W^T xn; dgrad dxn[K, M] = W dy;
-        # wgrad dW[K, N] = xn dy^T
+        # cuBLAS's column-major terms, as ops/launch/native/cublaslt.h's make_gemm_plan: fwd D[N, M] = W^T xn;
+        # dgrad dxn[K, M] = W dy; wgrad dW[K, N] = xn dy^T
         m, n, k, ta, tb = {"fwd_bias": (n_out, ROWS, K, 1, 0), "dgrad": (K, ROWS, n_out, 0, 0),
                            "wgrad_bgrad": (K, n_out, ROWS, 0, 1)}[gemm]
         desc = ctypes.c_void_p()

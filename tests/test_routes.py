@@ -184,7 +184,7 @@ def test_gpu_native_copies_column_major_x(dtype: torch.dtype) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_native_takes_strided_x(dtype: torch.dtype) -> None:
-    """A strided x goes through the C++ entries with one copy (ops/launch/direct.cpp's dense), not back to Python:
+    """A strided x goes through the C++ entries with one copy (ops/launch/native/capture.h's dense), not back to Python:
     bitwise the contiguous x's output and gradients (LayerNorm, unfused LayerNorm+Linear), statistics and fused
     forward."""
     from ops.layernorm import layernorm, layernorm_fwd

@@ -44,7 +44,7 @@ K_VEC, X_AL, W_AL, G_AL, B_AL = 1, 2, 4, 8, 16
 FOLD_VEC_BITS = K_VEC | W_AL | G_AL | B_AL   # fold_vector_width: w, gamma, beta and k
 MMA_VEC_BITS = K_VEC | X_AL | W_AL | G_AL    # fwd_gpu's vec_ok: x, w, gamma and k
 
-# The plan kinds the C++ entry runs (ops/launch/direct.cpp: FusedPlan).
+# The plan kinds the C++ entry runs (ops/launch/native/plans.h: FusedPlan).
 KIND_FUSED16, KIND_FUSED32, KIND_SM90 = 1, 2, 3
 TMA_BF16, TMA_F16 = 9, 6   # CUtensorMapDataType
 
@@ -193,12 +193,12 @@ SM90_FILL_MAX_K = 1024
 # ... and not under CUDA graph capture, where the Hopper route's edge (one launch gap less) is gone.
 
 # The unfused forward's GEMM asks cuBLASLt for no workspace where k <= this * n (no memset node in a CUDA graph),
-# else for up to 32 MiB (ops/launch/direct.cpp: lt_max_workspace)
+# else for up to 32 MiB (ops/launch/native/cublaslt.h: lt_max_workspace)
 LT_NO_WORKSPACE_MAX_K_PER_N = 2
 
 
 # Under CUDA graph capture, the C++ route's backward runs dW and db on a side stream, beside dxn's GEMM and the
-# LayerNorm backward (ops/launch/direct.cpp: LayerNormLinearFn); eager calls keep one stream
+# LayerNorm backward (ops/launch/native/layernorm_linear.h: LayerNormLinearFn); eager calls keep one stream
 CAPTURED_WEIGHT_GRADS_BESIDE = True
 
 # Under capture, forwards of at most this many rows accumulate their parameters' gradients (and the LayerNorm
@@ -227,7 +227,7 @@ COMPILED_GELU_BIAS_GRAD_IN_GEMM_MIN_ROWS = 4096
 
 def lt_without_workspace(k: int, n: int) -> bool:
     """Whether the unfused forward's GEMM of x [.., k] @ weight [n, k]^T asks cuBLASLt for no workspace (the rule
-    above; ops/launch/direct.cpp's lt_max_workspace applies it, with the constant handed over at loading)."""
+    above; ops/launch/native/cublaslt.h's lt_max_workspace applies it, with the constant handed over at loading)."""
     return k <= LT_NO_WORKSPACE_MAX_K_PER_N * n
 
 

@@ -190,7 +190,7 @@ def linear_grads(dy: torch.Tensor, xn: torch.Tensor, weight: torch.Tensor, bias_
                   weight_grad: bool = True) -> tuple[torch.Tensor | None, ...]:
     """The Linear's part of every backward path: from contiguous dy [..., N] and xn [..., K], dxn = dy W (shaped
     like xn), dW = dy^T xn (None, and no GEMM, without ``weight_grad``) and db = dy's column sums (None without
-    ``bias_grad``); on a CUDA GPU by the C++ entry (ops/launch/direct.cpp's linear_grads: cuBLASLt, db in dW's
+    ``bias_grad``); on a CUDA GPU by the C++ entry (ops/launch/native/cublaslt.h's linear_grads: cuBLASLt, db in dW's
     epilogue, as the C++ route's backward runs them), else (and under torch.compile, for inductor) by torch's ops."""
     native = direct.NATIVE.linear_grads
     if native is not None and dy.is_cuda and not torch.compiler.is_compiling():
