@@ -27,11 +27,9 @@ Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -238,7 +236,7 @@ def backward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor
 
 def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: float, iters: int = 30) -> list[dict]:
     """The backward's launch choices at each shape: each register configuration that holds the row
-    (OPS_LN_BWD_CONFIG) at each count of row groups per SM (OPS_LN_BWD_PARTS), checked against the float64
+    at each count of row groups per SM (``config.forced_backward``), checked against the float64
     reference, then timed (CUPTI kernel time of the row-group and column-sum kernels; ``reduce_us``: the
     column sums' share, by torch.profiler). ``default`` marks what ops/layernorm/config.py chooses; GB/s counts
     x, dy read and dx written."""
@@ -260,7 +258,7 @@ def bench_bwd_sweep(dtype: torch.dtype, shapes: list[tuple[int, int]], copy: flo
                     launch = config.bwd_launch(parts, h, dtype, True, i)
                 except ValueError:
                     continue   # it does not hold the row
-                with mock.patch.dict(os.environ, OPS_LN_BWD_PARTS=str(parts), OPS_LN_BWD_CONFIG=str(i)):
+                with L.config.forced_backward(parts, i):
                     for name, g, r, n in zip(("dx", "dw", "db"), L.layernorm_bwd(dy, x, w, b, mean, rstd), ref,
                                              (h, m, m), strict=True):
                         if (bad := compare(g, r, dtype, reduction=n)) is not None:

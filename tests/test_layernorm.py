@@ -127,25 +127,33 @@ def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int,
                              parts: int) -> None:
     """The backward's row-group count on a 132-SM GPU at shapes of the H100 sweeps (results/bench_layernorm_bwd_sweep.md
     and ops/layernorm/config.py's notes): about 2 rows a group up to 1024-wide rows, 8 beyond, capped by row bytes."""
-    monkeypatch.delenv("OPS_LN_BWD_PARTS", raising=False)
     monkeypatch.setattr(L.launch, "sm_count", lambda device: 132)
     assert L.launch.bwd_parts(rows, h, dtype, torch.device("cuda")) == parts
     assert L.launch.bwd_parts(rows, h, dtype, torch.device("cpu")) == 1
 
 
+def test_forced_backward_parts_apply_within_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's forced row groups (``forced_backward``) apply within it, capped by the rows, and the rules after."""
+    monkeypatch.setattr(L.launch, "sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    with L.config.forced_backward(parts=5):
+        assert L.launch.bwd_parts(4096, 768, torch.bfloat16, cuda) == 5 and L.config.FORCED_BWD_PARTS == 5
+        assert L.launch.bwd_parts(3, 768, torch.bfloat16, cuda) == 3
+    assert L.config.FORCED_BWD_PARTS is None and L.launch.bwd_parts(4096, 768, torch.bfloat16, cuda) == 1056
+
+
 def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OPS_LN_BWD_CONFIG (the sweep's knob) forces a register configuration that holds the row, names itself
-    where it does not, and is off by default; the default is the first that holds the row."""
+    """A sweep's forced configuration (``forced_backward``) is one that holds the row, named where it does not, and
+    off by default; the default is the first that holds the row."""
     from ops.layernorm import config as config
 
-    monkeypatch.delenv("OPS_LN_BWD_CONFIG", raising=False)
     assert config.bwd_config() is None
     default = config.bwd_launch(528, 768, torch.bfloat16, True)
     assert default.params == (8, *config.BWD_REGS[2]) and default.grid == (132, 1, 1) and default.block == 128
-    monkeypatch.setenv("OPS_LN_BWD_CONFIG", "3")
-    wide = config.bwd_launch(528, 768, torch.bfloat16, True, config.bwd_config())
+    with config.forced_backward(config=3):
+        wide = config.bwd_launch(528, 768, torch.bfloat16, True, config.bwd_config())
     assert wide.params == (8, 2, 4, 1) and wide.grid == (528, 1, 1) and wide.block == 128
-    with pytest.raises(ValueError, match="OPS_LN_BWD_CONFIG: BWD_REGS.0. does not hold a row of 768"):
+    with pytest.raises(ValueError, match="config: BWD_REGS.0. does not hold a row of 768"):
         config.bwd_launch(528, 768, torch.bfloat16, True, 0)
     # fewer row groups than give every SM a block of BWD_REGS[2]: one row per block instead (BWD_FEW_PARTS)
     for parts, blocks in ((1, 1), (128, 128), (264, 264)):
@@ -272,9 +280,9 @@ def test_gpu_shapes(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
 @pytest.mark.parametrize("parts", [1, 7, 132, 1000, 4097])
 def test_gpu_backward_any_row_groups(monkeypatch: pytest.MonkeyPatch, parts: int) -> None:
     """Every row-group count gives the same gradients (more groups than rows included)."""
-    monkeypatch.setenv("OPS_LN_BWD_PARTS", str(parts))
-    for dtype, shape in ((torch.float32, (4097, 768)), (torch.bfloat16, (1000, 4096)), (torch.float32, (37, 1023))):
-        check_backward(*make(shape, dtype, "cuda"))
+    with L.config.forced_backward(parts=parts):
+        for dtype, shape in ((torch.float32, (4097, 768)), (torch.bfloat16, (1000, 4096)), (torch.float32, (37, 1023))):
+            check_backward(*make(shape, dtype, "cuda"))
 
 
 # Cluster configs of the forward (layernorm.mojo): config -> vectors per row it holds.

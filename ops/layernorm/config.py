@@ -8,7 +8,8 @@ each tuned constant's evidence is in docs/tuning.md.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
@@ -188,9 +189,8 @@ def bwd_parts(rows: int, h: int, dtype: torch.dtype, device: torch.device, sms: 
     """Row groups of the backward (CPU: one, it runs the rows in order)."""
     if device.type != "cuda":
         return 1
-    forced = os.environ.get("OPS_LN_BWD_PARTS")  # tuning knob for benchmarks
-    if forced:
-        return min(rows, int(forced))
+    if FORCED_BWD_PARTS is not None:   # a benchmark's sweep (forced_backward)
+        return min(rows, FORCED_BWD_PARTS)
     row_bytes = 1 << (h * dtype.itemsize - 1).bit_length()
     per_group = BWD_ROWS_PER_GROUP_NARROW if h <= REDUCE_NARROW_MAX_H else BWD_ROWS_PER_GROUP
     per_sm = min(BWD_MAX_PER_SM, max(1, BWD_ROW_BYTES_PER_SM // row_bytes), max(1, round(rows / (per_group * sms))))
@@ -203,7 +203,7 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
     """The backward's row-group kernel for ``parts`` groups of rows of h (``vec_ok`` as in ``fwd_launch``,
     for dx, dy, x, gamma and beta) on a GPU of ``sms`` SMs: the first register configuration that holds the row
     and gives every SM a block; if none does, the first with the most blocks, then the fewest rows per block
-    (``BWD_FEW_PARTS``). ``config`` forces ``BWD_REGS[config]`` (a benchmark's sweep, OPS_LN_BWD_CONFIG).
+    (``BWD_FEW_PARTS``). ``config`` forces ``BWD_REGS[config]`` (a benchmark's sweep, ``forced_backward``).
 
     Raises:
         ValueError: a forced configuration that does not hold the row (or a row the register kernel cannot take).
@@ -217,7 +217,7 @@ def bwd_launch(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, config: int
         ch, wpr, rpb = next((c for c in held if blocks(c) >= sms), max(held, key=lambda c: (blocks(c), -c[2])))
         return Launch("ln_bwd_regs", (vec, ch, wpr, rpb), (blocks((ch, wpr, rpb)), 1, 1), wpr * rpb * WARP)
     if config is not None:
-        raise ValueError(f"OPS_LN_BWD_CONFIG: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
+        raise ValueError(f"config: BWD_REGS[{config}] does not hold a row of {h} ({dtype}, vec_ok {vec_ok})")
     return _bwd_loop(1, 8, parts) if h <= 1024 else _bwd_loop(8, 1, parts)
 
 
@@ -229,11 +229,32 @@ def bwd_sizes(launch: Launch, parts: int) -> tuple[int, int]:
     return parts, parts
 
 
+# A benchmark's sweep of the backward forces these (``forced_backward``); None: the rules above choose.
+FORCED_BWD_PARTS: int | None = None
+FORCED_BWD_CONFIG: int | None = None
+
+
 def bwd_config() -> int | None:
-    """The backward's register configuration forced by OPS_LN_BWD_CONFIG (an index into BWD_REGS; a benchmark's
-    sweep, which, as OPS_LN_BWD_PARTS, keeps those calls on the Python route), or None."""
-    forced = os.environ.get("OPS_LN_BWD_CONFIG")
-    return int(forced) if forced else None
+    """The backward's register configuration a sweep forces (an index into ``BWD_REGS``), or None."""
+    return FORCED_BWD_CONFIG
+
+
+@contextmanager
+def forced_backward(parts: int | None = None, config: int | None = None) -> Iterator[None]:
+    """Within: the backward's row groups and register configuration forced (a benchmark's sweep, a test). Those calls
+    take the Python route: no plan is handed to the C++ tables while forced, and they are cleared on the way in and
+    out."""
+    global FORCED_BWD_PARTS, FORCED_BWD_CONFIG
+    from ops.launch import plans
+
+    before = FORCED_BWD_PARTS, FORCED_BWD_CONFIG
+    FORCED_BWD_PARTS, FORCED_BWD_CONFIG = parts, config
+    plans.forget_plans()
+    try:
+        yield
+    finally:
+        FORCED_BWD_PARTS, FORCED_BWD_CONFIG = before
+        plans.forget_plans()
 
 
 def reduce_shape(h: int) -> tuple[int, int]:

@@ -6,7 +6,6 @@ here and handed to the C++ entries (``ops.launch.plans.remember``), which then l
 from __future__ import annotations
 
 import math
-import os
 import struct
 from functools import cache, lru_cache
 
@@ -121,7 +120,7 @@ _fwd_plans = PlanTable()
 
 
 # The backward's, per (parts, h, dtype, vec_ok, act, device index, forced config): parts and the forced config
-# are worked out at every call, so OPS_LN_BWD_PARTS and OPS_LN_BWD_CONFIG take effect at once.
+# are worked out at every call, so a forced backward (``config.forced_backward``) takes effect at once.
 _bwd_plans = PlanTable()
 
 
@@ -195,8 +194,8 @@ def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, in
 def _native_bwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, index: int,
                      plan: tuple[direct.Kernel, tuple[int, int, int], int, direct.Kernel, tuple[int, int]]) -> None:
     """Hand a backward plan to the C++ entries (keyed by rows: they do not work out the row groups), unless
-    OPS_LN_BWD_PARTS or OPS_LN_BWD_CONFIG forces the launch (those calls stay on this route)."""
-    if os.environ.get("OPS_LN_BWD_PARTS") or os.environ.get("OPS_LN_BWD_CONFIG"):
+    a sweep forces the launch (``config.forced_backward``: those calls stay on this route)."""
+    if config.FORCED_BWD_PARTS is not None or config.FORCED_BWD_CONFIG is not None:
         return
     rows_kernel, grid, block, reduce, (groups, part_rows) = plan
     plans.remember(("ln_bwd", rows, h, dtype, vec_ok, act, index), lambda native: native.set_bwd_plan(
