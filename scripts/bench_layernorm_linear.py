@@ -173,15 +173,21 @@ def bench_sm90(shapes: list[tuple[int, int, int]]) -> list[dict]:
     return [r for shape in shapes for r in time_contenders(torch.bfloat16, shape, contenders)]
 
 
-# --workspace: the cuBLASLt workspace cap per process (OPS_LT_WORKSPACE, read once; unset: the library's rule)
+# --workspace: the cuBLASLt workspace cap per process (the C++ entries' set_lt_workspace, before any GEMM; "rule":
+# the library's)
 WORKSPACE_CAPS = (("rule", None), ("32MiB", str(32 << 20)), ("none", "0"))
 WORKSPACE_FIELDS = ("M", "K", "N", "rule_picks", *(f"kernel_us_{c}" for c, _ in WORKSPACE_CAPS),
                     "kernel_none_vs_32MiB", *(f"pipe_us_{c}" for c, _ in WORKSPACE_CAPS))
 WORKSPACE_CHILD = "OPS_BENCH_WORKSPACE_CHILD"
 
 
-def workspace_child(shapes: list[tuple[int, int, int]]) -> None:
-    """One --workspace process: torch and ours:unfused (bfloat16) at each shape, ours' times as JSON lines."""
+def workspace_child(shapes: list[tuple[int, int, int]], cap: str) -> None:
+    """One --workspace process under workspace cap ``cap`` (bytes, or "rule"): torch and ours:unfused (bfloat16) at
+    each shape, ours' times as JSON lines."""
+    from ops.launch import direct
+
+    if cap != "rule":
+        direct.load_native().ops.set_lt_workspace(int(cap))
     for shape in shapes:
         rows = time_contenders(torch.bfloat16, shape, lambda _: [("torch", torch_eager), ("ours", ours("unfused"))])
         print("ROW " + json.dumps(rows[-1]), flush=True)
@@ -194,9 +200,7 @@ def bench_workspace(shapes: list[tuple[int, int, int]], quick: bool) -> list[dic
 
     times: dict[str, dict[tuple, dict]] = {}
     for cap, value in WORKSPACE_CAPS:
-        env = {k: v for k, v in os.environ.items() if k != "OPS_LT_WORKSPACE"} | {WORKSPACE_CHILD: "1"}
-        if value is not None:
-            env["OPS_LT_WORKSPACE"] = value
+        env = os.environ | {WORKSPACE_CHILD: "rule" if value is None else value}
         args = [sys.executable, __file__, "--workspace", "--dtypes", "bfloat16"] + (["--quick"] if quick else [])
         out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
         rows = [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ROW ")]
@@ -345,14 +349,14 @@ def main() -> int:
     if args.workspace:
         shapes = list(TARGETS) if args.quick else full
         if os.environ.get(WORKSPACE_CHILD):
-            workspace_child(shapes)
+            workspace_child(shapes, os.environ[WORKSPACE_CHILD])
             return 0
         reports.write_report(
             OUT / "bench_layernorm_linear_workspace", bench_workspace(shapes, args.quick), WORKSPACE_FIELDS,
             f"GPU: {reports.gpu_name()}; commit {reports.commit()}", "LayerNorm + Linear: cuBLASLt's workspace "
             "(scripts/bench_layernorm_linear.py --workspace)",
             "ours:unfused (our LayerNorm, then the GEMM by cuBLASLt with the bias in its epilogue), bfloat16, in one "
-            "fresh process per workspace cap (OPS_LT_WORKSPACE): rule is the library's (no workspace where "
+            "fresh process per workspace cap (set_lt_workspace): rule is the library's (no workspace where "
             "K <= LT_NO_WORKSPACE_MAX_K_PER_N * N, ops/layernorm_linear/config.py; rule_picks says which), 32MiB "
             "lets every algorithm take up to 32 MiB (the heuristics' first choice), none gives none. kernel_us: "
             "the call's kernels and memsets by CUPTI; pipe_us: pipelined time per call (as in "

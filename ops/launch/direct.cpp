@@ -97,6 +97,9 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("set_poison(bool on) -> ()", &set_poison);
   m.def("gemm_plan_count() -> int", &gemm_plan_count);
   m.def("set_gemm_tuning(int no_workspace_k_per_n) -> ()", &set_gemm_tuning);
+  m.def("set_cublaslt(bool on) -> ()", &set_cublaslt);            // benchmarks' A/Bs (docs/direct_launch.md)
+  m.def("set_lt_workspace(int bytes) -> ()", &set_lt_workspace);
+  m.def("set_pdl_from(int first) -> ()", &set_pdl_from);
   m.def("set_capture_overlap(bool on) -> ()", &set_capture_overlap);
   m.def("set_accumulate_beside(int max_rows) -> ()", &set_accumulate_beside);
   m.def("linear(Tensor xn, Tensor weight, Tensor? bias) -> Tensor");

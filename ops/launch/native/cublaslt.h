@@ -45,8 +45,7 @@ struct CublasLt {
       if ((lib = dlopen(name, RTLD_NOW | RTLD_NOLOAD)) != nullptr) break;
     for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12"})
       if (lib == nullptr) lib = dlopen(name, RTLD_NOW);
-    const char* off = std::getenv("OPS_CUBLASLT");   // 0: torch's ops (an A/B; docs/direct_launch.md)
-    if (lib == nullptr || (off != nullptr && std::string(off) == "0")) return;
+    if (lib == nullptr) return;
     create = reinterpret_cast<decltype(create)>(dlsym(lib, "cublasLtCreate"));
     desc_create = reinterpret_cast<decltype(desc_create)>(dlsym(lib, "cublasLtMatmulDescCreate"));
     desc_set = reinterpret_cast<decltype(desc_set)>(dlsym(lib, "cublasLtMatmulDescSetAttribute"));
@@ -65,9 +64,14 @@ struct CublasLt {
   }
 };
 
+// Whether the Linear's GEMMs run on cuBLASLt (else torch's ops): set_cublaslt, a benchmark's A/B.
+std::atomic<bool> cublaslt_on{true};
+
+void set_cublaslt(bool on) { cublaslt_on = on; }
+
 const CublasLt* cublas_lt() {
   static const CublasLt lt;
-  return lt.ok() ? &lt : nullptr;
+  return lt.ok() && cublaslt_on.load() ? &lt : nullptr;
 }
 
 // A GEMM D = op(A) op(B) (+ epilogue) in cuBLAS's column-major terms, chosen once; `lock` guards the bias pointer
@@ -126,14 +130,16 @@ std::atomic<int64_t> lt_no_workspace_k_per_n{0};
 
 void set_gemm_tuning(int64_t no_workspace_k_per_n) { lt_no_workspace_k_per_n = no_workspace_k_per_n; }
 
+// Every GEMM's workspace cap in bytes, where a benchmark's A/B sets one (set_lt_workspace, before the first GEMM
+// plan: plans keep their algorithm); -1: the rule below.
+std::atomic<int64_t> lt_forced_workspace{-1};
+
+void set_lt_workspace(int64_t bytes) { lt_forced_workspace = bytes; }
+
 // The most workspace the algorithm of a GEMM of `kind` may ask for: none for a forward in the rule above, else
-// LT_MAX_WORKSPACE; OPS_LT_WORKSPACE=<bytes> sets every GEMM's (an A/B switch, read once per process).
+// LT_MAX_WORKSPACE (or what set_lt_workspace forces).
 uint64_t lt_max_workspace(int64_t kind, int64_t n, int64_t k) {
-  static const int64_t forced = [] {
-    const char* v = std::getenv("OPS_LT_WORKSPACE");
-    return v == nullptr ? int64_t(-1) : static_cast<int64_t>(std::stoull(v));
-  }();
-  if (forced >= 0) return static_cast<uint64_t>(forced);
+  if (const int64_t forced = lt_forced_workspace.load(); forced >= 0) return static_cast<uint64_t>(forced);
   return forward_gemm(kind) && k <= n * lt_no_workspace_k_per_n.load() ? 0 : LT_MAX_WORKSPACE;
 }
 

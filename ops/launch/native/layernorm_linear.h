@@ -70,17 +70,13 @@ Key fused_key(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tenso
   return lnl_key(x, w, algo, align_mask(x, lnw, lnb, w));
 }
 
-// How many of a plan's launches go out as dependent launches (PDL), from its first: all by default; OPS_PDL=0
-// none, OPS_PDL=1 only from the second (a benchmark's A/B, read once per process; docs/direct_launch.md).
-int pdl_from() {
-  static const int from = [] {
-    const char* v = std::getenv("OPS_PDL");
-    if (v == nullptr) return 0;
-    const std::string s(v);
-    return s == "0" ? 1 << 30 : s == "1" ? 1 : 0;
-  }();
-  return from;
-}
+// The first of a plan's launches that goes out as a dependent launch (PDL): 0, all of them, by default;
+// set_pdl_from, a benchmark's A/B (1: from the second; a large index: none; docs/direct_launch.md).
+std::atomic<int64_t> pdl_first{0};
+
+void set_pdl_from(int64_t first) { pdl_first = first; }
+
+int64_t pdl_from() { return pdl_first.load(); }
 
 // Launch `index` of a plan's steps; dependent: the kernel waits (griddepcontrol.wait) before it reads what the
 // stream's previous kernel writes, so it may go out as that kernel's programmatic dependent.
