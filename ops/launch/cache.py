@@ -38,16 +38,18 @@ class CacheError(RuntimeError):
 
 
 @cache
+def tool_version(tool: str) -> str | None:
+    """The installed version of ``tool`` ("mojo", "max"), or None where its package metadata is absent (a machine
+    running builds made elsewhere)."""
+    try:
+        return importlib.metadata.version(tool)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def toolchain() -> str:
-    """The versions of the tools whose output the cache holds, for the builds' keys ("unknown" where a tool's package
-    metadata is absent: a machine running builds made elsewhere)."""
-    versions = []
-    for tool in ("mojo", "max"):
-        try:
-            versions.append(f"{tool}{importlib.metadata.version(tool)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{tool}-unknown")
-    return "-".join(versions)
+    """The versions of the tools whose output the cache holds, for the builds' keys."""
+    return "-".join(f"{tool}{tool_version(tool) or '-unknown'}" for tool in ("mojo", "max"))
 
 
 def cache_dir() -> Path:
@@ -249,7 +251,7 @@ def _of_this_toolchain(kind: str, name: str) -> bool:
     if kind == "packages":
         return name.endswith("-" + toolchain())
     if kind == "ptx":
-        return f"-{toolchain().split('-')[0]}-" in name
+        return f"-mojo{tool_version('mojo')}-" in name
     return True   # the C++ launcher's key holds torch's version
 
 

@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 
 from ops.launch import cache
-from ops.launch.cache import CacheError, built_file, cache_dir
 
 _digests: dict[Path, str] = {}
 
@@ -49,8 +48,8 @@ def compile_package(package: Path) -> Path:
     package = Path(package).resolve()
     if not (package / "__init__.mojo").is_file():
         raise ValueError(f"package: {package} is not a Mojo package (no __init__.mojo)")
-    final = cache_dir() / f"{package_digest(package)}-{cache.toolchain()}" / f"{package.name}.mojoc"
-    return built_file(final, f"package {final}", lambda staged: _precompile(package, staged))
+    final = cache.cache_dir() / f"{package_digest(package)}-{cache.toolchain()}" / f"{package.name}.mojoc"
+    return cache.built_file(final, f"package {final}", lambda staged: _precompile(package, staged))
 
 
 def _precompile(package: Path, staged: Path) -> None:
@@ -92,7 +91,7 @@ def precompile_soon(*roots: Path) -> threading.Thread:
         for package in found:
             try:
                 compile_package(package)
-            except (MojoCompileError, CacheError, OSError, ValueError):
+            except (MojoCompileError, cache.CacheError, OSError, ValueError):
                 pass   # compile_package raises it again where the package is needed
 
     thread = threading.Thread(target=build, name="precompile", daemon=True)

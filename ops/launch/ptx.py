@@ -6,7 +6,6 @@ never stale). Built lazily on first use, or up front by ``poe build-kernels``, o
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ops.launch.bridge import LIBRARY
-from ops.launch.cache import READ_ONLY, CacheError, built_once, cache_dir, publish, verified
+from ops.launch.cache import READ_ONLY, CacheError, built_once, cache_dir, publish, tool_version, verified
 from ops.launch.packages import MojoCompileError, package_digest
 
 # CUDA compute capability -> (the target's name in max.gpu.host.info, the PTX target it writes).
@@ -74,9 +73,7 @@ def ptx_dir(target: str) -> Path:
     digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU machine
     running PTX built elsewhere), the build of these sources by any Mojo version."""
     root = cache_dir() / "ptx"
-    try:
-        mojo = importlib.metadata.version("mojo")
-    except importlib.metadata.PackageNotFoundError:
+    if (mojo := tool_version("mojo")) is None:
         found = sorted(root.glob(f"{package_digest(LIBRARY)}-mojo*-{target}"))
         return found[-1] if found else root / f"{package_digest(LIBRARY)}-mojo-missing-{target}"
     return root / f"{package_digest(LIBRARY)}-mojo{mojo}-{target}"

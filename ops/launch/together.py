@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import os
 import pickle
 import subprocess
@@ -149,7 +148,7 @@ def _compile_error(label: str, e: RuntimeError) -> MojoCompileError:
 def _saved_path(names: Sequence[str], keys: Sequence[tuple], device: torch.device) -> Path:
     """Where the module of these graphs is saved: named by their keys, MAX's version and the GPU's capability."""
     gpu = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    what = repr((list(names), list(keys), importlib.metadata.version("max"), gpu))
+    what = repr((list(names), list(keys), cache.tool_version("max"), gpu))
     return cache.cache_dir() / "modules" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.mef"
 
 
