@@ -184,6 +184,13 @@ def kernels_cannot_read(t: object) -> bool:
                                             or _is_legacy_batched(t) or beyond_int32(t))
 
 
+def plain_tensors(*tensors: object) -> bool:
+    """Whether each of ``tensors`` is a ``torch.Tensor`` or ``nn.Parameter`` itself (None is not): what the entries
+    may hand the C++ side, whose ``accepts`` cannot see a Python subclass that carries no dispatch key (torch's
+    ops answer a subclass, ``torch_answers``, so that its ``__torch_function__`` sees the call)."""
+    return all(t.__class__ in _PLAIN_TENSORS for t in tensors)
+
+
 def trailing_sizes(x: torch.Tensor, n: int = 1) -> tuple[int, ...]:
     """x's last ``n`` dims; for a nested tensor, those its tensors share (a named error where they differ)."""
     if not x.is_nested:

@@ -1,13 +1,17 @@
 """Per-call time of the public modules in two source trees, side by side on one GPU in one sitting.
 
-    python scripts/compare_trees.py --tree before=.probe/before --tree after=. [--rounds 3]
+    python scripts/compare_trees.py --tree before=.probe/before --tree after=. [--rounds 3] [--pin-core 4]
+
+A tree's ``build/ops_cache``, where it exists, is its process's cache (build each tree's kernels ahead there on the
+CPU machine: ``OPS_CACHE_DIR=<tree>/build/ops_cache python -m ops.build_kernels``, run in the tree).
 
 For a change that must not move speed (a refactor), run on the GPU machine: each round starts one process per tree
 (their ``ops`` first on PYTHONPATH), the order reversed every other round (ABBA), and each process times ours and
-torch's own modules at the same shapes. Torch's rows are the control: the same code in both trees, so their
-after/before ratio is the run-to-run noise that ours' ratio is read against. Only the public API is used, so any
-layout of ``ops`` works. Kernels are not compared here (``scripts/compare_ptx.py`` does, on the CPU). Writes
-results/compare_trees.{csv,md}.
+torch's own modules at the same shapes: LayerNorm, LayerNorm+Linear, and GPT-2-small's twelve blocks
+(scripts/gpt2_block.py, eager) for the transformer benchmark. Torch's rows are the control: the same code in both
+trees, so their after/before ratio is the run-to-run noise that ours' ratio is read against. Only the public API is
+used, so any layout of ``ops`` works. Kernels are not compared here (``scripts/compare_ptx.py`` does, on the CPU).
+Writes results/compare_trees.{csv,md}.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "compare_trees"
-# (case, rows, k, n): LayerNorm over k, or LayerNorm+Linear k -> n; 8 rows: host-bound, 4096: device-bound
+# (case, rows, k, n): LayerNorm over k, or LayerNorm+Linear k -> n; 8 rows: host-bound, 4096: device-bound;
+# GPT-2-small's blocks on [8, 512, 768] (rows = 8 x 512)
 CASES = (("layernorm", 8, 768, 0), ("layernorm", 4096, 768, 0), ("layernorm_linear", 8, 768, 3072),
-         ("layernorm_linear", 4096, 768, 3072))
+         ("layernorm_linear", 4096, 768, 3072), ("gpt2_small", 4096, 768, 0))
 CALLS, REPEATS = 200, 7
+MODEL_CALLS = 10   # a model's call takes milliseconds
 MAX_BAND = 0.05   # a control spread wider than this makes the comparison inconclusive, not a pass
 
 
@@ -37,32 +43,42 @@ def worker() -> None:
         os.sched_setaffinity(0, {int(pin)})
     import torch
 
+    import ops
     from ops.layernorm import LayerNorm
     from ops.layernorm_linear import FusedLayerNormLinear
 
+    sys.path.append(str(ROOT / "scripts"))
+    import gpt2_block  # after the tree's ops: its own imports of ops find them, not this file's tree's
+
+    assert Path(ops.__file__).resolve().is_relative_to(Path.cwd().resolve()), ops.__file__
     rows_out = []
     dev, dt = torch.device("cuda"), torch.bfloat16
     for case, rows, k, n in CASES:
         torch.manual_seed(0)
-        if case == "layernorm":
+        if case == "gpt2_small":
+            ref, x = gpt2_block.reference(8, rows // 8)
+            theirs, ours = gpt2_block.contender(ref, "torch"), gpt2_block.contender(ref, "ours")
+        elif case == "layernorm":
             theirs = torch.nn.LayerNorm(k, device=dev, dtype=dt)
             ours = LayerNorm.from_torch(theirs)
         else:
             theirs = torch.nn.Sequential(torch.nn.LayerNorm(k), torch.nn.Linear(k, n)).to(dev, dt)
             ours = FusedLayerNormLinear.from_torch(theirs)
-        x = torch.randn(rows, k, device=dev, dtype=dt)
+        if case != "gpt2_small":
+            x = torch.randn(rows, k, device=dev, dtype=dt)
         with torch.no_grad():
-            err = (ours(x).float() - theirs(x).float()).abs().max().item()
-        if not err <= 0.1:
-            raise SystemExit(f"{case} {rows}x{k}: ours differs from torch's by {err}")
+            err = gpt2_block.rel_err(ours(x), theirs(x))
+        if not err <= 0.02:
+            raise SystemExit(f"{case} {rows}x{k}: ours differs from torch's by {err} (relative)")
+        calls = MODEL_CALLS if case == "gpt2_small" else CALLS
         for phase in ("infer", "train"):
             for impl, m in (("ours", ours), ("torch", theirs)):
                 rows_out.append({"case": case, "shape": f"{rows}x{k}" + (f"->{n}" if n else ""), "phase": phase,
-                                 "impl": impl, "us": _time(m, x, phase)})
+                                 "impl": impl, "us": _time(m, x, phase, calls)})
     print(json.dumps(rows_out))
 
 
-def _time(m: object, x: object, phase: str) -> float:
+def _time(m: object, x: object, phase: str, calls: int) -> float:
     import torch
 
     xg = x.detach().requires_grad_(phase == "train")
@@ -74,18 +90,18 @@ def _time(m: object, x: object, phase: str) -> float:
         else:
             m(xg).sum().backward()
 
-    for _ in range(20):
+    for _ in range(min(20, calls)):
         step()
     torch.cuda.synchronize()
     times = []
     for _ in range(REPEATS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(CALLS):
+        for _ in range(calls):
             step()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
+        times.append(start.elapsed_time(end) * 1000 / calls)
     return statistics.median(times)
 
 
@@ -95,6 +111,8 @@ def run(trees: dict[str, Path], rounds: int, pin_core: int | None) -> list[dict]
     for r in range(rounds):
         for name, tree in (list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]):
             env = {**os.environ, "PYTHONPATH": f"{tree.resolve()}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+            if (cache := tree / "build" / "ops_cache").is_dir():   # each tree's own kernels, built ahead
+                env["OPS_CACHE_DIR"] = str(cache.resolve())
             if pin_core is not None:
                 env["COMPARE_TREES_PIN"] = str(pin_core)
             proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=tree, env=env, capture_output=True,
@@ -117,8 +135,9 @@ def report(rows: list[dict], before: str, after: str) -> str:
     verdict_note = f" (over {MAX_BAND}: inconclusive)." if band > MAX_BAND else "."
     lines = [f"# {after} against {before}: per-call time of the public modules", "",
              f"`python scripts/compare_trees.py`, bfloat16, pipelined us per call (median of {REPEATS} x {CALLS} "
-             f"calls, then the median over rounds). Control: torch's own modules in the same processes; their "
-             f"after / before spread is the noise band: {band:.3f}{verdict_note}", "",
+             f"calls, a model's {REPEATS} x {MODEL_CALLS}, then the median over rounds). Control: torch's own "
+             f"modules in the same processes; their after / before spread is the noise band: "
+             f"{band:.3f}{verdict_note}", "",
              f"| case | shape | phase | ours {before} | ours {after} | ours after/before | torch after/before | "
              "verdict |", "|---|---|---|---|---|---|---|---|"]
     for key, c in zip(keys, control, strict=True):

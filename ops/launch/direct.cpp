@@ -6,8 +6,8 @@
 // It decides nothing: Python (ops/layernorm/config.py, ops/layernorm_linear/config.py) chooses every launch and
 // hands each choice to the plan tables below (set_fwd_plan, set_bwd_plan, set_linear_algo, set_fused_plan) the
 // first time it sees a shape. A strided x is copied once (dense). An op returns an undefined tensor (None in
-// Python) for any call it does not take: no plan yet, a strided weight or bias, an empty x, tensors on the CPU or
-// of another dtype, an eps that is not positive.
+// Python) for any call it does not take: no plan yet, or inputs that Python's classifier would not send to the kernels
+// as they come (accepts, in native/plans.h, mirrors it; a strided x is taken and copied once).
 // Python then runs its own route, with its named errors, and registers the plan for the next call.
 // layernorm_fwd / layernorm_infer / layernorm_bwd (with COMPILED_LAYERNORM "ours") and layernorm_linear_infer are
 // the ops torch.compile's graphs call (fakes in ops/layernorm/, ops/layernorm_linear/); they, and the autograd
@@ -27,6 +27,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
@@ -92,6 +93,9 @@ TORCH_LIBRARY(mojo_direct, m) {
         "Tensor? counters, Tensor zero_bias) -> ()", &set_fused_plan);
   m.def("set_transpose_kernel(ScalarType dtype, int device, int kernel, int tile, int threads) -> ()",
         &set_transpose_kernel);
+  m.def("layernorm_accepts(Tensor x, Tensor weight, Tensor bias) -> bool", &layernorm_accepts);
+  m.def("layernorm_linear_accepts(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias) -> bool",
+        &layernorm_linear_accepts);
   m.def("clear_plans() -> ()", &clear_plans);
   m.def("plan_counts() -> int[]", &plan_counts);
   m.def("set_poison(bool on) -> ()", &set_poison);

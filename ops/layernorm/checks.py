@@ -20,6 +20,8 @@ from ops.inputs import (
     check_same,
     check_tensor,
     last_size,
+    plain_tensors,
+    torch_answers,
     trailing_sizes,
 )
 from ops.layernorm import config
@@ -66,6 +68,34 @@ def valid(x: object, weight: object, bias: object) -> bool:
         return False
 
 
+def classify(x: object, weight: object, bias: object) -> str:
+    """The one input classifier of a drop-in LayerNorm call (``layernorm``): which route may take it, or the named
+    error. The C++ entries' ``accepts`` (ops/launch/native/plans.h) is its mirror: it takes exactly the calls
+    classified "kernels" (tests/test_classify.py compares the two).
+
+    Returns:
+        "torch": torch's own ops answer it (``torch_answers``; they name what is wrong, as torch would);
+        "kernels": our kernels take it as it comes (``valid``, not under CUDA autocast);
+        "adapt": they take it once adapted: under CUDA autocast (in float32), empty, strided x, float32 parameters
+        of 16-bit x.
+
+    Raises:
+        TypeError, ValueError: ``validate``'s named error for anything else.
+    """
+    if torch_answers(x, weight, bias):
+        return "torch"
+    if valid(x, weight, bias):
+        return "adapt" if autocast_to_fp32(x) else "kernels"
+    validate(x, weight, bias)
+    return "adapt"
+
+
+def autocast_to_fp32(x: torch.Tensor) -> bool:
+    """Whether torch would run a LayerNorm of x in float32 now: CUDA autocast puts ``layer_norm`` on its float32
+    list (the CPU's leaves it in x's dtype)."""
+    return x.is_cuda and torch.is_autocast_enabled("cuda")
+
+
 def check_torch_call(x: object, weight: object, bias: object, eps: float, activation: str,
                      names: tuple[str, str, str] = ("x", "weight", "bias"), h: int | None = None) -> None:
     """``validate``'s named checks for a call torch's ops answer (float64 and the meta device taken; weight or
@@ -83,11 +113,10 @@ def check_torch_call(x: object, weight: object, bias: object, eps: float, activa
 
 
 def native_takes(x: object, weight: object, bias: object, eps: object, variant: str, activation: str) -> bool:
-    """Whether a call's arguments fit the C++ entries' schema and choices (tensors, a float eps, the default
-    variant, a known activation). The entries check the rest."""
-    return (variant == "fast" and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and isinstance(bias, torch.Tensor) and eps.__class__ is float and activation in ACTIVATIONS
-            and not x.is_nested)
+    """Whether a call's arguments fit the C++ entries' schema and choices (plain tensors, a float eps, the default
+    variant, a known activation). The entries check the rest (``accepts``, the mirror of ``classify``)."""
+    return (variant == "fast" and plain_tensors(x, weight, bias) and eps.__class__ is float
+            and activation in ACTIVATIONS)
 
 
 def empty_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
@@ -124,8 +153,13 @@ def check_bwd(dy: object, x: object, weight: object, bias: object, mean: object,
 
 
 def check_call(x: object, weight: object, bias: object, eps: float, variant: str, activation: str) -> None:
-    """Every check of a forward call (named errors)."""
+    """Every check of a forward call (named errors): the tensors (``validate``), then the options."""
     validate(x, weight, bias)
+    check_options(eps, variant, activation)
+
+
+def check_options(eps: object, variant: str, activation: str) -> None:
+    """The named checks of a forward call's options: the activation, eps and the variant."""
     check_activation(activation)
     as_eps(eps)
     if variant != "fast":

@@ -12,7 +12,17 @@ from ops.common import constant, native_entry, no_grad_to_come
 from ops.inputs import as_eps, last_size, torch_answers
 from ops.launch import direct
 from ops.layernorm.autograd import LayerNormFunction, compiled_layernorm
-from ops.layernorm.checks import ACT_FNS, adapt, check_call, check_torch_call, native_takes, normalized_size, valid
+from ops.layernorm.checks import (
+    ACT_FNS,
+    adapt,
+    autocast_to_fp32,
+    check_call,
+    check_options,
+    check_torch_call,
+    classify,
+    native_takes,
+    normalized_size,
+)
 from ops.layernorm.config import ACTIVATIONS
 from ops.layernorm.fwd_bwd import infer_call
 from ops.layernorm.launch import fwd_direct
@@ -69,7 +79,8 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
 
 
 def route(x: object, weight: object, bias: object, variant: str) -> str:
-    """The one route decision of a ``layernorm`` call that the C++ entry did not take:
+    """The one route decision of a ``layernorm`` call that the C++ entry did not take (bad tensors get
+    ``classify``'s named error):
 
     * "torch": torch's own ops answer it (``torch_answers``: float64, fake or meta tensors, a dispatch mode, ...);
     * "adapt": our kernels do not take it as it comes (CUDA autocast, empty, strided, float32 parameters);
@@ -77,10 +88,8 @@ def route(x: object, weight: object, bias: object, variant: str) -> str:
     * "infer": a direct launch without a gradient to come (no statistics kept, no autograd node);
     * "autograd": ``LayerNormFunction``.
     """
-    if torch_answers(x, weight, bias):
-        return "torch"
-    if not valid(x, weight, bias) or autocast_to_fp32(x):
-        return "adapt"
+    if (kind := classify(x, weight, bias)) != "kernels":
+        return kind
     grad = not no_grad_to_come(x, weight, bias)
     if torch.compiler.is_compiling():
         if variant == "fast":
@@ -100,18 +109,12 @@ _ROUTES = {
 }
 
 
-def autocast_to_fp32(x: torch.Tensor) -> bool:
-    """Whether torch would run a LayerNorm of x in float32 now: CUDA autocast puts ``layer_norm`` on its float32
-    list (the CPU's leaves it in x's dtype)."""
-    return x.is_cuda and torch.is_autocast_enabled("cuda")
-
-
 def _layernorm_adapted(x: object, weight: object, bias: object, eps: float, activation: str,
                        variant: str) -> torch.Tensor:
     """``layernorm`` of what the kernels do not take as it comes, answered as torch answers it: under CUDA
     autocast in float32; empty x by torch (nothing to compute); strided x and float32 parameters of 16-bit x
-    adapted (``adapt``). Anything else gets ``validate``'s named error."""
-    check_call(x, weight, bias, eps, variant, activation)
+    adapted (``adapt``). ``classify`` checked the tensors."""
+    check_options(eps, variant, activation)
     if autocast_to_fp32(x):
         with torch.autocast("cuda", enabled=False):
             return layernorm(x.float(), weight.float(), bias.float(), eps, activation, variant)

@@ -14,8 +14,11 @@ from ops.inputs import (
     check_size,
     check_tensor,
     last_size,
+    plain_tensors,
+    torch_answers,
 )
 from ops.layernorm import checks as ln_checks
+from ops.layernorm_linear.config import ALGO_IDS
 
 
 def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None) -> None:
@@ -27,6 +30,42 @@ def validate(x: object, ln_weight: object, ln_bias: object, weight: object, bias
     check_tensor("x", x, min_ndim=1, dtypes=DTYPES, layout=False)
     ln_checks.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
     check_linear(x, weight, bias, same_dtype=True)
+
+
+def classify(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None) -> str:
+    """The one input classifier of a drop-in LayerNorm+Linear call (``layernorm_linear``): which route may take it,
+    or the named error. The C++ entries' ``linear_accepts`` (ops/launch/native/plans.h) is its mirror: it takes
+    exactly the calls classified "kernels" (tests/test_classify.py compares the two).
+
+    Returns:
+        "torch": torch's own ops answer it (``torch_answers``);
+        "kernels": our kernels take it as it comes (both ``valid`` checks, not under autocast);
+        "adapt": they take it once adapted: under autocast (which casts the Linear's parameters), empty, strided
+        x, float32 LayerNorm parameters of 16-bit x.
+
+    Raises:
+        TypeError, ValueError: ``validate``'s named error for anything else (under autocast, the Linear's
+        parameters may have another dtype).
+    """
+    if torch_answers(x, ln_weight, ln_bias, weight, bias):
+        return "torch"
+    autocast = isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
+    if ln_checks.valid(x, ln_weight, ln_bias) and valid_linear(x, weight, bias):
+        return "adapt" if autocast else "kernels"
+    if autocast:
+        ln_checks.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
+        check_linear(x, weight, bias, same_dtype=False)
+    else:
+        validate(x, ln_weight, ln_bias, weight, bias)
+    return "adapt"
+
+
+def native_takes(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object | None, eps: object,
+                 algo: str) -> bool:
+    """Whether a call's arguments fit the C++ entries' schema and choices (plain tensors, bias None or one, a float
+    eps, a known algorithm). The entries check the rest (``linear_accepts``, the mirror of ``classify``)."""
+    return (plain_tensors(x, ln_weight, ln_bias, weight) and (bias is None or plain_tensors(bias))
+            and eps.__class__ is float and algo in ALGO_IDS)
 
 
 def check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dtype: bool,

@@ -15,12 +15,11 @@ from ops.inputs import (
     torch_answers,
 )
 from ops.launch import direct
-from ops.layernorm import checks as ln_checks
 from ops.layernorm import functional as ln_functional
 from ops.layernorm import launch as ln_launch
 from ops.layernorm_linear.algo import autograd_algo, check_algo, pick_algo, remember_algo
 from ops.layernorm_linear.autograd import LayerNormLinearFunction
-from ops.layernorm_linear.checks import adapted_fwd, check_linear, empty_result, valid_linear, validate
+from ops.layernorm_linear.checks import adapted_fwd, check_linear, classify, empty_result, native_takes
 from ops.layernorm_linear.config import ALGO_IDS
 from ops.layernorm_linear.fwd_bwd import layernorm_linear_fwd
 from ops.layernorm_linear.launch import linear
@@ -54,10 +53,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
         >>> y.sum().backward()
     """
     native = native_entry("layernorm_linear")
-    if (native is not None and isinstance(x, torch.Tensor) and isinstance(ln_weight, torch.Tensor)
-            and isinstance(ln_bias, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and (bias is None or isinstance(bias, torch.Tensor)) and eps.__class__ is float and algo in ALGO_IDS
-            and not x.is_nested):
+    if native is not None and native_takes(x, ln_weight, ln_bias, weight, bias, eps, algo):
         y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
         if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
             return y
@@ -67,7 +63,8 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
 
 
 def route(x: object, ln_weight: object, ln_bias: object, weight: object, bias: object) -> str:
-    """The one route decision of a ``layernorm_linear`` call that the C++ entry did not take:
+    """The one route decision of a ``layernorm_linear`` call that the C++ entry did not take (bad tensors get
+    ``classify``'s named error):
 
     * "torch": torch's own ops answer it (``torch_answers``);
     * "adapt": our kernels do not take it as it comes (autocast, empty, strided, float32 LayerNorm parameters);
@@ -76,17 +73,13 @@ def route(x: object, ln_weight: object, ln_bias: object, weight: object, bias: o
     * "train": the same on a GPU, the C++ entry told the algorithm for the shape's next call;
     * "infer": a direct forward without a gradient to come (no autograd node; unfused keeps no statistics).
     """
-    tensors = (x, ln_weight, ln_bias, weight, bias)
-    if torch_answers(*tensors):
-        return "torch"
-    if not (ln_checks.valid(x, ln_weight, ln_bias) and valid_linear(x, weight, bias)) or torch.is_autocast_enabled(
-            x.device.type):
-        return "adapt"
+    if (kind := classify(x, ln_weight, ln_bias, weight, bias)) != "kernels":
+        return kind
     if torch.compiler.is_compiling():
         return "traced"
     if not direct.launches(x):
         return "autograd"
-    return "infer" if no_grad_to_come(*tensors) else "train"
+    return "infer" if no_grad_to_come(x, ln_weight, ln_bias, weight, bias) else "train"
 
 
 def _train(tensors: tuple, eps: float, algo: str) -> torch.Tensor:
@@ -100,7 +93,6 @@ def _train(tensors: tuple, eps: float, algo: str) -> torch.Tensor:
 
 def _infer(tensors: tuple, eps: float, algo: str) -> torch.Tensor:
     """The "infer" route: the forward alone, its algorithm remembered for the C++ entry."""
-    validate(*tensors)
     x, ln_weight, ln_bias, weight, bias = tensors
     k = x.shape[-1]
     picked = pick_algo(algo, x.device, x.dtype, x.numel() // k, weight.shape[0], k)
@@ -136,13 +128,10 @@ def _layernorm_linear_adapted(x: object, ln_weight: object, ln_bias: object, wei
     """``layernorm_linear`` of what the kernels do not take as it comes, answered as torch's
     ``nn.Sequential(nn.LayerNorm, nn.Linear)`` answers it: under autocast our LayerNorm under torch's policy for
     it, then ``F.linear`` under autocast's; empty ones by torch (``empty_result``); strided x and float32
-    LayerNorm parameters of 16-bit x adapted. Anything else gets ``validate``'s named error."""
-    if isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type):
-        ln_checks.validate(x, ln_weight, ln_bias, names=("x", "ln_weight", "ln_bias"))
-        check_linear(x, weight, bias, same_dtype=False)
+    LayerNorm parameters of 16-bit x adapted. ``classify`` checked the tensors."""
+    if torch.is_autocast_enabled(x.device.type):
         pick_algo(algo, x.device, x.dtype, 1, 1)
         return torch.nn.functional.linear(ln_functional.layernorm(x, ln_weight, ln_bias, eps), weight, bias)
-    validate(x, ln_weight, ln_bias, weight, bias)
     pick_algo(algo, x.device, x.dtype, 1, 1)
     if (adapted := adapted_fwd(x, ln_weight, ln_bias, weight, bias, eps)) is None:
         return empty_result(x, ln_weight, ln_bias, weight, bias, eps)

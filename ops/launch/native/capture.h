@@ -191,8 +191,8 @@ std::optional<Tensor> copy_transposed(const Tensor& x) {
 // x as the kernels take it: a strided x of a call the C++ route takes otherwise is copied once (copy_transposed,
 // or torch's contiguous(); with autograd, the copy's backward puts the gradient back in place, as Python's
 // layernorm.adapt does); any other x as it is.
-Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  if (!plain({&x}) || x.is_contiguous() || !takes(x, w, b, eps, true)) return x;   // a sparse x: no is_contiguous
+Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b) {
+  if (!plain({&x}) || x.is_contiguous() || !takes(x, w, b, true)) return x;   // a sparse x: no is_contiguous
   if (auto y = copy_transposed(x)) return *y;
   return x.contiguous();
 }

@@ -24,7 +24,7 @@ Triple layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, double e
 
 // ops/layernorm/'s layernorm_fwd (y, mean, rstd) in eager: the three, or none for a call Python takes.
 std::vector<Tensor> layernorm_with_stats(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
-  auto out = ln_fwd_stats(dense(x, w, b, eps), w, b, eps, act);
+  auto out = ln_fwd_stats(dense(x, w, b), w, b, eps, act);
   if (!out) return {};
   return {std::get<0>(*out), std::get<1>(*out), std::get<2>(*out)};
 }
@@ -58,6 +58,6 @@ Tensor layernorm_linear_infer(const Tensor& x, const Tensor& lnw, const Tensor& 
 
 Triple layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& mean,
                      const Tensor& rstd, int64_t act) {
-  if (!takes(x, w, b, 1.0)) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
+  if (!takes(x, w, b)) return ln_bwd_python(dy, x, w, b, mean, rstd, act);
   return ln_bwd(dy, x, w, b, mean, rstd, act);
 }

@@ -22,7 +22,7 @@ Tensor ln_fwd(const FwdPlan& plan, const Tensor& x, const Tensor& w, const Tenso
 
 // The forward's plan for a call the C++ route takes (``takes``), or none (the call goes to Python).
 std::optional<FwdPlan> fwd_plan(const Tensor& x, const Tensor& w, const Tensor& b, double eps, int64_t act) {
-  if (!takes(x, w, b, eps)) return std::nullopt;
+  if (!takes(x, w, b)) return std::nullopt;
   const int64_t h = x.size(-1);
   return find(fwd_plans, fwd_key(x.numel() / h, h, x.scalar_type(), vec_ok(h, {&x, &w, &b}), act, x.get_device()));
 }
@@ -124,7 +124,7 @@ Triple ln_bwd(const Tensor& dy_in, const Tensor& x, const Tensor& w, const Tenso
 // another layout, dtype or device; Python validates those and names what is wrong).
 std::vector<Tensor> layernorm_bwd_with_plan(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
                                             const Tensor& mean, const Tensor& rstd, int64_t act) {
-  if (act < 0 || act > 2 || !takes(x, w, b, 1.0)) return {};
+  if (act < 0 || act > 2 || !takes(x, w, b)) return {};
   const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
   if (mean.sizes() != stat_shape || rstd.sizes() != stat_shape) return {};
   auto plan = bwd_plan(dy, x, w, b, {&mean, &rstd}, act);
@@ -196,7 +196,7 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
 
 // act(LayerNorm(x)) with autograd, or undefined for a call the Python route takes.
 Tensor layernorm(const Tensor& x_in, const Tensor& w, const Tensor& b, double eps, int64_t act) {
-  const Tensor x = dense(x_in, w, b, eps);
+  const Tensor x = dense(x_in, w, b);
   auto plan = fwd_plan(x, w, b, eps, act);
   if (!plan) return Tensor();
   c10::DeviceGuard guard(x.device());

@@ -160,7 +160,7 @@ Triple fused_forward(const FusedPlan& plan, const Tensor& x, const Tensor& lnw, 
 
 std::optional<FusedPlan> fused_plan(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
                                     const std::optional<Tensor>& bias, double eps, int64_t algo) {
-  if (!takes(x, lnw, lnb, eps) || !linear_takes(x, w, bias)) return std::nullopt;
+  if (!x.is_cuda() || !linear_accepts(x, lnw, lnb, w, bias)) return std::nullopt;
   return find(fused_plans, fused_key(x, lnw, lnb, w, algo));
 }
 
@@ -169,7 +169,7 @@ std::optional<FusedPlan> fused_plan(const Tensor& x, const Tensor& lnw, const Te
 std::vector<Tensor> layernorm_linear_with_stats(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb,
                                                 const Tensor& w, const std::optional<Tensor>& bias, double eps,
                                                 int64_t algo) {
-  const Tensor x = dense(x_in, lnw, lnb, eps);
+  const Tensor x = dense(x_in, lnw, lnb);
   auto plan = fused_plan(x, lnw, lnb, w, bias, eps, algo);
   if (!plan) return {};
   c10::DeviceGuard guard(x.device());
@@ -182,7 +182,7 @@ std::vector<Tensor> layernorm_linear_with_stats(const Tensor& x_in, const Tensor
 // "unfused" (set_linear_algo), or undefined for a call the Python route takes.
 Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
                         const std::optional<Tensor>& bias, double eps, int64_t algo) {
-  if (!takes(x_in, lnw, lnb, eps, true) || !linear_takes(x_in, w, bias)) return Tensor();
+  if (!x_in.is_cuda() || !linear_accepts(x_in, lnw, lnb, w, bias, true)) return Tensor();
   const bool grad = grad_to_come({&x_in, &lnw, &lnb, &w}) || (bias.has_value() && grad_to_come({&*bias}));
   const bool captured = capturing(x_in.device());
   const int64_t variant = int64_t(grad) | int64_t(captured) << 1;   // set_linear_algo's
@@ -190,7 +190,7 @@ Tensor layernorm_linear(const Tensor& x_in, const Tensor& lnw, const Tensor& lnb
   // No choice made for this variant yet (the Python route makes it), or the fused and Hopper forwards with a
   // gradient to come (Python's autograd).
   if (!unfused || (!*unfused && grad)) return Tensor();
-  const Tensor x = dense(x_in, lnw, lnb, eps);
+  const Tensor x = dense(x_in, lnw, lnb);
   if (!*unfused) {
     auto fused = find(fused_plans, fused_key(x, lnw, lnb, w, algo));
     if (!fused) return Tensor();

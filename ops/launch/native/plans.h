@@ -97,10 +97,10 @@ bool supported(at::ScalarType dtype) {
 
 // Tensors our kernels may read as they are: none a tensor subclass (a FakeTensor, a DTensor: the Python key), a
 // functorch transform's wrapper (vmap, grad), legacy vmap's batched tensor (dy in the backward of
-// autograd.grad(is_grads_batched=True), as jacobian(vectorize=True) makes), functionalized or a forward-mode AD dual
-// (our autograd has no forward-mode rule), none nested or sparse, none a view whose memory holds the negated or
-// conjugated values (z.conj().imag) or an efficient zero tensor (no memory), and no TorchDispatchMode active (it
-// would not see the kernels). Python answers the rest with torch's ops (ops/layernorm/: torch_answers).
+// autograd.grad(is_grads_batched=True), as jacobian(vectorize=True) makes), functionalized, nested or sparse, none a
+// view whose memory holds the negated or conjugated values (z.conj().imag) or an efficient zero tensor (no memory);
+// no TorchDispatchMode active (it would not see the kernels) and no forward-mode AD level open (our autograd has no
+// forward-mode rule). Python answers the rest with torch's ops (ops/inputs.py: torch_answers).
 constexpr c10::DispatchKeySet UNPLAIN_KEYS =
     c10::python_ks | c10::functorch_transforms_ks | c10::DispatchKeySet(c10::DispatchKey::Functionalize) |
     c10::DispatchKeySet(c10::DispatchKey::Batched) | c10::DispatchKeySet(c10::DispatchKey::NestedTensor) |
@@ -109,22 +109,25 @@ constexpr c10::DispatchKeySet UNPLAIN_KEYS =
     c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
 
 bool plain(std::initializer_list<const Tensor*> tensors) {
-  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set() || torch::autograd::ForwardADLevel::try_get_by_idx(0))
+    return false;   // a dispatch mode, or forward-mode AD's level (forward_ad.dual_level) open
   for (const Tensor* t : tensors)
-    if (t->defined() && (t->key_set().has_any(UNPLAIN_KEYS) || t->_fw_grad(0).defined())) return false;
+    if (t->defined() && t->key_set().has_any(UNPLAIN_KEYS)) return false;
   return true;
 }
 
 // The kernels take rows and row lengths as int32 (their element offsets are 64-bit): a call with a larger one goes
-// back to Python (layernorm.kernels_cannot_read), which names it or has torch's ops answer it.
+// back to Python (ops/inputs.py: beyond_int32), which names it or has torch's ops answer it.
 constexpr int64_t INT32_LIMIT = 2147483647;
 
-// What the C++ route takes: non-empty contiguous CUDA tensors of one supported dtype on one device, weight and
-// bias [H] with H x's last dim (Python's layernorm._valid), rows and H in int32, and a positive eps; not under CUDA
-// autocast (Python follows torch's autocast policy there). With any_layout, x may be strided (see dense).
-bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool any_layout = false) {
-  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0 || !(eps > 0) || at::autocast::is_autocast_enabled(at::kCUDA) ||
-      !plain({&x, &w, &b}))
+// The mirror of Python's LayerNorm classifier (ops/layernorm/checks.py: classify): whether our kernels take x, w, b
+// as they come ("kernels"): non-empty contiguous CPU or CUDA tensors of one supported dtype on one device, none that
+// torch's ops answer instead (plain), weight and bias [H] with H x's last dim, rows and H in int32, not under CUDA
+// autocast on a CUDA GPU. With any_layout, x may be strided (see dense). tests/test_classify.py compares the two.
+bool accepts(const Tensor& x, const Tensor& w, const Tensor& b, bool any_layout = false) {
+  // plain first: a nested or sparse x is not asked for its sizes
+  if (!plain({&x, &w, &b}) || !(x.is_cuda() || x.is_cpu()) || x.dim() < 1 || x.numel() == 0 ||
+      (x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)))
     return false;
   const auto dtype = x.scalar_type();
   const int64_t h = x.size(-1);
@@ -132,6 +135,11 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool a
   return supported(dtype) && w.scalar_type() == dtype && b.scalar_type() == dtype && w.device() == x.device() &&
          b.device() == x.device() && w.dim() == 1 && b.dim() == 1 && w.size(0) == h && b.size(0) == h &&
          (any_layout || x.is_contiguous()) && w.is_contiguous() && b.is_contiguous();
+}
+
+// What the C++ route takes: a call accepts() takes, on a CUDA GPU (Python runs the CPU's).
+bool takes(const Tensor& x, const Tensor& w, const Tensor& b, bool any_layout = false) {
+  return x.is_cuda() && accepts(x, w, b, any_layout);
 }
 
 // Whether a Linear's weight [N, K] and bias [N] (or none) suit x [..., K]: x's dtype and device, contiguous.
@@ -143,4 +151,12 @@ bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>&
   if (!bias.has_value() || !bias->defined()) return true;
   return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
          bias->size(0) == w.size(0) && bias->is_contiguous();
+}
+
+// The mirror of Python's LayerNorm+Linear classifier (ops/layernorm_linear/checks.py: classify): the LayerNorm's
+// accepts, the Linear's linear_takes, and no autocast on x's device (it would cast the Linear's parameters).
+bool linear_accepts(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                    const std::optional<Tensor>& bias, bool any_layout = false) {
+  return accepts(x, lnw, lnb, any_layout) && linear_takes(x, w, bias) &&
+         !at::autocast::is_autocast_enabled(x.device().type());
 }

@@ -69,6 +69,14 @@ std::vector<int64_t> plan_counts() {
 
 void set_poison(bool on) { poison = on; }
 
+// The classifiers' mirrors as ops (tests/test_classify.py compares them with Python's on the bad-input table).
+bool layernorm_accepts(const Tensor& x, const Tensor& w, const Tensor& b) { return accepts(x, w, b); }
+
+bool layernorm_linear_accepts(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                              const std::optional<Tensor>& bias) {
+  return linear_accepts(x, lnw, lnb, w, bias);
+}
+
 // How many shapes run on cuBLASLt (tests).
 int64_t gemm_plan_count() {
   std::lock_guard<std::mutex> guard(gemm_lock);

@@ -130,7 +130,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> layernorm_linear_train_fwd(
   const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
   Tensor xn, mean, rstd;
   if (x.is_cuda()) {
-    std::tie(xn, mean, rstd) = layernorm_fwd(dense(x, lnw, lnb, eps), lnw, lnb, eps, 0);
+    std::tie(xn, mean, rstd) = layernorm_fwd(dense(x, lnw, lnb), lnw, lnb, eps, 0);
   } else {
     const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     auto [z, m, r] = at::native_layer_norm(x.to(acc), {x.size(-1)}, lnw.to(acc), lnb.to(acc), eps);
