@@ -33,14 +33,18 @@ CASES = (("layernorm", 8, 768, 0), ("layernorm", 4096, 768, 0), ("layernorm_line
          ("layernorm_linear", 4096, 768, 3072), ("gpt2_small", 4096, 768, 0))
 CALLS, REPEATS = 200, 7
 MODEL_CALLS = 10   # a model's call takes milliseconds
+CONTROL = "torch_again"   # a second copy of torch's module in the same process: the A/A pair
 MAX_BAND = 0.05   # a control spread wider than this makes the comparison inconclusive, not a pass
 
 
 def worker() -> None:
-    """In one tree's process: pipelined us per call (CALLS back to back, one sync; median of REPEATS) of ours and
-    torch's modules, inference and a training step (forward and backward), bfloat16, checked against torch first."""
+    """In one tree's process: pipelined us per call (``calls`` back to back, one sync; median of REPEATS, the
+    contenders interleaved) of ours, torch's modules and a second copy of torch's (the A/A control), inference and a
+    training step (forward and backward), bfloat16, checked against torch first."""
     if (pin := os.environ.get("COMPARE_TREES_PIN")) is not None:
         os.sched_setaffinity(0, {int(pin)})
+    import copy
+
     import torch
 
     import ops
@@ -70,39 +74,41 @@ def worker() -> None:
             err = gpt2_block.rel_err(ours(x), theirs(x))
         if not err <= 0.02:
             raise SystemExit(f"{case} {rows}x{k}: ours differs from torch's by {err} (relative)")
-        calls = MODEL_CALLS if case == "gpt2_small" else CALLS
+        contenders = {"ours": ours, "torch": theirs, CONTROL: copy.deepcopy(theirs)}
         for phase in ("infer", "train"):
-            for impl, m in (("ours", ours), ("torch", theirs)):
-                rows_out.append({"case": case, "shape": f"{rows}x{k}" + (f"->{n}" if n else ""), "phase": phase,
-                                 "impl": impl, "us": _time(m, x, phase, calls)})
+            times = _time(contenders, x, phase, MODEL_CALLS if case == "gpt2_small" else CALLS)
+            rows_out += [{"case": case, "shape": f"{rows}x{k}" + (f"->{n}" if n else ""), "phase": phase,
+                          "impl": impl, "us": us} for impl, us in times.items()]
     print(json.dumps(rows_out))
 
 
-def _time(m: object, x: object, phase: str, calls: int) -> float:
+def _time(contenders: dict[str, object], x: object, phase: str, calls: int) -> dict[str, float]:
+    """Each contender's median us per call over REPEATS, the contenders taking turns in each repeat."""
     import torch
 
     xg = x.detach().requires_grad_(phase == "train")
 
-    def step() -> None:
-        if phase == "infer":
-            with torch.no_grad():
-                m(x)
-        else:
-            m(xg).sum().backward()
-
-    for _ in range(min(20, calls)):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    def steps(m: object) -> None:
         for _ in range(calls):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return statistics.median(times)
+            if phase == "infer":
+                with torch.no_grad():
+                    m(x)
+            else:
+                m(xg).sum().backward()
+
+    for m in contenders.values():
+        steps(m)   # warm-up
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {impl: [] for impl in contenders}
+    for _ in range(REPEATS):
+        for impl, m in contenders.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            steps(m)
+            end.record()
+            torch.cuda.synchronize()
+            times[impl].append(start.elapsed_time(end) * 1000 / calls)
+    return {impl: statistics.median(t) for impl, t in times.items()}
 
 
 def run(trees: dict[str, Path], rounds: int, pin_core: int | None) -> list[dict]:
@@ -124,28 +130,42 @@ def run(trees: dict[str, Path], rounds: int, pin_core: int | None) -> list[dict]
 
 
 def report(rows: list[dict], before: str, after: str) -> str:
-    """Per case: the median over rounds of after / before, ours and torch's (the control), and the verdict."""
-    def med(tree: str, key: tuple) -> float:
-        return statistics.median(r["us"] for r in rows if r["tree"] == tree
-                                 and (r["case"], r["shape"], r["phase"], r["impl"]) == key)
+    """Per case: each process's ours / torch (paired: the same process, the same minutes), its median over rounds
+    in each tree, and after / before of that; the A/A pair's same statistic is the noise band. The processes of
+    one machine differ by far more than the pair does (torch's own after / before column shows by how much)."""
+    def us(tree: str, key: tuple, impl: str) -> dict[int, float]:
+        return {r["round"]: r["us"] for r in rows if r["tree"] == tree and r["impl"] == impl
+                and (r["case"], r["shape"], r["phase"]) == key}
+
+    def paired(tree: str, key: tuple, impl: str) -> float:
+        theirs = us(tree, key, "torch")
+        return statistics.median(t / theirs[r] for r, t in us(tree, key, impl).items())
+
+    def change(key: tuple, impl: str) -> float:
+        return paired(after, key, impl) / paired(before, key, impl)
 
     keys = sorted({(r["case"], r["shape"], r["phase"]) for r in rows})
-    control = [med(after, (*key, "torch")) / med(before, (*key, "torch")) for key in keys]
-    band = max(abs(c - 1) for c in control)
+    band = max(abs(change(key, CONTROL) - 1) for key in keys)
     verdict_note = f" (over {MAX_BAND}: inconclusive)." if band > MAX_BAND else "."
     lines = [f"# {after} against {before}: per-call time of the public modules", "",
              f"`python scripts/compare_trees.py`, bfloat16, pipelined us per call (median of {REPEATS} x {CALLS} "
-             f"calls, a model's {REPEATS} x {MODEL_CALLS}, then the median over rounds). Control: torch's own "
-             f"modules in the same processes; their after / before spread is the noise band: "
-             f"{band:.3f}{verdict_note}", "",
-             f"| case | shape | phase | ours {before} | ours {after} | ours after/before | torch after/before | "
-             "verdict |", "|---|---|---|---|---|---|---|---|"]
-    for key, c in zip(keys, control, strict=True):
-        b, a = med(before, (*key, "ours")), med(after, (*key, "ours"))
-        ratio = a / b
+             f"calls, a model's {REPEATS} x {MODEL_CALLS}, the contenders taking turns), in "
+             f"{len({r['round'] for r in rows})} rounds of one process per tree. Ours is read as ours / torch in the "
+             "same process (median over rounds), after against before. Control: a second copy of torch's module in "
+             f"the same processes, read the same way; its largest change is the noise band: {band:.3f}"
+             f"{verdict_note}", "",
+             f"| case | shape | phase | ours {before} us | ours {after} us | ours/torch {before} | "
+             f"ours/torch {after} | change | A/A change | torch's own after/before | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in keys:
+        med = {(tree, impl): statistics.median(us(tree, key, impl).values()) for tree in (before, after)
+               for impl in ("ours", "torch")}
+        ratio = change(key, "ours")
         verdict = ("inconclusive" if band > MAX_BAND else "within noise" if ratio <= 1 + band
                    else "slower beyond noise")
-        lines.append(f"| {' | '.join(key)} | {b:.2f} | {a:.2f} | {ratio:.3f} | {c:.3f} | {verdict} |")
+        lines.append(f"| {' | '.join(key)} | {med[before, 'ours']:.2f} | {med[after, 'ours']:.2f} | "
+                     f"{paired(before, key, 'ours'):.3f} | {paired(after, key, 'ours'):.3f} | {ratio:.3f} | "
+                     f"{change(key, CONTROL):.3f} | {med[after, 'torch'] / med[before, 'torch']:.3f} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +183,7 @@ def main(argv: list[str]) -> int:
         return 0
     if a.from_csv:
         with open(a.out.with_suffix(".csv")) as f:
-            rows = [{**r, "us": float(r["us"])} for r in csv.DictReader(f)]
+            rows = [{**r, "us": float(r["us"]), "round": int(r["round"])} for r in csv.DictReader(f)]
         before, after = dict.fromkeys(r["tree"] for r in rows)
     else:
         trees = dict(t.split("=", 1) for t in a.tree)
