@@ -31,8 +31,8 @@ OUT = ROOT / "results" / "compare_trees"
 # GPT-2-small's blocks on [8, 512, 768] (rows = 8 x 512)
 CASES = (("layernorm", 8, 768, 0), ("layernorm", 4096, 768, 0), ("layernorm_linear", 8, 768, 3072),
          ("layernorm_linear", 4096, 768, 3072), ("gpt2_small", 4096, 768, 0))
-CALLS, REPEATS = 200, 7
-MODEL_CALLS = 10   # a model's call takes milliseconds
+CALLS, REPEATS = 100, 5
+MODEL_CALLS = 5   # a model's call takes milliseconds
 CONTROL = "torch_again"   # a second copy of torch's module in the same process: the A/A pair
 MAX_BAND = 0.05   # a control spread wider than this makes the comparison inconclusive, not a pass
 
@@ -78,8 +78,33 @@ def worker() -> None:
         for phase in ("infer", "train"):
             times = _time(contenders, x, phase, MODEL_CALLS if case == "gpt2_small" else CALLS)
             rows_out += [{"case": case, "shape": f"{rows}x{k}" + (f"->{n}" if n else ""), "phase": phase,
-                          "impl": impl, "us": us} for impl, us in times.items()]
+                          "impl": impl, "us": us, "py_calls": _py_calls(contenders[impl], x, phase)}
+                         for impl, us in times.items()]
     print(json.dumps(rows_out))
+
+
+def _py_calls(m: object, x: object, phase: str) -> int:
+    """Python-level calls (functions and builtins) in one call of ``m``: the host work a layout change could add,
+    counted exactly where time is noisy."""
+    import torch
+
+    xg = x.detach().requires_grad_(phase == "train")
+    count = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(profile)
+    try:
+        if phase == "infer":
+            with torch.no_grad():
+                m(x)
+        else:
+            m(xg).sum().backward()
+    finally:
+        sys.setprofile(None)
+    return count
 
 
 def _time(contenders: dict[str, object], x: object, phase: str, calls: int) -> dict[str, float]:
@@ -111,8 +136,9 @@ def _time(contenders: dict[str, object], x: object, phase: str, calls: int) -> d
     return {impl: statistics.median(t) for impl, t in times.items()}
 
 
-def run(trees: dict[str, Path], rounds: int, pin_core: int | None) -> list[dict]:
-    """``rounds`` of one process per tree, in ABBA order; their rows."""
+def run(trees: dict[str, Path], rounds: int, pin_core: int | None, out: Path) -> list[dict]:
+    """``rounds`` of one process per tree, in ABBA order; their rows, the CSV at ``out`` rewritten after each
+    process (a run cut short keeps its finished rounds: ``--from-csv``)."""
     rows = []
     for r in range(rounds):
         for name, tree in (list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]):
@@ -126,37 +152,60 @@ def run(trees: dict[str, Path], rounds: int, pin_core: int | None) -> list[dict]
             if proc.returncode:
                 raise SystemExit(f"{name}: {proc.stderr[-3000:]}")
             rows += [{"round": r, "tree": name, **row} for row in json.loads(proc.stdout.strip().splitlines()[-1])]
+            _write_csv(rows, out)
     return rows
+
+
+def _write_csv(rows: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
 
 
 def report(rows: list[dict], before: str, after: str) -> str:
     """Per case: each process's ours / torch (paired: the same process, the same minutes), its median over rounds
-    in each tree, and after / before of that; the A/A pair's same statistic is the noise band. The processes of
-    one machine differ by far more than the pair does (torch's own after / before column shows by how much)."""
+    in each tree, and after / before of that, read against the noise band (the A/A pair's same statistic, and ours'
+    own spread between one tree's rounds). The processes of one machine differ by far more than a pair in one
+    process does (torch's own after / before column shows by how much)."""
     def us(tree: str, key: tuple, impl: str) -> dict[int, float]:
         return {r["round"]: r["us"] for r in rows if r["tree"] == tree and r["impl"] == impl
                 and (r["case"], r["shape"], r["phase"]) == key}
 
-    def paired(tree: str, key: tuple, impl: str) -> float:
+    def paired(tree: str, key: tuple, impl: str, half: int | None = None) -> float:
         theirs = us(tree, key, "torch")
-        return statistics.median(t / theirs[r] for r, t in us(tree, key, impl).items())
+        return statistics.median(t / theirs[r] for r, t in us(tree, key, impl).items()
+                                 if half is None or r % 2 == half)
 
     def change(key: tuple, impl: str) -> float:
         return paired(after, key, impl) / paired(before, key, impl)
 
+    def calls(tree: str, key: tuple) -> str:   # ours' Python calls per call, the same in every round
+        counts = sorted({int(r["py_calls"]) for r in rows if r["tree"] == tree and r["impl"] == "ours"
+                         and (r["case"], r["shape"], r["phase"]) == key})
+        return "-".join(map(str, counts[:1] + counts[-1:] if len(counts) > 1 else counts))
+
+    def split(key: tuple, tree: str) -> float:   # ours, even rounds against odd: one tree's own spread
+        return paired(tree, key, "ours", 1) / paired(tree, key, "ours", 0)
+
     keys = sorted({(r["case"], r["shape"], r["phase"]) for r in rows})
-    band = max(abs(change(key, CONTROL) - 1) for key in keys)
+    aa_band = max(abs(change(key, CONTROL) - 1) for key in keys)
+    split_band = max(abs(split(key, tree) - 1) for key in keys for tree in (before, after))
+    band = max(aa_band, split_band)
     verdict_note = f" (over {MAX_BAND}: inconclusive)." if band > MAX_BAND else "."
     lines = [f"# {after} against {before}: per-call time of the public modules", "",
              f"`python scripts/compare_trees.py`, bfloat16, pipelined us per call (median of {REPEATS} x {CALLS} "
              f"calls, a model's {REPEATS} x {MODEL_CALLS}, the contenders taking turns), in "
              f"{len({r['round'] for r in rows})} rounds of one process per tree. Ours is read as ours / torch in the "
-             "same process (median over rounds), after against before. Control: a second copy of torch's module in "
-             f"the same processes, read the same way; its largest change is the noise band: {band:.3f}"
-             f"{verdict_note}", "",
+             "same process (median over rounds), after against before. The noise band is the larger of two controls: "
+             "a second copy of torch's module in the same processes, read the same way (its largest change: "
+             f"{aa_band:.3f}), and ours in one tree's even rounds against its odd ones (largest: {split_band:.3f}). "
+             f"Band: {band:.3f}{verdict_note}", "",
              f"| case | shape | phase | ours {before} us | ours {after} us | ours/torch {before} | "
-             f"ours/torch {after} | change | A/A change | torch's own after/before | verdict |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"ours/torch {after} | change | A/A change | torch's own after/before | verdict | "
+             f"Python calls {before} | Python calls {after} |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in keys:
         med = {(tree, impl): statistics.median(us(tree, key, impl).values()) for tree in (before, after)
                for impl in ("ours", "torch")}
@@ -165,7 +214,8 @@ def report(rows: list[dict], before: str, after: str) -> str:
                    else "slower beyond noise")
         lines.append(f"| {' | '.join(key)} | {med[before, 'ours']:.2f} | {med[after, 'ours']:.2f} | "
                      f"{paired(before, key, 'ours'):.3f} | {paired(after, key, 'ours'):.3f} | {ratio:.3f} | "
-                     f"{change(key, CONTROL):.3f} | {med[after, 'torch'] / med[before, 'torch']:.3f} | {verdict} |")
+                     f"{change(key, CONTROL):.3f} | {med[after, 'torch'] / med[before, 'torch']:.3f} | {verdict} | "
+                     f"{calls(before, key)} | {calls(after, key)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -184,18 +234,13 @@ def main(argv: list[str]) -> int:
     if a.from_csv:
         with open(a.out.with_suffix(".csv")) as f:
             rows = [{**r, "us": float(r["us"]), "round": int(r["round"])} for r in csv.DictReader(f)]
-        before, after = dict.fromkeys(r["tree"] for r in rows)
+        before, after = dict.fromkeys(r["tree"] for r in sorted(rows, key=lambda r: r["round"]))
     else:
         trees = dict(t.split("=", 1) for t in a.tree)
         if len(trees) != 2:
             p.error("--tree: give two, NAME=PATH each")
-        rows = run({name: Path(path) for name, path in trees.items()}, a.rounds, a.pin_core)
+        rows = run({name: Path(path) for name, path in trees.items()}, a.rounds, a.pin_core, a.out)
         before, after = trees
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(a.out.with_suffix(".csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
     text = report(rows, before, after)
     a.out.with_suffix(".md").write_text(text)
     print(text, end="")
