@@ -146,7 +146,10 @@ def as_size(name: str, value: object) -> int:
 TORCH_TAKES = {"dtypes": (*DTYPES, torch.float64), "devices": ("cpu", "cuda", "meta")}
 
 
-_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+# what the entries may hand the C++ side (``t.__class__ in PLAIN_TENSORS``: a tensor, not a subclass): its
+# ``accepts`` cannot see a Python subclass that carries no dispatch key, and torch's ops answer a subclass
+# (``torch_answers``), so that its ``__torch_function__`` sees the call
+PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 
 
 # legacy vmap's batched tensors (autograd.grad's is_grads_batched); a torch without legacy vmap has none
@@ -178,17 +181,10 @@ def kernels_cannot_read(t: object) -> bool:
     ``nn.Parameter`` (a jagged nested tensor is one), a nested tensor of the strided layout, not strided (sparse),
     a view whose memory holds the negated values (the negative bit: ``z.conj().imag``), an efficient zero tensor
     (no memory), wrapped by a functorch transform, or with rows or a last dim beyond int32 (``beyond_int32``)."""
-    return isinstance(t, torch.Tensor) and (t.__class__ not in _PLAIN_TENSORS or t.is_meta or t.is_nested
+    return isinstance(t, torch.Tensor) and (t.__class__ not in PLAIN_TENSORS or t.is_meta or t.is_nested
                                             or t.layout is not torch.strided or t.is_neg() or t._is_zerotensor()
                                             or torch._C._functorch.is_functorch_wrapped_tensor(t)
                                             or _is_legacy_batched(t) or beyond_int32(t))
-
-
-def plain_tensors(*tensors: object) -> bool:
-    """Whether each of ``tensors`` is a ``torch.Tensor`` or ``nn.Parameter`` itself (None is not): what the entries
-    may hand the C++ side, whose ``accepts`` cannot see a Python subclass that carries no dispatch key (torch's
-    ops answer a subclass, ``torch_answers``, so that its ``__torch_function__`` sees the call)."""
-    return all(t.__class__ in _PLAIN_TENSORS for t in tensors)
 
 
 def trailing_sizes(x: torch.Tensor, n: int = 1) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ import torch
 
 from ops.inputs import (
     DTYPES,
+    PLAIN_TENSORS,
     TORCH_TAKES,
     as_eps,
     as_shape,
@@ -20,7 +21,6 @@ from ops.inputs import (
     check_same,
     check_tensor,
     last_size,
-    plain_tensors,
     torch_answers,
     trailing_sizes,
 )
@@ -115,8 +115,8 @@ def check_torch_call(x: object, weight: object, bias: object, eps: float, activa
 def native_takes(x: object, weight: object, bias: object, eps: object, variant: str, activation: str) -> bool:
     """Whether a call's arguments fit the C++ entries' schema and choices (plain tensors, a float eps, the default
     variant, a known activation). The entries check the rest (``accepts``, the mirror of ``classify``)."""
-    return (variant == "fast" and plain_tensors(x, weight, bias) and eps.__class__ is float
-            and activation in ACTIVATIONS)
+    return (variant == "fast" and x.__class__ in PLAIN_TENSORS and weight.__class__ in PLAIN_TENSORS
+            and bias.__class__ in PLAIN_TENSORS and eps.__class__ is float and activation in ACTIVATIONS)
 
 
 def empty_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:

@@ -8,13 +8,13 @@ import torch
 from ops.inputs import (
     DTYPES,
     INT32_MAX,
+    PLAIN_TENSORS,
     TORCH_TAKES,
     check_int32_rows,
     check_same,
     check_size,
     check_tensor,
     last_size,
-    plain_tensors,
     torch_answers,
 )
 from ops.layernorm import checks as ln_checks
@@ -64,8 +64,9 @@ def native_takes(x: object, ln_weight: object, ln_bias: object, weight: object, 
                  algo: str) -> bool:
     """Whether a call's arguments fit the C++ entries' schema and choices (plain tensors, bias None or one, a float
     eps, a known algorithm). The entries check the rest (``linear_accepts``, the mirror of ``classify``)."""
-    return (plain_tensors(x, ln_weight, ln_bias, weight) and (bias is None or plain_tensors(bias))
-            and eps.__class__ is float and algo in ALGO_IDS)
+    return (x.__class__ in PLAIN_TENSORS and ln_weight.__class__ in PLAIN_TENSORS
+            and ln_bias.__class__ in PLAIN_TENSORS and weight.__class__ in PLAIN_TENSORS
+            and (bias is None or bias.__class__ in PLAIN_TENSORS) and eps.__class__ is float and algo in ALGO_IDS)
 
 
 def check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dtype: bool,
