@@ -1,11 +1,11 @@
 """Same-GPU A/B of the LayerNorm forward kernels against an earlier revision's builds of them.
 
     python scripts/ab_kernels.py 0306017 --build   (a machine with Mojo: both revisions' PTX, into build/ab_0306017/)
-    python scripts/ab_kernels.py 0306017           (the GPU: writes results/kernel_ab_vs_0306017.{csv,md})
+    python scripts/ab_kernels.py 0306017           (the GPU: table kernel_ab_vs_0306017, results/kernel_ab.*)
 
 ``scripts/compare_results.py`` sets the kernel times of two benchmark reports side by side. Those runs come from
 other days and other H100s, whose clocks and memory differ by several percent on the same machine code. Here,
-for each forward row of ours in results/bench_layernorm.csv, the kernel that row launches as ``rev`` built and
+for each forward row of ours in the bench_layernorm table, the kernel that row launches as ``rev`` built and
 launched it and as the working tree does run in one process on one GPU, on inputs rotated past the L2 cache as
 the benchmark's (each call the next set), the calls in the order old, new, new, old, ... in one CUPTI session.
 So the ratio is the code's, not the machine's. ``--build`` records each side's launch (its own
@@ -15,7 +15,6 @@ So the ratio is the code's, not the machine's. ``--build`` records each side's l
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -29,6 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+
+from ops.bench.results import read_table  # noqa: E402
 
 CALLS = 200   # calls per side and row, alternating
 FIELDS = ("kind", "impl", "dtype", "M", "H", "old_kernel", "new_kernel", "same_ptx", "old_us", "new_us", "new_vs_old")
@@ -60,10 +61,9 @@ print(json.dumps(found))
 
 
 def bench_rows() -> list[list]:
-    """(kind, impl, dtype, M, H) of every forward row of ours in results/bench_layernorm.csv."""
-    lines = (ROOT / "results" / "bench_layernorm.csv").read_text().splitlines()[1:]
+    """(kind, impl, dtype, M, H) of every forward row of ours in the bench_layernorm table."""
     variants = ("", "fast", "vector", "row_thread", "block_smem", "block_warp")
-    return [[r["kind"], r["impl"], r["dtype"], int(r["M"]), int(r["H"])] for r in csv.DictReader(lines)
+    return [[r["kind"], r["impl"], r["dtype"], int(r["M"]), int(r["H"])] for r in read_table("bench_layernorm")[1]
             if r["kind"] in ("fwd", "fwd+gelu") and r["impl"].partition(":")[0] == "ours"
             and r["impl"].partition(":")[2] in variants]
 
@@ -177,7 +177,7 @@ def write(rev: str, rows: list[dict]) -> None:
         ROOT / "results" / f"kernel_ab_vs_{rev}", rows, FIELDS,
         f"GPU: {reports.gpu_name()}; commit {reports.commit()}; against {rev}",
         f"LayerNorm forward kernels, A/B against {rev} (scripts/ab_kernels.py)",
-        f"Each forward row of ours in results/bench_layernorm.csv: the kernel {rev} launched for it (old_kernel, "
+        f"Each forward row of ours in results/layernorm.csv: the kernel {rev} launched for it (old_kernel, "
         f"its PTX and launch as built at {rev}) and the one the working tree launches (new_kernel), timed in one "
         f"process on the same inputs, {CALLS} calls each, alternating (CUPTI kernel time, median). same_ptx: the "
         f"same PTX (names aside) and launch. Worst new_vs_old: "

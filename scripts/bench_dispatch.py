@@ -4,14 +4,13 @@ For ops with 1, 3 and 6 input tensors (ops/kernels/dispatch.mojo, trivial
 kernels on 1024 floats) it reports the median host microseconds per call,
 the cost of each part of a bridge call (tensor conversion, execute, stream
 sync, output allocation), and a torch.profiler (CUPTI) kernel list showing
-which device kernels each path launches. Writes results/bench_dispatch.{md,csv}.
+which device kernels each path launches. Writes results/host.{csv,md} (table bench_dispatch).
 
     poe bench-dispatch            (needs a CUDA GPU)
 """
 
 from __future__ import annotations
 
-import csv
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from ops.bench.dispatch import dispatch_op  # noqa: E402
-from ops.bench.reports import commit, gpu_name  # noqa: E402
+from ops.bench.reports import commit, gpu_name, write_report  # noqa: E402
 from ops.bench.timing import kernel_times  # noqa: E402
 from ops.launch import bridge  # noqa: E402
 from ops.launch.bridge import LIBRARY  # noqa: E402
@@ -32,7 +31,6 @@ from ops.launch.bridge import LIBRARY  # noqa: E402
 CALLS = 2000
 BLOCK = 20  # consecutive calls of one contender (see host_us)
 N_ELEMS = 1024
-OUT = ROOT / "results"
 
 
 def host_us(fns: dict[str, Callable[[], object]], calls: int = CALLS) -> dict[str, float]:
@@ -142,37 +140,28 @@ def max_floor_us(part: dict) -> float:
 
 
 def write(rows: list[dict], parts: list[dict], profiles: dict[str, dict[str, tuple[int, float]]]) -> None:
-    OUT.mkdir(exist_ok=True)
-    stamp = f"GPU: {gpu_name()}, float32, {N_ELEMS} elements, commit {commit()}, torch {torch.__version__}"
-    with open(OUT / "bench_dispatch.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*rows[0], *list(parts[0])[1:]])
-        w.writeheader()
-        for r, p in zip(rows, parts, strict=True):
-            w.writerow({**r, **p})
-    lines = [f"# Host cost per call (scripts/bench_dispatch.py)\n\n{stamp}\n",
-             f"Median host microseconds per call over {CALLS} calls (no synchronisation between calls); the "
+    """The bench_dispatch table (results/host.{csv,md}): per op, its calls' host us and a bridge call's parts;
+    the note says what MAX's own floor is and which kernels each path launched."""
+    stamp = f"GPU: {gpu_name()}; float32, {N_ELEMS} elements; commit {commit()}; torch {torch.__version__}"
+    lines = [f"Median host microseconds per call over {CALLS} calls (no synchronisation between calls); the "
              f"contenders of a table take turns in blocks of {BLOCK} calls. `bridge` is the default stream mode, "
              "\"auto\": on torch's default stream no join at all (CUDA orders it with MAX's blocking queue); "
-             "\"dlpack\" mode is what a side stream of torch's costs (DLPack wait plus an event join).\n",
-             "| inputs | bridge | bridge, weights cached | bridge, dlpack mode | CustomOpLibrary |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['inputs']} | {r['bridge_us']:.1f} | {r['bridge_weights_cached_us']:.1f} | "
-              f"{r['bridge_dlpack_mode_us']:.1f} | {r['custom_op_library_us']:.1f} |" for r in rows]
-    keys = list(parts[0])[1:]
-    lines += ["\nParts of one bridge call (median host us):\n",
-              "| inputs | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    lines += ["| " + " | ".join([str(p["inputs"])] + [f"{p[k]:.1f}" for k in keys]) + " |" for p in parts]
-    lines += ["\nMAX's own floor per call, before any work of ours: a fresh view of every tensor (the inputs "
-              "and the one output) by its cheapest conversion, then `_execute_device_tensors`; as the sum of "
-              "those parts, and measured as one step (`convert_all_and_execute_us`):\n"]
+             "\"dlpack\" mode is what a side stream of torch's costs (DLPack wait plus an event join). The "
+             "other columns: the parts of one bridge call (median host us).", "",
+             "MAX's own floor per call, before any work of ours: a fresh view of every tensor (the inputs "
+             "and the one output) by its cheapest conversion, then `_execute_device_tensors`; as the sum of "
+             "those parts, and measured as one step (`convert_all_and_execute_us`):", ""]
     lines += [f"- {p['inputs']} inputs: {max_floor_us(p):.1f} us summed, "
               f"{p['convert_all_and_execute_us']:.1f} us as one step" for p in parts]
     for name, kernels in profiles.items():
-        lines += [f"\nDevice kernels over 20 calls of the 6-input op, {name} (torch.profiler / CUPTI):\n"]
+        lines += ["", f"Device kernels over 20 calls of the 6-input op, {name} (torch.profiler / CUPTI):", ""]
         lines += [f"- {count} x `{kname[:100]}`" for kname, (count, _) in kernels.items()]
-    text = "\n".join(lines) + "\n"
-    (OUT / "bench_dispatch.md").write_text(text)
-    print(text)
+    merged = [{**r, **{k: round(v, 2) for k, v in p.items() if k != "inputs"}}
+              for r, p in zip(rows, parts, strict=True)]
+    fields = [*rows[0], *list(parts[0])[1:]]
+    write_report("bench_dispatch", merged, fields, stamp, "Host cost per call (scripts/bench_dispatch.py)",
+                 "\n".join(lines))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

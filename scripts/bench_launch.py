@@ -6,7 +6,7 @@ cuda-bindings' ``cuLaunchKernel`` with a packed argument buffer and through ``cu
 validated call (``layernorm_fwd``: checks, allocation, launch), the same behind the ``torch.library``
 custom op, and our ``LayerNorm`` module; and, where MAX is installed, the MAX graph route. Per call:
 pipelined time (back-to-back calls, one sync, divided), host time and device time (ops/bench/timing.py).
-Writes results/bench_launch.{csv,md}.
+Writes results/host.{csv,md} (table bench_launch).
 
     python scripts/bench_launch.py      (needs a CUDA GPU; MAX only for the graph route's rows)
 """

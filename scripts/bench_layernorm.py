@@ -14,7 +14,7 @@ torch's stream and MAX's queue (about 2-3 us a call); kernel time does not.
 Every result is checked against the float64 reference before it is timed. Rows of kind "fwd-strided" time a
 strided x (a transposed view) beside a contiguous one, a copy of x and one of the strided x (ours copies a
 strided x once, so ours:strided should cost at most ours plus copy:strided).
-Writes results/bench_layernorm.{csv,md} and, with matplotlib, a PNG.
+Writes results/layernorm.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm                       (needs a CUDA GPU)
     python scripts/bench_layernorm.py --quick
@@ -291,7 +291,8 @@ def torch_gelu_backward(sets: list[tuple[torch.Tensor, ...]]) -> tuple[Callable,
 
 
 def write(rows: list[dict], copy: float, kept: str = "") -> None:
-    """The report (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
+    """The bench_layernorm table (results/layernorm.{csv,md}); ``kept``: ``kept_stamp`` of the run whose rows were
+    kept."""
     stamp = f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
     reports.write_report(
         OUT / "bench_layernorm", rows, FIELDS, stamp, "LayerNorm benchmark (scripts/bench_layernorm.py)",
@@ -310,7 +311,7 @@ def write(rows: list[dict], copy: float, kept: str = "") -> None:
 
 def plot() -> None:
     """GB/s of torch vs ours per forward shape, one panel per dtype, from the committed CSV."""
-    reports.plot_forward(OUT / "bench_layernorm.csv", OUT / "bench_layernorm.png", "LayerNorm forward", "GBps",
+    reports.plot_forward("bench_layernorm", "LayerNorm forward", "GBps",
                         "GB/s (x read + y write)", ("M", "H"), "{}x{}",
                         ("copy", "torch", "torch.compile", "liger", "ours"))
 
@@ -351,7 +352,7 @@ def main() -> int:
         rows += bench_backward(dtype, list(GELU_SHAPES), copy, "gelu")
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows, kept = reports.appended(OUT / "bench_layernorm.csv", args.dtypes, rows)
+        rows, kept = reports.appended("bench_layernorm", args.dtypes, rows)
     write(rows, copy, kept)
     reports.save_plot(plot)
     return 0

@@ -8,7 +8,7 @@ time per call; then device microseconds (CUDA events, median, inputs rotated pas
 "ours:<algo>" the same call with that algo forced. Liger-Kernel has no LayerNorm+Linear op. TF32 is off.
 Every contender is checked against the float64 reference first. Backward rows time all five gradients
 (torch autograd vs ours); train rows a whole forward and backward from leaves that need gradients.
-Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
+Writes results/layernorm_linear.{csv,md} and, with matplotlib, a PNG.
 
     poe bench-layernorm-linear            (needs a CUDA GPU)
     python scripts/bench_layernorm_linear.py --quick
@@ -16,15 +16,15 @@ Writes results/bench_layernorm_linear.{csv,md} and, with matplotlib, a PNG.
     python scripts/bench_layernorm_linear.py --plot-only
     python scripts/bench_layernorm_linear.py --dtypes float32 --append   (add to an earlier bfloat16 run)
     python scripts/bench_layernorm_linear.py --splits   (the fused kernel's k splits at small n:
-                                                          results/bench_layernorm_linear_splits.{csv,md})
+                                                          table bench_layernorm_linear_splits)
     python scripts/bench_layernorm_linear.py --sm90     (the Hopper kernel, algo sm90, bfloat16, next to
                                                           torch, auto and cuBLAS's GEMM alone over the shape
                                                           grid, or with --quick at SM90_SHAPES:
-                                                          results/bench_layernorm_linear_sm90.{csv,md})
+                                                          table bench_layernorm_linear_sm90)
     python scripts/bench_layernorm_linear.py --workspace   (the unfused forward's cuBLASLt GEMM with the
                                                           workspace rule, with 32 MiB and with none, one
                                                           process each, bfloat16 grid:
-                                                          results/bench_layernorm_linear_workspace.{csv,md})
+                                                          table bench_layernorm_linear_workspace)
 """
 
 from __future__ import annotations
@@ -296,7 +296,8 @@ def bench_train(dtype: torch.dtype, shapes: list[tuple[int, int, int]]) -> list[
 
 
 def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = "") -> None:
-    """The report ``stem`` (.csv, .md); ``kept``: ``kept_stamp`` of the report whose rows were kept."""
+    """The table ``stem`` (results/layernorm_linear.{csv,md}); ``kept``: ``kept_stamp`` of the run whose rows were
+    kept."""
     reports.write_report(
         OUT / stem, rows, FIELDS, f"GPU: {reports.gpu_name()}; commit {reports.commit()}; TF32 off{kept}",
         "LayerNorm + Linear benchmark (scripts/bench_layernorm_linear.py)",
@@ -316,9 +317,8 @@ def write(rows: list[dict], stem: str = "bench_layernorm_linear", kept: str = ""
 
 def plot() -> None:
     """Forward time relative to torch eager per shape, one panel per dtype, from the committed CSV."""
-    reports.plot_forward(OUT / "bench_layernorm_linear.csv", OUT / "bench_layernorm_linear.png",
-                        "LayerNorm+Linear forward", "pipe_vs_torch", "pipelined time / torch eager", ("M", "K", "N"),
-                        "{}x{}->{}", log=True)
+    reports.plot_forward("bench_layernorm_linear", "LayerNorm+Linear forward", "pipe_vs_torch",
+                         "pipelined time / torch eager", ("M", "K", "N"), "{}x{}->{}", log=True)
 
 
 def main() -> int:
@@ -360,7 +360,7 @@ def main() -> int:
             "K <= LT_NO_WORKSPACE_MAX_K_PER_N * N, ops/layernorm_linear/config.py; rule_picks says which), 32MiB "
             "lets every algorithm take up to 32 MiB (the heuristics' first choice), none gives none. kernel_us: "
             "the call's kernels and memsets by CUPTI; pipe_us: pipelined time per call (as in "
-            "bench_layernorm_linear.md).")
+            "the bench_layernorm_linear table).")
         return 0
     grid = list(TARGETS) if args.quick else full
     rows: list[dict] = []
@@ -371,7 +371,7 @@ def main() -> int:
         rows += bench_strided(dtype, list(STRIDED_SHAPES))
     kept = ""
     if args.append:  # keep the other dtypes' rows of an earlier run (one device call per dtype)
-        rows, kept = reports.appended(OUT / "bench_layernorm_linear.csv", args.dtypes, rows)
+        rows, kept = reports.appended("bench_layernorm_linear", args.dtypes, rows)
     write(rows, kept=kept)
     reports.save_plot(plot)
     return 0

@@ -7,7 +7,7 @@ torch.compile), phase (inference: one forward under ``no_grad``; training: forwa
 step, ``capturable=True`` so that a CUDA graph captures the whole step) and size (1x128 and 8x512 tokens):
 milliseconds per call, pipelined (back-to-back calls, one sync, divided; median of 11 runs, torch's and
 ours interleaved so that the host's drift falls on both), tokens per
-second, and ours over torch in the same mode. Writes results/bench_transformer.{csv,md,png}.
+second, and ours over torch in the same mode. Writes results/transformer.{csv,md,png}.
 
     poe bench-transformer                          (needs a CUDA GPU)
     python scripts/bench_transformer.py --modes eager,cuda_graph     (keeps the CSV's other modes' rows)
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import statistics
 import subprocess
@@ -62,6 +61,7 @@ from transformer_kernels import (  # noqa: E402 (the kernel breakdowns)
     write_compile_kernels,
 )
 
+from ops.bench import results  # noqa: E402
 from ops.bench.reports import appended, commit, gpu_name, write_report  # noqa: E402
 from ops.bench.timing import Pipelined, check_pin_core, paired_ratio, pinned_threads, pipelined_runs  # noqa: E402
 from ops.layernorm import config as layernorm_config  # noqa: E402
@@ -286,7 +286,7 @@ def write_ab(rows: list[dict], mode: str, impls: tuple[str, ...], out: Path, tit
     keep = ("torch", "ours", *impls)
     write_report(out, [only(r, FIELDS) for r in rows if r["mode"] == mode and r["impl"] in keep],
                  FIELDS, timing.stamp(), title,
-                 f"bf16, as bench_transformer.md. {contenders} Pipelined ms per call, median of {timing.repeats} "
+                 f"bf16, as bench_transformer. {contenders} Pipelined ms per call, median of {timing.repeats} "
                  f"runs; vs_torch = the contender's time over torch's ({RATIO_NOTE}).")
 
 
@@ -323,7 +323,7 @@ def write_control(rows: list[dict], timing: Timing) -> None:
     fields = (*FIELDS, *SPREAD_FIELDS) if timing.processes > 1 else FIELDS
     write_report(CONTROL_OUT, [only(r, fields) for r in rows], fields, timing.stamp(),
                  "GPT-2-small: torch's model against a copy of itself (the noise floor of vs_torch)",
-                 f"bf16, as bench_transformer.md. {CONTROL_IMPL}: a second torch model with the same weights, built, "
+                 f"bf16, as bench_transformer. {CONTROL_IMPL}: a second torch model with the same weights, built, "
                  "compiled or captured and timed like a contender, interleaved with torch and ours; its vs_torch "
                  f"would be 1 on a quiet machine. Pipelined ms per call, median of {timing.repeats} runs; vs_torch: "
                  f"{RATIO_NOTE}"
@@ -333,7 +333,7 @@ def write_control(rows: list[dict], timing: Timing) -> None:
 def write(rows: list[dict], modes: list[str], timing: Timing) -> None:
     """The CSV and markdown table (rows of modes not run now kept from the earlier report) and the PNG."""
     rows = [only(r, FIELDS) for r in rows if r["impl"] in ("torch", "ours")]
-    rows, kept = appended(OUT.with_suffix(".csv"), ",".join(modes), rows, column="mode")
+    rows, kept = appended(OUT.name, ",".join(modes), rows, column="mode")
     rows = sorted(rows, key=lambda r: (MODES.index(r["mode"]), r["phase"], int(r["tokens"]), r["impl"]))
     stamp = timing.stamp() + kept
     write_report(OUT, rows, FIELDS, stamp, "GPT-2-small transformer: torch modules against our drop-ins",
@@ -365,7 +365,7 @@ def plot(rows: list[dict], stamp: str) -> None:
     ax.set_ylabel("ours / torch (time, lower is better)")
     ax.set_title(f"GPT-2-small, bf16 - {stamp}", fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT.with_suffix(".png"), dpi=110)
+    fig.savefig(results.RESULTS / f"{results.family_of(OUT.name)}.png", dpi=110)
     plt.close(fig)
 
 
@@ -404,12 +404,12 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     for impl, ab in COMPILE_ABS.items():
         p.add_argument(ab.flag, action="append_const", const=impl, dest="compile_abs", default=[],
-                       help=f"compile mode: also ours with {ab.says} ({ab.report.name}.md)")
+                       help=f"compile mode: also ours with {ab.says} (table {ab.report.name})")
     p.add_argument("--capture-overlap-ab", action="store_true",
                    help=f"cuda_graph mode: also ours captured with dW and db on the captured stream, and with "
-                        f"the parameters' gradients accumulated on it ({OVERLAP_AB_OUT.name}.md)")
+                        f"the parameters' gradients accumulated on it (table {OVERLAP_AB_OUT.name})")
     p.add_argument("--control", action="store_true",
-                   help=f"also a second copy of torch's model, timed as a contender ({CONTROL_OUT.name}.md)")
+                   help=f"also a second copy of torch's model, timed as a contender (table {CONTROL_OUT.name})")
     p.add_argument("--sizes", default=",".join(f"{b}x{t}" for b, t in SIZES),
                    help="comma-separated BxT of those benchmarked (fewer: only the A/B and control reports)")
     p.add_argument("--repeats", type=int, default=REPEATS, help="interleaved runs per contender (median)")
@@ -419,11 +419,11 @@ def main() -> None:
                    help="run in this many fresh processes; report the medians over them")
     p.add_argument("--rows-out", help=argparse.SUPPRESS)   # a process of --processes: its rows, as JSON
     p.add_argument("--breakdown", action="store_true",
-                   help=f"captured calls' device time by kind of kernel instead ({BREAKDOWN_OUT.name}.md)")
+                   help=f"captured calls' device time by kind of kernel instead (table {BREAKDOWN_OUT.name})")
     p.add_argument("--compile-kernels", action="store_true",
-                   help=f"compiled calls' kernel launches and device time instead ({COMPILE_KERNELS_OUT.name}.md)")
-    p.add_argument("--breakdown-from", metavar="CSV",
-                   help=f"rewrite {BREAKDOWN_OUT.name}.md from an earlier run's {BREAKDOWN_OUT.name}_kernels.csv")
+                   help=f"compiled calls' kernel launches and device time instead (table {COMPILE_KERNELS_OUT.name})")
+    p.add_argument("--breakdown-from", action="store_true",
+                   help=f"rewrite the {BREAKDOWN_OUT.name} table from the committed {BREAKDOWN_OUT.name}_kernels table")
     args = p.parse_args()
     if args.breakdown:
         write_breakdown(breakdown(SIZES), Timing().stamp())
@@ -433,8 +433,8 @@ def main() -> None:
         write_compile_kernels(rows, kernel_rows, Timing().stamp())
         return
     if args.breakdown_from:   # the kernels of an earlier --breakdown, their kinds as KINDS says now
-        lines = Path(args.breakdown_from).read_text().splitlines()
-        write_breakdown(list(csv.DictReader(lines[1:])), lines[0].lstrip("# "))
+        stamp, kernel_rows = results.read_table(BREAKDOWN_OUT.name + "_kernels")
+        write_breakdown(kernel_rows, stamp)
         return
     modes, sizes = parsed_modes(args.modes), parsed_sizes(args.sizes)
     if args.pin_core is not None:   # before compiling for minutes

@@ -4,8 +4,8 @@
     python scripts/check_targets.py --write    (and writes results/targets.md)
     python scripts/check_targets.py --strict   (exit status 1 while a target is not met)
 
-Each target is read as its issue writes it (33: fast calls, 34: strided inputs) from results/bench_layernorm.csv,
-results/bench_layernorm_linear.csv, results/bench_transformer.csv and results/gpu_tests.txt; device time against
+Each target is read as its issue writes it (33: fast calls, 34: strided inputs) from the tables bench_layernorm,
+bench_layernorm_linear and bench_transformer (results/<family>.csv) and results/gpu_tests.txt; device time against
 an earlier revision comes from scripts/compare_results.py. A row of the table is the worst case over every row
 that the target covers, with where it was measured and the commit that measured it.
 """
@@ -26,9 +26,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import compare_results  # noqa: E402
-from readme_tables import read  # noqa: E402
 
-from ops.bench.reports import stamp_commit  # noqa: E402
+from ops.bench.results import read_table, stamp_commit  # noqa: E402
 
 if TYPE_CHECKING:
     from ops.layernorm.config import Launch
@@ -140,11 +139,11 @@ def transformer_checks(stamp: str, rows: Rows) -> list[Check]:
 
 
 def ab_rows(rev: str) -> tuple[str, dict[tuple[str, ...], dict[str, str]]]:
-    """results/kernel_ab_vs_<rev>.csv (scripts/ab_kernels.py): its stamp and rows by key (kind, impl, dtype, M, H);
-    ("", {}) without it."""
-    if not (ROOT / "results" / f"kernel_ab_vs_{rev}.csv").exists():
+    """The kernel_ab_vs_<rev> table (results/kernel_ab.csv, scripts/ab_kernels.py): its stamp and rows by key
+    (kind, impl, dtype, M, H); ("", {}) without it."""
+    stamp, rows = read_table(f"kernel_ab_vs_{rev}")
+    if not rows:
         return "", {}
-    stamp, rows = read(f"kernel_ab_vs_{rev}")
     return stamp, {tuple(r[c] for c in ("kind", "impl", "dtype", "M", "H")): r for r in rows}
 
 
@@ -214,7 +213,7 @@ def device_time_check(rev: str, band: float) -> Check:
     target = f"device time of ours / {rev}'s (kernel_us; LayerNorm forward: same-GPU A/B)"
     ab_stamp, ab = ab_rows(rev)
     if ab and (why := ab_stale(ab_stamp, ab)) is not None:   # then every row by the committed reports
-        print(f"check_targets: results/kernel_ab_vs_{rev}.csv is stale ({why}); rerun scripts/ab_kernels.py",
+        print(f"check_targets: the kernel_ab_vs_{rev} table is stale ({why}); rerun scripts/ab_kernels.py",
               file=sys.stderr)
         ab = {}
     cases = [(float(r["new_vs_old"]), stamp_commit(ab_stamp, ""), f"kernel_ab_vs_{rev}: {' '.join(key)} "
@@ -240,8 +239,9 @@ def suite_check() -> Check:
 
 
 def checks(rev: str, band: float) -> list[Check]:
-    return (layernorm_checks(*read("bench_layernorm")) + layernorm_linear_checks(*read("bench_layernorm_linear"))
-            + transformer_checks(*read("bench_transformer")) + [device_time_check(rev, band), suite_check()])
+    return (layernorm_checks(*read_table("bench_layernorm"))
+            + layernorm_linear_checks(*read_table("bench_layernorm_linear"))
+            + transformer_checks(*read_table("bench_transformer")) + [device_time_check(rev, band), suite_check()])
 
 
 def table(found: list[Check]) -> str:

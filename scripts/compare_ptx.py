@@ -116,7 +116,7 @@ def compare(built: set[str], new: dict[Path, str]) -> list[tuple[str, int, int]]
 
 
 def moved_rows(rev: str, built: set[str], band: float = 0.05) -> list[str]:
-    """Markdown rows: each LayerNorm forward row of ours in results/bench_layernorm.csv whose kernel time is more
+    """Markdown rows: each LayerNorm forward row of ours in results/layernorm.csv whose kernel time is more
     than ``band`` off ``rev``'s (``compare_results``), with whether its kernel's PTX is one ``rev`` built."""
     import torch
 

@@ -3,7 +3,7 @@
     python scripts/compare_results.py 0306017            (prints the comparison)
     python scripts/compare_results.py 0306017 --write    (and writes results/kernel_times_vs_0306017.md)
 
-Rows of bench_layernorm.csv and bench_layernorm_linear.csv are matched by their key columns (kind, contender,
+Rows of the tables bench_layernorm and bench_layernorm_linear are matched by their key columns (kind, contender,
 dtype, shape) and compared by ``kernel_us`` (CUPTI device time). torch's and the
 copy's rows are the control: their ratios show how far the two runs' machines agree. Each ratio's commits come
 from the reports' stamps, per dtype.
@@ -21,34 +21,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench.reports import stamp_commit  # noqa: E402
+from ops.bench.results import family_of, read_table, stamp_commit  # noqa: E402
 
 BENCHES = ("bench_layernorm", "bench_layernorm_linear")
 KEY_COLUMNS = ("kind", "impl", "dtype", "M", "H", "K", "N")
 
 
-def parse(text: str) -> tuple[str, dict[tuple[str, ...], float]]:
-    """A report's stamp and its kernel time per row key (rows without one are left out)."""
-    lines = text.splitlines()
-    rows = list(csv.DictReader(lines[1:]))
+def keyed(rows: list[dict]) -> dict[tuple[str, ...], float]:
+    """A table's kernel time per row key (rows without one are left out)."""
     if not rows:
-        return lines[0].lstrip("# "), {}
+        return {}
     key_cols = [c for c in rows[0] if c in KEY_COLUMNS]
-    return lines[0].lstrip("# "), {tuple(r[c] for c in key_cols): float(r["kernel_us"])
-                                    for r in rows if r.get("kernel_us")}
+    return {tuple(r[c] for c in key_cols): float(r["kernel_us"]) for r in rows if r.get("kernel_us")}
 
 
-def at_revision(rev: str, name: str) -> str:
-    """results/<name>.csv as committed at ``rev``."""
-    return subprocess.run(["git", "show", f"{rev}:results/{name}.csv"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+def table_at(rev: str, name: str) -> tuple[str, list[dict]]:
+    """Table ``name`` as committed at ``rev``: from its family's long CSV, or, at a revision before those, from the
+    wide results/<name>.csv (its stamp on the first line)."""
+    family = subprocess.run(["git", "show", f"{rev}:results/{family_of(name)}.csv"], cwd=ROOT, capture_output=True,
+                            text=True)
+    if family.returncode == 0 and (found := read_table(name, family.stdout))[1]:
+        return found
+    lines = subprocess.run(["git", "show", f"{rev}:results/{name}.csv"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    return lines[0].lstrip("# "), list(csv.DictReader(lines[1:]))
 
 
 def ratios(name: str, rev: str) -> tuple[str, str, list[tuple[float, tuple[str, ...], float, float]]]:
-    """results/<name>.csv against ``rev``'s: the old and new stamps, and per row in both, (new / old kernel time,
-    row key, old us, new us)."""
-    old_stamp, old = parse(at_revision(rev, name))
-    new_stamp, new = parse((ROOT / "results" / f"{name}.csv").read_text())
+    """Table ``name`` against ``rev``'s: the old and new stamps, and per row in both, (new / old kernel time, row
+    key, old us, new us)."""
+    old_stamp, old_rows = table_at(rev, name)
+    new_stamp, new_rows = read_table(name)
+    old, new = keyed(old_rows), keyed(new_rows)
     return old_stamp, new_stamp, [(us / old[key], key, old[key], us) for key, us in new.items()
                                   if key in old and old[key] > 0]
 

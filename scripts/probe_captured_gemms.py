@@ -12,7 +12,7 @@ fused modules' shapes (ln_1 + qkv: 768 -> 2304; ln_2 + fc1: 768 -> 3072; 128 row
   in the GEMM's prologue, cold weights: what that fusion would save a module.
 
 us: per GEMM (lt_candidates, triton_gemm) or per module (cold_weights, layernorm_prologue), median of 7
-replays. Writes results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
+replays. Writes the table probe_captured_gemms (results/transformer.{csv,md}).
 
     python scripts/probe_captured_gemms.py      (needs a CUDA GPU and triton)
 """
@@ -20,7 +20,6 @@ replays. Writes results/probe_captured_gemms.{csv,md} (or $OUT_DIR/...).
 from __future__ import annotations
 
 import ctypes
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -381,8 +380,7 @@ def main() -> int:
     for r in rows:
         print(f"{r['probe']:14s} {r['module']:4s} {r['gemm']:12s} {r['variant']:58s} {r['us']:7.2f}", flush=True)
     stamp = f"GPU: {gpu_name()}; commit {commit()}; torch {torch.__version__}"
-    out = Path(os.environ.get("OUT_DIR") or ROOT / "results") / "probe_captured_gemms"
-    write_report(out, rows, FIELDS, stamp,
+    write_report("probe_captured_gemms", rows, FIELDS, stamp,
                  "GPT-2-small's captured 1x128 step: four probes of the fused modules' GEMMs", NOTE)
     return 0
 

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.bench.reports import stamp_commit  # noqa: E402
+from ops.bench.results import read_table, stamp_commit  # noqa: E402
 
 README = ROOT / "README.md"
 BEGIN = "<!-- results:begin (scripts/readme_tables.py writes this section from results/; do not edit) -->"
@@ -24,17 +23,11 @@ TRANSFORMER_COLUMNS = (("infer", "128"), ("infer", "4096"), ("train", "128"), ("
 HEADLINE_SHAPE = ("4096", "768", "3072")   # M, K, N of LayerNorm+Linear's headline rows
 
 
-def read(name: str) -> tuple[str, list[dict]]:
-    """A report's stamp (its first line, without '# ') and its rows."""
-    lines = (ROOT / "results" / f"{name}.csv").read_text().splitlines()
-    return lines[0].lstrip("# "), list(csv.DictReader(lines[1:]))
-
-
 def transformer_table() -> list[str]:
-    stamp, rows = read("bench_transformer")
+    stamp, rows = read_table("bench_transformer")
     ratio = {(r["mode"], r["phase"], r["tokens"]): r["vs_torch"] for r in rows if r["impl"] == "ours"}
     out = ["GPT-2-small, bf16, ours / torch in the same mode, pipelined time per call",
-           f"([results/bench_transformer.md](results/bench_transformer.md); {stamp.split(';')[1].strip()}):", "",
+           f"([results/transformer.md](results/transformer.md); {stamp.split(';')[1].strip()}):", "",
            "| mode | inference 1x128 | inference 8x512 | training 1x128 | training 8x512 |", "|---|---|---|---|---|"]
     for mode in ("eager", "cuda_graph", "compile"):
         out.append(f"| {mode} | " + " | ".join(ratio.get((mode, p, t), "-") for p, t in TRANSFORMER_COLUMNS) + " |")
@@ -42,11 +35,11 @@ def transformer_table() -> list[str]:
 
 
 def per_call_table() -> list[str]:
-    ln_stamp, ln = read("bench_layernorm")
-    lnl_stamp, lnl = read("bench_layernorm_linear")
+    ln_stamp, ln = read_table("bench_layernorm")
+    lnl_stamp, lnl = read_table("bench_layernorm_linear")
     out = ["Per call, ours / torch eager, pipelined (back-to-back calls with their allocations, one sync;",
-           "[results/bench_layernorm.md](results/bench_layernorm.md), "
-           "[results/bench_layernorm_linear.md](results/bench_layernorm_linear.md)):", "",
+           "[results/layernorm.md](results/layernorm.md), "
+           "[results/layernorm_linear.md](results/layernorm_linear.md)):", "",
            "| call | dtype | ours / torch | commit |", "|---|---|---|---|"]
     for dtype in ("bfloat16", "float32"):
         v = [float(r["pipe_vs_torch"]) for r in ln if (r["kind"], r["impl"], r["dtype"]) == ("fwd", "ours", dtype)]

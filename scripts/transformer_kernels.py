@@ -40,7 +40,8 @@ def kernel_rows(kernels: dict[str, tuple[int, float]], calls: int, **where: obje
 
 def breakdown(sizes: tuple[tuple[int, int], ...]) -> list[dict]:
     """Per size and phase, torch and ours captured (CUDA graph) as ``run`` times them: CUPTI's device time per
-    call of each kind of kernel (``KINDS``), and the busiest kernels, into results/bench_transformer_breakdown.md."""
+    call of each kind of kernel (``KINDS``), and the busiest kernels, into the bench_transformer_breakdown table
+    (results/transformer.md)."""
     from ops.bench.timing import kernel_times
 
     rows = []
@@ -63,7 +64,7 @@ def compile_kernels(sizes: tuple[tuple[int, int], ...], compile_abs: tuple[str, 
     """Per size and phase, torch's model, ours and the contenders ``compile_abs`` under torch.compile as ``run`` builds
     them: CUPTI's kernel launches and device time per call (counts, not host timings: the compile rows' pipelined
     times are host-bound and noisy), and every kernel (``KERNEL_FIELDS``), for
-    results/bench_transformer_compile_kernels.md and its _kernels.md."""
+    the bench_transformer_compile_kernels table and its _kernels table (results/transformer.md)."""
     from ops.bench.timing import kernel_times
 
     rows, every = [], []
@@ -107,7 +108,7 @@ def write_breakdown(rows: list[dict], stamp: str) -> None:
     busiest = sorted(rows, key=lambda r: -r["us"])
     top = "; ".join(f"{r['phase']} {r['tokens']} {r['impl']}: {r['kernel'][:50]} {r['us']} us" for r in busiest[:8])
     write_report(BREAKDOWN_OUT, table, fields, stamp, "GPT-2-small captured in a CUDA graph: device time by kind",
-                 "bf16, the models of bench_transformer.md, each call captured (torch.cuda.graph) and replayed: CUPTI "
+                 "bf16, the models of bench_transformer, each call captured (torch.cuda.graph) and replayed: CUPTI "
                  "kernel time per call (5 calls), summed per kind of kernel by name (scripts/bench_transformer.py "
                  "KINDS). The kinds' sums count overlapping kernels twice, so 'all' can exceed the pipelined time. "
                  f"ours_minus_torch_over_torch_total: what that kind moves the ratio ours / torch by. Busiest: {top}.")
@@ -116,14 +117,14 @@ def write_breakdown(rows: list[dict], stamp: str) -> None:
 
 
 def write_compile_kernels(rows: list[dict], kernels: list[dict], stamp: str) -> None:
-    """``compile_kernels``' rows into results/bench_transformer_compile_kernels.md and every kernel into its
-    _kernels.md."""
+    """``compile_kernels``' rows into the bench_transformer_compile_kernels table and every kernel into its _kernels
+    table (results/transformer.csv)."""
     write_report(COMPILE_KERNELS_OUT, rows, COMPILE_KERNEL_FIELDS, stamp,
                  "GPT-2-small under torch.compile: kernels per call",
-                 "bf16, the models of bench_transformer.md compiled as its compile rows are (ours_*: the compile "
+                 "bf16, the models of bench_transformer compiled as its compile rows are (ours_*: the compile "
                  "A/B contenders asked for, each with its knob at its contender's value). CUPTI over 5 calls "
                  "after a warm-up: kernels launched per call (memsets included) and their device time summed, "
-                 f"in us per call. Every kernel: {COMPILE_KERNELS_OUT.name}_kernels.md.")
+                 f"in us per call. Every kernel: the {COMPILE_KERNELS_OUT.name}_kernels table.")
     write_report(COMPILE_KERNELS_OUT.with_name(COMPILE_KERNELS_OUT.name + "_kernels"), kernels, KERNEL_FIELDS,
                  stamp, "GPT-2-small under torch.compile: every kernel",
                  "Per phase, tokens and model: CUPTI us per call, launches per call.")

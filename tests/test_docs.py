@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from ops import layernorm, layernorm_linear
+from ops.bench import results
 
 SECTIONS = ("Args:", "Shape:", "Returns:", "Raises:", "Example:")
 PUBLIC = [(m, name) for m in (layernorm, layernorm_linear) for name in m.__all__ if callable(getattr(m, name))]
@@ -57,3 +59,36 @@ def test_readme_library_example_runs() -> None:
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["y"].shape == (8, 512, 3072) and scope["x"].grad is not None
     assert all(p.grad is not None for p in scope["mlp_in"].parameters())
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+@pytest.mark.parametrize("family", sorted({family for _, family in results.FAMILIES}))
+def test_results_markdown_is_generated_from_its_csv(family: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each family's committed .md is what ops/bench/results.py renders from its committed .csv, and every table
+    reads back with its stamp and its columns."""
+    (tmp_path / f"{family}.csv").write_text((RESULTS / f"{family}.csv").read_text())
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    assert results.render(family) == (RESULTS / f"{family}.md").read_text()
+    tables = dict.fromkeys(r["table"] for r in results.read_long(family))
+    assert tables, f"{family}.csv holds no table"
+    for table in tables:
+        stamp, rows = results.read_table(table)
+        assert stamp.startswith("GPU: ") and rows, table
+
+
+def test_results_readme_lists_every_file() -> None:
+    """results/ keeps about 25 files, and its README says which script wrote each (its names in backquotes:
+    ``{a,b}`` for either, ``<rev>`` for a revision)."""
+    readme = (RESULTS / "README.md").read_text()
+    patterns = []
+    for name in re.findall(r"`([^`\s]+)`", readme):
+        pattern = re.escape(name).replace(re.escape("<rev>"), "[0-9a-f]+")
+        pattern = re.sub(r"\\\{([^}]*)\\\}", lambda m: "(" + m.group(1).replace(",", "|") + ")", pattern)
+        patterns.append(re.compile(pattern))
+    files = sorted(p.name for p in RESULTS.iterdir() if p.is_file() and p.name != "README.md")
+    assert len(files) <= 27, files
+    for name in files:
+        assert any(p.fullmatch(name) for p in patterns), f"results/{name} is not in results/README.md"

@@ -2,13 +2,16 @@
 the kernel time of torch and MAX kernels (on the GPU); the benchmarks' report and plot from a CSV; host time
 from the pipelined runs; the issues' targets read from the reports (scripts/check_targets.py)."""
 
+import datetime
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from ops.bench.reports import appended, kept_rows, kept_stamp, plot_forward, stamp_commit, write_report
+from ops.bench import results
+from ops.bench.reports import appended, kept_rows, kept_stamp, plot_forward, write_report
+from ops.bench.results import stamp_commit
 from ops.bench.timing import MARK_KERNEL, busy_us_per_call, measure, side_by_side
 from ops.layernorm import layernorm_fwd
 
@@ -39,76 +42,97 @@ def test_a_call_with_no_recorded_work_is_an_error() -> None:
         busy_us_per_call([(MARK, 0, 100), ("a", 200, 300), (MARK, 400, 500)])
 
 
-def test_report_and_plot_from_the_csv(tmp_path: Path) -> None:
+@pytest.fixture
+def results_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The results folder in a temporary one."""
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    return tmp_path
+
+
+def test_report_is_long_format_and_its_views_come_from_the_csv(results_dir: Path) -> None:
+    """A table is stored one value per row with its run's GPU, commit and date; the Markdown and the plot are
+    drawn from the CSV; the table reads back as written; another table of the family keeps its rows."""
     rows = [{"kind": "fwd", "impl": "torch", "dtype": "bfloat16", "M": 4, "H": 8, "GBps": 10.5},
             {"kind": "fwd", "impl": "ours", "dtype": "bfloat16", "M": 4, "H": 8, "GBps": None},
             {"kind": "fwd", "impl": "ours", "dtype": "float32", "M": 1, "H": 8, "GBps": 2.0},
             {"kind": "bwd", "impl": "torch", "dtype": "float16", "M": 4, "H": 8, "GBps": 3.0}]
-    stem = tmp_path / "bench_x"
-    write_report(stem, rows, ["kind", "impl", "dtype", "M", "H", "GBps"], "GPU: test", "T", "note")
-    assert stem.with_suffix(".csv").read_text().splitlines()[:3] == [
-        "# GPU: test", "kind,impl,dtype,M,H,GBps", "fwd,torch,bfloat16,4,8,10.5"]
-    assert "| fwd | ours | bfloat16 | 4 | 8 |  |" in stem.with_suffix(".md").read_text()
+    fields = ["kind", "impl", "dtype", "M", "H", "GBps"]
+    write_report("bench_layernorm", rows, fields, "GPU: test; commit abc", "T", "note")
+    lines = (results_dir / "layernorm.csv").read_text().splitlines()
+    assert lines[0] == ",".join(results.FIELDS)
+    today = datetime.date.today().isoformat()
+    assert f"bench_layernorm,0,kind=fwd,torch,bfloat16,M=4;H=8,GBps,10.5,test,abc,{today}" in lines
+    assert [line for line in lines if line.startswith("bench_layernorm,1,")] == [   # no value: a place holder
+        f"bench_layernorm,1,kind=fwd,ours,bfloat16,M=4;H=8,,,test,abc,{today}"]
+    assert "| fwd | ours | bfloat16 | 4 | 8 |  |" in (results_dir / "layernorm.md").read_text()
+    write_report("bench_layernorm_bwd_sweep", [{"parts": 2, "us": 1.5}], ["parts", "us"], "GPU: test", "S", "n")
     rows[1]["GBps"] = 12.0
-    write_report(stem, rows, ["kind", "impl", "dtype", "M", "H", "GBps"], "GPU: test", "T", "note")
-    png = tmp_path / "x.png"
-    # forward rows only, one panel per dtype, impls in the order asked and only where the CSV has them
-    drawn = plot_forward(stem.with_suffix(".csv"), png, "t", "GBps", "GB/s", ("M", "H"), "{}x{}",
-                         ("ours", "copy", "torch"))
+    write_report("bench_layernorm", rows, fields, "GPU: test; commit abc", "T", "note")
+    stamp, back = results.read_table("bench_layernorm")
+    assert stamp == "GPU: test; commit abc" and back[1] == {k: str(v) for k, v in rows[1].items()}
+    assert results.read_table("bench_layernorm_bwd_sweep")[1] == [{"parts": "2", "us": "1.5"}]
+    md = (results_dir / "layernorm.md").read_text()
+    assert md.index("## S") < md.index("## T")   # the sweep's table, then the rewritten one
+    # forward rows only, one panel per dtype, impls in the order asked and only where the table has them
+    drawn = plot_forward("bench_layernorm", "t", "GBps", "GB/s", ("M", "H"), "{}x{}", ("ours", "copy", "torch"))
     assert drawn == {"bfloat16": ["ours", "torch"], "float32": ["ours"]}
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (results_dir / "layernorm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="^table:"):
+        results.family_of("bench_nothing")
 
 
-def test_appended_report_keeps_the_other_dtypes_rows_and_their_stamp(tmp_path: Path) -> None:
-    """A run of one dtype appended to an earlier report keeps the other dtypes' rows, and its stamp names
-    the earlier report's, so each row's commit stays known."""
-    csv_path = tmp_path / "bench_x.csv"
-    assert kept_rows(csv_path, {"bfloat16"}) == [] and kept_stamp(csv_path) == ""
+def test_appended_report_keeps_the_other_dtypes_rows_and_their_stamp(results_dir: Path) -> None:
+    """A run of one dtype appended to an earlier report keeps the other dtypes' rows, with their own run's commit
+    and date, and its stamp names the earlier report's, so each row's commit stays known."""
+    table = "bench_layernorm"
+    assert kept_rows(table, {"bfloat16"}) == [] and kept_stamp(table) == ""
     rows = [{"dtype": "float32", "us": 2.0}, {"dtype": "bfloat16", "us": 1.0}]
-    write_report(tmp_path / "bench_x", rows, ["dtype", "us"], "GPU: test; commit aaa", "T", "note")
-    assert kept_rows(csv_path, {"bfloat16"}) == [{"dtype": "float32", "us": "2.0"}]
-    assert kept_stamp(csv_path) == "; rows of other dtypes kept from: GPU: test; commit aaa"
+    write_report(table, rows, ["dtype", "us"], "GPU: test; commit aaa", "T", "note")
+    assert kept_rows(table, {"bfloat16"}) == [{"dtype": "float32", "us": "2.0"}]
+    assert kept_stamp(table) == "; rows of other dtypes kept from: GPU: test; commit aaa"
     new = [{"dtype": "bfloat16", "us": 0.5}]
-    assert appended(csv_path, "bfloat16", new) == (
-        [{"dtype": "float32", "us": "2.0"}] + new,
-        " (bfloat16 rows); rows of other dtypes kept from: GPU: test; commit aaa")
+    rows, kept = appended(table, "bfloat16", new)
+    assert (rows, kept) == ([{"dtype": "float32", "us": "2.0"}] + new,
+                            " (bfloat16 rows); rows of other dtypes kept from: GPU: test; commit aaa")
+    write_report(table, rows, ["dtype", "us"], f"GPU: test; commit bbb{kept}", "T", "note")
+    runs = {(r["dtype"], r["commit"]) for r in results.read_long("layernorm") if r["metric"] == "us"}
+    assert runs == {("float32", "aaa"), ("bfloat16", "bbb")}
 
 
-def test_transformer_report_keeps_other_modes_rows_with_their_commit(tmp_path: Path) -> None:
+def test_transformer_report_keeps_other_modes_rows_with_their_commit(results_dir: Path) -> None:
     """A transformer run of some modes keeps the other modes' rows, its stamp names the run they came from
     (keyed by mode), and check_targets counts each mode's rows at its own run's commit."""
     import check_targets
 
-    csv_path = tmp_path / "bench_t.csv"
     fields = ["mode", "phase", "tokens", "impl", "vs_torch"]
     first = [{"mode": m, "phase": "train", "tokens": "4096", "impl": "ours", "vs_torch": v}
              for m, v in (("eager", 0.9), ("cuda_graph", 0.96))]
-    write_report(tmp_path / "bench_t", first, fields, "GPU: g; commit a1", "T", "note")
+    write_report("bench_transformer", first, fields, "GPU: g; commit a1", "T", "note")
     rerun = [{"mode": "eager", "phase": "train", "tokens": "4096", "impl": "ours", "vs_torch": 0.8}]
-    rows, kept = appended(csv_path, "eager", rerun, column="mode")
+    rows, kept = appended("bench_transformer", "eager", rerun, column="mode")
     assert kept == " (eager rows); rows of other modes kept from: GPU: g; commit a1"
-    write_report(tmp_path / "bench_t", rows, fields, f"GPU: g; commit b2; medians over 5 processes{kept}", "T", "n")
-    stamp = csv_path.read_text().splitlines()[0].lstrip("# ")
+    write_report("bench_transformer", rows, fields, f"GPU: g; commit b2; medians over 5 processes{kept}", "T", "n")
+    stamp, rows = results.read_table("bench_transformer")
     assert [stamp_commit(stamp, m) for m in ("eager", "cuda_graph")] == ["b2", "a1"]
     found = {c.target: c for c in check_targets.transformer_checks(stamp, rows)}
     assert (found["transformer eager train / torch's"].value, found["transformer eager train / torch's"].commit) \
         == (0.8, "b2")
     assert (found["transformer cuda_graph train / torch's"].value,
             found["transformer cuda_graph train / torch's"].commit) == (0.96, "a1")
-    assert appended(tmp_path / "none.csv", "eager", rerun, column="mode") == (rerun, "")
+    assert appended("bench_transformer_control", "eager", rerun, column="mode") == (rerun, "")
 
 
-def test_each_dtypes_commit_is_the_newest_run_that_wrote_it(tmp_path: Path) -> None:
+def test_each_dtypes_commit_is_the_newest_run_that_wrote_it(results_dir: Path) -> None:
     """Reruns of some dtypes chain their stamps; each dtype's commit is the newest run's that names it (a run
     of two dtypes names both), and runs that no kept row came from drop out of the chain."""
-    csv_path = tmp_path / "bench_x.csv"
+    table = "bench_layernorm_linear"
     rows = [{"dtype": d, "us": 1.0} for d in ("float32", "float16", "bfloat16")]
-    write_report(tmp_path / "bench_x", rows, ["dtype", "us"], "GPU: g; commit a1", "T", "note")
+    write_report(table, rows, ["dtype", "us"], "GPU: g; commit a1", "T", "note")
     for commit, dtypes in (("b2", "float32,float16"), ("c3", "bfloat16"), ("d4", "float32")):
         new = [{"dtype": d, "us": 2.0} for d in dtypes.split(",")]
-        rows, kept = appended(csv_path, dtypes, new)
-        write_report(tmp_path / "bench_x", rows, ["dtype", "us"], f"GPU: g; commit {commit}{kept}", "T", "note")
-    stamp = csv_path.read_text().splitlines()[0].lstrip("# ")
+        rows, kept = appended(table, dtypes, new)
+        write_report(table, rows, ["dtype", "us"], f"GPU: g; commit {commit}{kept}", "T", "note")
+    stamp = results.read_table(table)[0]
     assert [stamp_commit(stamp, d) for d in ("float32", "float16", "bfloat16")] == ["d4", "b2", "c3"]
     assert "a1" not in stamp and stamp.count("commit") == 3, stamp   # a1's rows were all rewritten
     assert stamp_commit("GPU: g; commit e5", "float32") == "e5" and stamp_commit("GPU: g", "float32") == "?"

@@ -4,13 +4,14 @@ Markdown writers and plots, apart from the timing itself (``timing.py``)."""
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+
+from ops.bench import results
+from ops.bench.results import KEPT, stamp_runs
 
 # About 5 ms at H100 clocks: longer than the host needs to enqueue any call we
 # time (the unfused p22 path is four bridge calls).
@@ -86,63 +87,30 @@ def print_rows(rows: list[dict], fields: Sequence[str]) -> None:
         print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
-def write_report(stem: Path, rows: list[dict], fields: Sequence[str], stamp: str, title: str, note: str) -> None:
-    """``stem``.csv (stamp as a leading # line) and ``stem``.md (title, stamp, note, one table)."""
-    stem.parent.mkdir(exist_ok=True)
-    with open(stem.with_suffix(".csv"), "w", newline="") as f:
-        f.write(f"# {stamp}\n")
-        w = csv.DictWriter(f, fields)
-        w.writeheader()
-        w.writerows(rows)
-    lines = [f"# {title}", "", stamp, "", note, "", "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
-    lines += ["| " + " | ".join("" if r.get(k) is None else str(r[k]) for k in fields) + " |" for r in rows]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+def write_report(table: str | Path, rows: list[dict], fields: Sequence[str], stamp: str, title: str,
+                 note: str) -> None:
+    """Store a table (its name: ``table``'s last part) in its family's long-format CSV and regenerate the family's
+    Markdown view (``results.write_table``)."""
+    path = results.write_table(Path(table).name, rows, fields, stamp, title, note)
+    print(f"wrote {path} and {path.with_suffix('.md')}")
 
 
-def kept_rows(csv_path: Path, dtypes: set[str], column: str = "dtype") -> list[dict]:
-    """Rows of an earlier report's CSV whose ``column`` (dtype; the transformer's: mode) is not in ``dtypes`` (a
+def kept_rows(table: str, dtypes: set[str], column: str = "dtype") -> list[dict]:
+    """Rows of a table's earlier run whose ``column`` (dtype; the transformer's: mode) is not in ``dtypes`` (a
     benchmark run one dtype per device call appends to the others' rows)."""
-    if not csv_path.exists():
-        return []
-    return [r for r in csv.DictReader(csv_path.read_text().splitlines()[1:]) if r[column] not in dtypes]
+    return [r for r in results.read_table(table)[1] if r[column] not in dtypes]
 
 
-KEPT = "; rows of other {column}s kept from: "   # before the runs whose rows a report kept, by the column's name
-KEPT_ANY = re.compile(KEPT.format(column=r"\w+"))
-
-
-def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
-    """The runs a report's stamp names, newest first: each run's dtypes (None: all the rest) and its own stamp.
-
-    A report rerun for some dtypes (``appended``) is stamped "<stamp> (D1,D2 rows); rows of other dtypes kept
-    from: <the earlier report's stamp>"; the oldest run, unlabelled, wrote whatever no later one did.
-    """
-    runs = []
-    for seg in KEPT_ANY.split(stamp):
-        label = re.search(r" \(([\w,]+) rows\)$", seg)
-        runs.append((frozenset(label.group(1).split(",")), seg[: label.start()]) if label else (None, seg))
-    return runs
-
-
-def stamp_commit(stamp: str, dtype: str) -> str:
-    """The commit of the run that wrote ``dtype``'s rows of a report stamped ``stamp`` ('?' if none says)."""
-    for dtypes, own in stamp_runs(stamp):
-        if dtypes is None or dtype in dtypes:
-            found = re.search(r"commit (\w+)", own)
-            return found.group(1) if found else "?"
-    return "?"
-
-
-def kept_stamp(csv_path: Path, dtypes: set[str] | None = None, column: str = "dtype") -> str:
-    """What to add to the stamp of a report that keeps ``kept_rows(csv_path, dtypes, column)``: the earlier
+def kept_stamp(table: str, dtypes: set[str] | None = None, column: str = "dtype") -> str:
+    """What to add to the stamp of a report that keeps ``kept_rows(table, dtypes, column)``: the earlier
     report's stamp, less the runs none of whose rows are kept, so each kept row's commit stays known ('' when
     there is no earlier report)."""
-    if not csv_path.exists():
+    stamp, rows = results.read_table(table)
+    if not rows:
         return ""
-    lines = csv_path.read_text().splitlines()
-    kept = {r[column] for r in csv.DictReader(lines[1:])} - (dtypes or set())
+    kept = {r[column] for r in rows} - (dtypes or set())
     runs, owned = [], set()
-    for run_dtypes, own in stamp_runs(lines[0].lstrip("# ")):
+    for run_dtypes, own in stamp_runs(stamp):
         wrote = (kept - owned) if run_dtypes is None else (run_dtypes & kept) - owned
         if wrote:
             runs.append(own if run_dtypes is None else f"{own} ({','.join(sorted(run_dtypes))} rows)")
@@ -153,27 +121,27 @@ def kept_stamp(csv_path: Path, dtypes: set[str] | None = None, column: str = "dt
     return sep + sep.join(runs) if runs else ""
 
 
-def appended(csv_path: Path, dtypes: str, rows: list[dict], column: str = "dtype") -> tuple[list[dict], str]:
-    """A run of the comma-separated ``dtypes`` (values of ``column``) added to the report at ``csv_path``: the
-    earlier report's rows of other values, then ``rows``, and what the new report's stamp appends
-    (``kept_stamp``; nothing when no row is kept)."""
-    kept = kept_rows(csv_path, set(dtypes.split(",")), column)
-    tail = kept_stamp(csv_path, set(dtypes.split(",")), column)
+def appended(table: str, dtypes: str, rows: list[dict], column: str = "dtype") -> tuple[list[dict], str]:
+    """A run of the comma-separated ``dtypes`` (values of ``column``) added to ``table``: the earlier run's rows of
+    other values, then ``rows``, and what the new report's stamp appends (``kept_stamp``; nothing when no row is
+    kept)."""
+    kept = kept_rows(table, set(dtypes.split(",")), column)
+    tail = kept_stamp(table, set(dtypes.split(",")), column)
     return kept + rows, f" ({dtypes} rows){tail}" if tail else ""
 
 
-def plot_forward(csv_path: Path, png: Path, title: str, value: str, ylabel: str, shape_cols: Sequence[str],
+def plot_forward(table: str, title: str, value: str, ylabel: str, shape_cols: Sequence[str],
                  shape_fmt: str, impls: Sequence[str] | None = None, log: bool = False) -> dict[str, list[str]]:
-    """Draw ``png`` from a benchmark CSV: one panel per dtype of its forward rows, ``value`` per shape
-    (the columns ``shape_cols``, labelled by ``shape_fmt``) for each of ``impls`` found (default: every
-    impl), titled with the CSV's stamp line. Returns the impls drawn per dtype."""
+    """Draw ``results/<family>.png`` from a benchmark table: one panel per dtype of its forward rows, ``value``
+    per shape (the columns ``shape_cols``, labelled by ``shape_fmt``) for each of ``impls`` found (default: every
+    impl), titled with the table's stamp. Returns the impls drawn per dtype."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    text = csv_path.read_text().splitlines()
-    stamp = text[0].lstrip("# ")
-    rows = [r for r in csv.DictReader(text[1:]) if r["kind"] == "fwd"]
+    stamp, rows = results.read_table(table)
+    rows = [r for r in rows if r["kind"] == "fwd"]
+    png = results.RESULTS / f"{results.family_of(table)}.png"
     dtypes = sorted({r["dtype"] for r in rows})
     fig, axes = plt.subplots(len(dtypes), 1, figsize=(15, 4.5 * len(dtypes)), squeeze=False)
 

@@ -16,7 +16,7 @@ weights (keyed on storage pointer, version counter and layout), and by
 making no stream join at all where CUDA itself orders torch's stream with
 MAX's queue (torch's legacy default stream against MAX's blocking queue:
 4-12 us less host time per call on the H100, device time unchanged;
-results/bench_dispatch.md).
+results/host.md (table bench_dispatch)).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def fwd_capacity(config: int) -> int:
 
 def vector_config(nv: int, vec: int, clusters: bool) -> int:
     """A block (or, with ``clusters``, for long rows a cluster of blocks) per row; per row length, the
-    fastest config of H100 sweeps (fp32 and bf16; results/bench_layernorm.md); -1: none holds the row."""
+    fastest config of H100 sweeps (fp32 and bf16; results/layernorm.md); -1: none holds the row."""
     if nv <= 256:
         return 4
     if nv <= 512:
@@ -279,7 +279,7 @@ def reduce_block(h: int) -> int:
 
 
 # The C++ route's copy of an x whose last two dims are column-major (a transposed view: torch's contiguous() moves
-# those at 450-960 GB/s on the H100, results/bench_layernorm.md's copy:strided rows); handed to the C++ side at loading.
+# those at 450-960 GB/s on the H100, results/layernorm.md's copy:strided rows); handed to the C++ side at loading.
 TRANSPOSE_TILE = K["TRANSPOSE_TILE"]
 TRANSPOSE_THREADS = K["TRANSPOSE_THREADS"]
 
