@@ -91,7 +91,7 @@ def measure_op(n: int, lib: object, dev: torch.device) -> tuple[dict, dict, dict
     model = bridge.load_model(ours, tuple(t.dtype for t in xs), dev)
     stream = bridge._raw_stream(dev)
     bufs = [bridge.to_buffer(t, stream) for t in [out, *xs]]
-    sync = bridge._stream_sync(dev)
+    sync = bridge.stream_sync(dev)
     part = {"inputs": n, **host_us({
         "bridge_events_mode_us": in_mode("events", lambda: ours(*xs)),
         "Buffer.from_dlpack_per_tensor_us": lambda: Buffer.from_dlpack(xs[0]),

@@ -57,8 +57,8 @@ SWEEP_FIELDS = ("dtype", "M", "H", "per_sm", "parts", "config", "ch", "wpr", "rp
 BWD_SHAPES = ((4096, 4096), (4096, 768), (16384, 1024), (4096, 8192))
 GELU_SHAPES = ((4096, 768), (16384, 4096))
 ROTATE_BYTES = 256 << 20  # input sets per shape cover at least this much (H100 L2: 50 MB)
-FIELDS = ("kind", "impl", "dtype", "M", "H", "pipe_us", "pipe_vs_torch", "host_us", "us", "GBps", "pct_copy",
-          "vs_torch", "vs_compile", "kernel_us", "kernel_GBps", "kernel_vs_torch")
+FIELDS = ("kind", "impl", "dtype", "M", "H", "pipe_us", "pipe_vs_torch", "pipe_runs", "pipe_spread", "host_us", "us",
+          "GBps", "pct_copy", "vs_torch", "vs_compile", "kernel_us", "kernel_GBps", "kernel_vs_torch")
 
 
 def copy_gbps() -> float:

@@ -59,8 +59,8 @@ STRIDED_SHAPES = ((4096, 768, 3072), (4096, 4096, 64))
 SM90_SHAPES = ((4096, 768, 3072), (4096, 768, 2304), (4096, 1024, 3072), (4096, 4096, 3072), (16384, 768, 3072),
                (4096, 1024, 4096), (4096, 4096, 4096))
 ROTATE_BYTES = 256 << 20
-FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "pipe_us", "pipe_vs_torch", "host_us", "us", "TFLOPs", "vs_torch",
-          "peak_MB", "kernel_us", "kernel_vs_torch")
+FIELDS = ("kind", "impl", "dtype", "M", "K", "N", "pipe_us", "pipe_vs_torch", "pipe_runs", "pipe_spread", "host_us",
+          "us", "TFLOPs", "vs_torch", "peak_MB", "kernel_us", "kernel_vs_torch")
 Sets = list[tuple[torch.Tensor, ...]]
 
 

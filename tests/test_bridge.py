@@ -129,7 +129,7 @@ def test_stream_ordering(side_stream: bool, mode: str, monkeypatch: pytest.Monke
     monkeypatch.setattr(bridge, "STREAM_MODE", mode)
     k = P22Kernels(SOLUTIONS)
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
-    max_queue = bridge._stream_sync(torch.device("cuda")).max_stream
+    max_queue = bridge.stream_sync(torch.device("cuda")).max_stream
     with torch.cuda.stream(stream):
         for trial in range(4):
             c = torch.zeros(64, 64, 256, device="cuda")
@@ -151,7 +151,7 @@ def test_auto_mode_joins_only_where_cuda_does_not_order_the_streams(monkeypatch:
     """"auto" makes no join on MAX's own queue, nor on torch's legacy default stream when MAX's queue
     blocks on it; a side stream of torch's always gets one."""
     monkeypatch.setattr(bridge, "STREAM_MODE", "auto")
-    sync = bridge._stream_sync(torch.device("cuda"))
+    sync = bridge.stream_sync(torch.device("cuda"))
     joins = []
     after = bridge._StreamSync.after
 

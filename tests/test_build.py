@@ -120,7 +120,7 @@ def test_unknown_architecture_has_no_build() -> None:
 
 def test_argument_layout() -> None:
     """Pointers 8-aligned, Int32/Float32 4-aligned, TMA descriptors 64-aligned, as the PTX params are."""
-    fmt, offsets, size = direct._layout("pif t".replace(" ", ""))
+    fmt, offsets, size = direct.arg_layout("pif t".replace(" ", ""))
     assert offsets == [0, 8, 12, 64] and size == 192
 
 

@@ -343,3 +343,15 @@ def test_ptx_fingerprint_sees_code_not_names() -> None:
     assert compare_ptx.fingerprint(renamed) == compare_ptx.fingerprint(ptx)
     assert compare_ptx.fingerprint("// another comment\n" + ptx) == compare_ptx.fingerprint(ptx)
     assert compare_ptx.fingerprint(ptx.replace("add.f32", "sub.f32")) != compare_ptx.fingerprint(ptx)
+
+
+def test_call_fields_carry_the_repeat_statistics() -> None:
+    """A row's headline carries how many pipelined runs its median is over and their spread; a timing without
+    runs leaves the spread empty (its row stores no value for it)."""
+    from ops.bench.timing import Timing, call_fields
+
+    ours = Timing(5.0, 4.0, 50, pipelined_us=10.0, pipelined_runs=(9.0, 10.0, 12.5))
+    torch_t = Timing(5.0, 4.0, 50, pipelined_us=20.0)
+    assert call_fields(ours, torch_t) == {"pipe_us": 10.0, "host_us": 4.0, "pipe_vs_torch": 0.5, "pipe_runs": 3,
+                                          "pipe_spread": 0.35}
+    assert call_fields(torch_t, torch_t)["pipe_spread"] is None

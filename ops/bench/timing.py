@@ -47,13 +47,15 @@ _NOT_WORK = re.compile("annotation|sync")  # CUPTI device records that are not k
 @dataclass(frozen=True)
 class Timing:
     """One call's medians in microseconds: device time, host time and pipelined time (NaN and None when not
-    timed pipelined), and optionally kernel time."""
+    timed pipelined), and optionally kernel time; ``pipelined_runs``: each pipelined run's time per call (the
+    median's repeats)."""
 
     device_us: float
     host_us: float
     runs: int
     kernel_us: float | None = None
     pipelined_us: float | None = None
+    pipelined_runs: tuple[float, ...] = ()
 
 
 def _sync(device: torch.device) -> None:
@@ -91,7 +93,7 @@ def measure(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tenso
     if not pipelined:
         return Timing(device_us, math.nan, iters, kernel)
     runs = pipelined_runs({"fn": _cycling(fn, input_sets)}, pipeline_calls(device_us), REPEATS, device)["fn"]
-    return Timing(device_us, runs.host_us, iters, kernel, runs.pipelined_us)
+    return Timing(device_us, runs.host_us, iters, kernel, runs.pipelined_us, runs.runs)
 
 
 def pipeline_calls(device_us: float) -> int:
@@ -108,8 +110,8 @@ def side_by_side(contenders: Sequence[tuple], iters: int = 50, kernels: bool = F
     cycling = {c[0]: _cycling(c[1], c[2]) for c in contenders}
     calls = pipeline_calls(max(t.device_us for t in timings.values()))
     runs = pipelined_runs(cycling, calls, REPEATS, contenders[0][2][0][0].device)
-    return {name: dataclasses.replace(t, pipelined_us=runs[name].pipelined_us, host_us=runs[name].host_us)
-            for name, t in timings.items()}
+    return {name: dataclasses.replace(t, pipelined_us=runs[name].pipelined_us, host_us=runs[name].host_us,
+                                      pipelined_runs=runs[name].runs) for name, t in timings.items()}
 
 
 def _cycling(fn: Callable[..., object], input_sets: Sequence[Sequence[torch.Tensor]]) -> Callable[[], object]:
@@ -129,11 +131,14 @@ def copy_contender(name: str, sets: Sequence[Sequence[torch.Tensor]]) -> tuple:
     return (name, copy_into, [(x, torch.empty(x.shape, dtype=x.dtype, device=x.device)) for x, *_ in sets])
 
 
-def call_fields(t: Timing, baseline: Timing) -> dict[str, float]:
-    """The report columns of how a call feels to a user: pipelined and host time per call, and the pipelined
-    ratio to ``baseline`` (torch eager), the headline of every benchmark."""
+def call_fields(t: Timing, baseline: Timing) -> dict[str, float | int | None]:
+    """The report columns of how a call feels to a user: pipelined and host time per call, the pipelined ratio to
+    ``baseline`` (torch eager), the headline of every benchmark, and its repeat statistics: how many runs the
+    median is over (``pipe_runs``) and their spread, (slowest - fastest) / median (``pipe_spread``)."""
+    runs = t.pipelined_runs
     return {"pipe_us": round(t.pipelined_us, 2), "host_us": round(t.host_us, 2),
-            "pipe_vs_torch": round(t.pipelined_us / baseline.pipelined_us, 3)}
+            "pipe_vs_torch": round(t.pipelined_us / baseline.pipelined_us, 3), "pipe_runs": len(runs),
+            "pipe_spread": round((max(runs) - min(runs)) / t.pipelined_us, 3) if runs else None}
 
 
 @dataclass(frozen=True)

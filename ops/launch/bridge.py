@@ -400,7 +400,7 @@ def execute(model: Any, outs: Sequence[torch.Tensor], tensors: Sequence[torch.Te
     if device.type != "cuda":
         _execute(model, outs, tensors, weights, None)
         return
-    sync = _stream_sync(device)
+    sync = stream_sync(device)
     stream = None if STREAM_MODE == "events" else _raw_stream(device)
     if STREAM_MODE == "auto" and sync.implicit(stream):
         # The views name MAX's own queue, so MAX waits on nothing, and no event is needed after.
@@ -466,7 +466,7 @@ class _StreamSync:
 
 
 @cache
-def _stream_sync(device: torch.device) -> _StreamSync:
+def stream_sync(device: torch.device) -> _StreamSync:
     return _StreamSync(device)
 
 

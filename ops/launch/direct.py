@@ -41,7 +41,7 @@ from ops.launch.ptx import KernelSpec, NoBuildError, build, entry_name, ptx_path
 _ARG_FORMAT = {"p": ("Q", 8, 8), "i": ("i", 4, 4), "f": ("f", 4, 4), "t": ("128s", 128, 64)}
 
 
-def _layout(args: str) -> tuple[str, list[int], int]:
+def arg_layout(args: str) -> tuple[str, list[int], int]:
     """struct format (explicit padding), each argument's offset, and the total size."""
     fmt, offsets, at = "<", [], 0
     for a in args:
@@ -83,7 +83,7 @@ class Kernel:
                 self.kernel.handle, device_index))
         self.spec = spec
         self.device_index = device_index
-        self._fmt, offsets, size = _layout(spec.args)
+        self._fmt, offsets, size = arg_layout(spec.args)
         self._buffer = ctypes.create_string_buffer(max(size, 8) + 64)
         base = (ctypes.addressof(self._buffer) + 63) // 64 * 64   # 64-byte aligned, as a TMA descriptor wants
         self._base = base - ctypes.addressof(self._buffer)
