@@ -126,7 +126,8 @@ def test_backward_is_deterministic(device: str) -> None:
 def test_backward_row_groups(monkeypatch: pytest.MonkeyPatch, rows: int, h: int, dtype: torch.dtype,
                              parts: int) -> None:
     """The backward's row-group count on a 132-SM GPU at shapes of the H100 sweeps (the bench_layernorm_bwd_sweep
-    table in results/layernorm.md, and ops/layernorm/config.py's notes): about 2 rows a group up to 1024-wide rows, 8 beyond, capped by row bytes."""
+    table in results/layernorm.md, and ops/layernorm/config.py's notes): about 2 rows a group up to 1024-wide
+    rows, 8 beyond, capped by row bytes."""
     monkeypatch.setattr(L.launch, "sm_count", lambda device: 132)
     assert L.launch.bwd_parts(rows, h, dtype, torch.device("cuda")) == parts
     assert L.launch.bwd_parts(rows, h, dtype, torch.device("cpu")) == 1
