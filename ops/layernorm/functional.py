@@ -69,7 +69,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     native = native_entry("layernorm")
     if native is not None and native_takes(x, weight, bias, eps, variant, activation):
         y = native(x, weight, bias, eps, ACTIVATIONS[activation])
-        if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
+        if y is not None:   # None: a call the C++ entry does not take (accepts, ops/launch/native/plans.h)
             return y
     eps = as_eps(eps)
     way = route(x, weight, bias, variant)

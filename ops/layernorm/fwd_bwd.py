@@ -63,7 +63,7 @@ def layernorm_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps
     # x checked first: vmap's fallback cannot loop this entry (it returns Tensor[]); see layernorm_bwd
     if native is not None and native_takes(x, weight, bias, eps, variant, activation) and not kernels_cannot_read(x):
         out = native(x, weight, bias, eps, ACTIVATIONS[activation])
-        if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
+        if out:   # empty: a call the C++ entry does not take (accepts, ops/launch/native/plans.h)
             return tuple(out)
     eps = as_eps(eps)
     check_call(x, weight, bias, eps, variant, activation)
@@ -115,7 +115,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias:
     if native is not None and isinstance(activation, str) and activation in ACTIVATIONS and all(
             isinstance(t, torch.Tensor) for t in (dy, x, weight, bias, mean, rstd)) and not kernels_cannot_read(dy):
         out = native(dy, x, weight, bias, mean, rstd, ACTIVATIONS[activation])
-        if out:   # empty: a call the C++ entry does not take (see ops/launch/direct.cpp)
+        if out:   # empty: a call the C++ entry does not take (accepts, ops/launch/native/plans.h)
             return tuple(out)
     if torch_answers(dy, x, weight, bias, mean, rstd):   # as in layernorm_fwd, after the named checks
         check_bwd(dy, x, weight, bias, mean, rstd)

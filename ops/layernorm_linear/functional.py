@@ -55,7 +55,7 @@ def layernorm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Te
     native = native_entry("layernorm_linear")
     if native is not None and native_takes(x, ln_weight, ln_bias, weight, bias, eps, algo):
         y = native(x, ln_weight, ln_bias, weight, bias, eps, ALGO_IDS[algo])
-        if y is not None:   # None: a call the C++ entry does not take (see ops/launch/direct.cpp)
+        if y is not None:   # None: a call the C++ entry does not take (accepts, ops/launch/native/plans.h)
             return y
     eps = as_eps(eps)
     tensors = (x, ln_weight, ln_bias, weight, bias)
