@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from ops.launch import direct, ptx
 from ops.layernorm import config as layernorm_config
 from ops.layernorm_linear import config as layernorm_linear_config
+from ops.rmsnorm import config as rmsnorm_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -17,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--target", default="H100", choices=[t for t, _ in ptx.TARGETS.values()])
     a = p.parse_args(argv)
-    specs = layernorm_config.all_specs() + layernorm_linear_config.all_specs()
+    specs = layernorm_config.all_specs() + layernorm_linear_config.all_specs() + rmsnorm_config.all_specs()
     built = ptx.build(specs, a.target)
     print(f"{len(specs)} kernels for {a.target}: {built} built, {len(specs) - built} cached, "
           f"in {ptx.ptx_dir(a.target)}")

@@ -52,3 +52,23 @@ def layernorm_linear_grads_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch
     leaves = [t.detach().double().requires_grad_() for t in (x, gamma, beta, weight, bias)]
     y = layernorm_linear_ref(*leaves, eps=eps)
     return torch.autograd.grad(y, leaves, dy.double())
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float, semantics: str = "torch",
+                dims: int = 1) -> torch.Tensor:
+    """RMSNorm over x's last ``dims`` dims in float64: x / sqrt(mean(x^2) + eps) times the weight (torch's and
+    Llama's) or 1 + weight (Gemma's); the semantics differ only in where their modules round, which float64 does
+    not."""
+    x64 = x.double()
+    axes = tuple(range(-dims, 0))
+    y = x64 * torch.rsqrt(x64.pow(2).mean(axes, keepdim=True) + eps)
+    if weight is None:
+        return y
+    return y * (1.0 + weight.double()) if semantics == "gemma" else y * weight.double()
+
+
+def rmsnorm_grads_ref(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, eps: float,
+                      semantics: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) of ``rmsnorm_ref`` over the last dim for upstream dy, by float64 autograd."""
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, weight))
+    return torch.autograd.grad(rmsnorm_ref(x64, w64, eps, semantics), (x64, w64), dy.double())

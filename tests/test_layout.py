@@ -40,7 +40,7 @@ def edges() -> dict[str, set[str]]:
 
 # Each op's package, its files from the top layer down: a file imports only the files after it.
 OP_LAYERS = ("module", "functional", "traced", "inductor", "autograd", "fwd_bwd", "algo", "checks", "launch", "config")
-OP_PACKAGES = ("ops.layernorm", "ops.layernorm_linear")
+OP_PACKAGES = ("ops.layernorm", "ops.layernorm_linear", "ops.rmsnorm")
 
 
 def test_the_reader_sees_every_module() -> None:

@@ -31,6 +31,12 @@ comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
 comptime ACT_NONE = 0
 comptime ACT_GELU_TANH = 1
 comptime ACT_GELU_ERF = 2
+comptime ACT_BITS = 3   # act & ACT_BITS: the activation; the bits above choose the norm
+# RMSNorm (act bits, in the loop and CPU kernels): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), no
+# mean and no beta (the mean kept is 0). Its semantics, as the models that use it compute it:
+comptime NORM_RMS = 4    # torch's F.rms_norm: the product in fp32, one rounding to the dtype
+comptime RMS_LLAMA = 8   # with NORM_RMS, Hugging Face Llama's: x * rstd rounded to the dtype, then times the weight
+comptime RMS_GEMMA = 16  # with NORM_RMS, Hugging Face Gemma's: times (1 + weight), in fp32
 comptime SQRT_2_OVER_PI: Float32 = 0.7978845608028654
 comptime INV_SQRT_2: Float32 = 0.7071067811865476
 comptime INV_SQRT_2PI: Float32 = 0.3989422804014327
@@ -67,9 +73,9 @@ def tanh_exact[w: Int](u: SIMD[F32, w]) -> SIMD[F32, w]:
 
 @always_inline
 def activate[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
-    comptime if act == ACT_GELU_TANH:
+    comptime if (act & ACT_BITS) == ACT_GELU_TANH:
         return 0.5 * z * (1.0 + tanh_exact(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z)))
-    elif act == ACT_GELU_ERF:
+    elif (act & ACT_BITS) == ACT_GELU_ERF:
         return 0.5 * z * (1.0 + erf(z * INV_SQRT_2))
     else:
         return z
@@ -78,11 +84,11 @@ def activate[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
 @always_inline
 def activate_grad[act: Int, w: Int](z: SIMD[F32, w]) -> SIMD[F32, w]:
     """Derivative of activate[act] at z."""
-    comptime if act == ACT_GELU_TANH:
+    comptime if (act & ACT_BITS) == ACT_GELU_TANH:
         var t = tanh_exact(SQRT_2_OVER_PI * (z + GELU_CUBIC * z * z * z))
         var du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * z * z)
         return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du
-    elif act == ACT_GELU_ERF:
+    elif (act & ACT_BITS) == ACT_GELU_ERF:
         return 0.5 * (1.0 + erf(z * INV_SQRT_2)) + z * INV_SQRT_2PI * exp(-0.5 * z * z)
     else:
         return SIMD[F32, w](1.0)
@@ -112,11 +118,27 @@ def load_f32[dtype: DType](p: Ptr[dtype], i: Int) -> Float32:
 
 
 @always_inline
-def normalized[dtype: DType](
+def norm_weight[dtype: DType, act: Int](gamma: Ptr[dtype], i: Int) -> Float32:
+    """The weight the output is multiplied by at column i, in fp32: gamma, or 1 + gamma for Gemma's RMSNorm."""
+    comptime if (act & RMS_GEMMA) != 0:
+        return 1.0 + load_f32(gamma, i)
+    else:
+        return load_f32(gamma, i)
+
+
+@always_inline
+def normalized[dtype: DType, act: Int = ACT_NONE](
     x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], base: Int, i: Int, mean: Float32, rstd: Float32,
 ) -> Float32:
-    """(x - mean) * rstd * gamma + beta at column i, in fp32."""
-    return (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
+    """(x - mean) * rstd * gamma + beta at column i, in fp32; RMSNorm (``act``'s NORM_RMS): x * rstd times its
+    weight (``norm_weight``), Llama's with x * rstd rounded to the dtype first."""
+    comptime if (act & NORM_RMS) == 0:
+        return (load_f32(x, base + i) - mean) * rstd * load_f32(gamma, i) + load_f32(beta, i)
+    else:
+        var xhat = load_f32(x, base + i) * rstd
+        comptime if (act & RMS_LLAMA) != 0:
+            xhat = xhat.cast[dtype]().cast[F32]()
+        return xhat * norm_weight[dtype, act](gamma, i)
 
 
 @always_inline
@@ -124,18 +146,20 @@ def store_normalized[dtype: DType, act: Int](
     y: Ptr[dtype], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
     base: Int, i: Int, mean: Float32, rstd: Float32,
 ):
-    """The scalar paths' output: y = act((x - mean) * rstd * gamma + beta) at column i."""
-    y[unsafe_offset=base + i] = activate[act, 1](normalized(x, gamma, beta, base, i, mean, rstd)).cast[dtype]()
+    """The scalar paths' output: y = act((x - mean) * rstd * gamma + beta) at column i (RMSNorm: ``normalized``)."""
+    y[unsafe_offset=base + i] = activate[act, 1](
+        normalized[dtype, act](x, gamma, beta, base, i, mean, rstd)).cast[dtype]()
 
 
 @always_inline
 def gamma_dy[dtype: DType, act: Int](
     dy: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], base: Int, i: Int, xhat: Float32,
 ) -> Tuple[Float32, Float32]:
-    """(gamma, d) at column i of the scalar backward, d = dL/d(pre-activation): dy times act'."""
-    var g = load_f32(gamma, i)
+    """(gamma, d) at column i of the scalar backward, d = dL/d(pre-activation): dy times act' (RMSNorm: its weight,
+    ``norm_weight``, and no activation)."""
+    var g = norm_weight[dtype, act](gamma, i)
     var d = load_f32(dy, base + i)
-    comptime if act != ACT_NONE:
+    comptime if (act & ACT_BITS) != ACT_NONE:
         d = d * activate_grad[act, 1](xhat * g + load_f32(beta, i))
     return (g, d)
 
@@ -392,7 +416,8 @@ def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int, UNROLL: Int](
         if gt < n:
             tail = gt + (n - gt) // STEP * STEP
     if valid:
-        shift = load_f32(x, base)
+        comptime if (act & NORM_RMS) == 0:   # RMSNorm: sums of x and x^2 (shift 0)
+            shift = load_f32(x, base)
         comptime if UNROLL > 1:
             var a1 = SIMD[F32, UNROLL](0.0)
             var a2 = SIMD[F32, UNROLL](0.0)
@@ -410,14 +435,18 @@ def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int, UNROLL: Int](
             s1 += d
             s2 += d * d
     # Every thread reaches the barriers inside group_sum, valid row or not.
-    var st = shifted_stats(group_sum[WPR, RPB](s1, sh, 0), group_sum[WPR, RPB](s2, sh, 1), shift, n, eps)
+    var st: Tuple[Float32, Float32]
+    comptime if (act & NORM_RMS) == 0:
+        st = shifted_stats(group_sum[WPR, RPB](s1, sh, 0), group_sum[WPR, RPB](s2, sh, 1), shift, n, eps)
+    else:
+        st = (Float32(0.0), rsqrt(group_sum[WPR, RPB](s2, sh, 1) / Float32(n) + eps))
     if not valid:
         return
     comptime if UNROLL > 1:
         for i in range(gt, tail, STEP):
             var v = SIMD[F32, UNROLL](0.0)
             comptime for u in range(UNROLL):
-                v[u] = normalized(x, gamma, beta, base, i + u * GT, st[0], st[1])
+                v[u] = normalized[dtype, act](x, gamma, beta, base, i + u * GT, st[0], st[1])
             var out = activate[act, UNROLL](v)
             comptime for u in range(UNROLL):
                 y[unsafe_offset=base + i + u * GT] = out[u].cast[dtype]()
@@ -622,6 +651,7 @@ def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
 ) raises:
     """Enqueue the forward kernel `kernel` with its parameters (as ops/layernorm/config.py chose them)."""
+    comptime assert (act & NORM_RMS) == 0 or kernel == K_LOOP, "RMSNorm runs the loop kernel"
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_ROW_THREAD:
         comptime k = ln_fwd_row_thread[dtype, act]
@@ -824,7 +854,9 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                 sa += g * d
                 sb += g * d * xhat
         var slot = 2 * (it % 2)
-        var a = group_sum[WPR, RPB](sa, sh, slot) / Float32(n)
+        var a: Float32 = 0.0   # RMSNorm: no mean, so no mean term (and no beta)
+        comptime if (act & NORM_RMS) == 0:
+            a = group_sum[WPR, RPB](sa, sh, slot) / Float32(n)
         var b = group_sum[WPR, RPB](sb, sh, slot + 1) / Float32(n)
         if valid:
             for i in range(gt, n, GT):
@@ -952,6 +984,7 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
 ) raises:
     """The row-group kernel `kernel` (K_LOOP or K_REGS, as ops/layernorm/config.py chose), then the reduction of
     `parts` partial rows (K_REGS: a row per block of RPB groups; K_LOOP: a row per group)."""
+    comptime assert (act & NORM_RMS) == 0 or kernel == K_LOOP, "RMSNorm runs the loop kernel"
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_REGS:
         launch_bwd_regs[dtype, act, VEC, CH, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd,
@@ -966,9 +999,17 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
 
 # ---------------------------------------------------------------- CPU
 
-def row_stats_cpu[dtype: DType](x: Ptr[dtype], base: Int, h: Int, eps: Float32) -> Tuple[Float32, Float32]:
+def row_stats_cpu[dtype: DType, act: Int = ACT_NONE](
+    x: Ptr[dtype], base: Int, h: Int, eps: Float32
+) -> Tuple[Float32, Float32]:
     """(mean, rstd) of x[base : base + h] by two exact passes (the mean of x - x[0], plus x[0]: a row of one value
-    gets exactly it)."""
+    gets exactly it); RMSNorm (``act``'s NORM_RMS): (0, 1 / sqrt(mean(x^2) + eps))."""
+    comptime if (act & NORM_RMS) != 0:
+        var sq: Float32 = 0.0
+        for i in range(h):
+            var v = load_f32(x, base + i)
+            sq += v * v
+        return (Float32(0.0), rsqrt(sq / Float32(h) + eps))
     var shift = load_f32(x, base)
     var s: Float32 = 0.0
     for i in range(h):
@@ -988,7 +1029,7 @@ def fwd_cpu[dtype: DType, act: Int](
     """Two exact passes per row (mean, then squared deviations), then the output."""
     for r in range(rows):
         var base = r * h
-        var mean, rstd = row_stats_cpu(x, base, h, eps)
+        var mean, rstd = row_stats_cpu[dtype, act](x, base, h, eps)
         for i in range(h):
             store_normalized[dtype, act](y, x, gamma, beta, base, i, mean, rstd)
         mean_out[unsafe_offset=r] = mean
@@ -1015,7 +1056,7 @@ def bwd_cpu[dtype: DType, act: Int](
             var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
             sa += g * d
             sb += g * d * xhat
-        var a = sa / Float32(h)
+        var a = sa / Float32(h) if (act & NORM_RMS) == 0 else Float32(0.0)   # RMSNorm: no mean term
         var b = sb / Float32(h)
         for i in range(h):
             var xhat = (load_f32(x, base + i) - m) * rs

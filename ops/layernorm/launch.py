@@ -53,34 +53,41 @@ def _op_parameters(launch: Launch) -> tuple[tuple[str, int], ...]:
     return (("kernel", config.KERNEL_CODES[launch.kernel]), *p.items())
 
 
-@lru_cache(maxsize=1024)   # by eps and launch: a few eps per model, a launch per row-length bracket
 def fwd_op(activation: str, eps: float, launch: Launch = CPU_LAUNCH) -> GraphOp:
-    """The registered forward for one launch choice: outputs y [rows, h], mean [rows], rstd [rows]."""
+    """The registered forward for one activation and launch choice: outputs y [rows, h], mean [rows], rstd [rows]."""
+    return code_fwd_op(ACTIVATIONS[activation], eps, launch)
+
+
+@lru_cache(maxsize=1024)   # by eps and launch: a few eps per model, a launch per row-length bracket
+def code_fwd_op(act: int, eps: float, launch: Launch = CPU_LAUNCH) -> GraphOp:
+    """``fwd_op`` by the kernels' ``act`` code (an activation, or an RMSNorm's bits: ops/rmsnorm/config.py)."""
     return GraphOp(
         "layernorm_fwd", LIBRARY,
         inputs=(_ROWS_H, ("h",), ("h",)),
         outputs=(Out(_ROWS_H), Out(("rows",), F32), Out(("rows",), F32)),
-        parameters=(("act", ACTIVATIONS[activation]), ("eps_bits", eps_bits(eps)),
-                    *_op_parameters(launch)),
+        parameters=(("act", act), ("eps_bits", eps_bits(eps)), *_op_parameters(launch)),
         weights=frozenset({1, 2}),
     )
 
 
-@cache
 def bwd_op(activation: str, launch: Launch = CPU_BWD_LAUNCH) -> GraphOp:
     """The registered backward: outputs dx [rows, h], dgamma, dbeta [h], two partials [parts, h]."""
+    return code_bwd_op(ACTIVATIONS[activation], launch)
+
+
+@cache
+def code_bwd_op(act: int, launch: Launch = CPU_BWD_LAUNCH) -> GraphOp:
+    """``bwd_op`` by the kernels' ``act`` code (as ``code_fwd_op``)."""
     return GraphOp(
         "layernorm_bwd", LIBRARY,
         inputs=(_ROWS_H, _ROWS_H, ("h",), ("h",), ("rows",), ("rows",)),
         outputs=(Out(_ROWS_H), Out(("h",), 2), Out(("h",), 2),
                  Out(("parts", "h"), F32), Out(("parts", "h"), F32)),
-        parameters=(("act", ACTIVATIONS[activation]),
-                    *_op_parameters(launch)[:4]),
+        parameters=(("act", act), *_op_parameters(launch)[:4]),
         weights=frozenset({2, 3}),
     )
 
 
-@cache
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device."""
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,0 +1,52 @@
+"""RMSNorm's input checks (named errors) and its classifier: which calls our kernels take as they come, which they
+take once adapted, and which torch's own ops answer."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ops.inputs import DTYPES, TORCH_TAKES, as_eps, as_shape, check_tensor, trailing_sizes
+from ops.rmsnorm.config import SEMANTICS
+
+
+def check_semantics(semantics: object) -> str:
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics: {semantics!r} is not one of {list(SEMANTICS)}")
+    return semantics
+
+
+def default_eps(eps: object, dtype: torch.dtype) -> float:
+    """eps as torch's RMSNorm takes it: None is ``torch.finfo(x.dtype).eps``; otherwise a real number (``as_eps``)."""
+    return torch.finfo(dtype).eps if eps is None else as_eps(eps)
+
+
+def check_call(x: object, normalized_shape: object, weight: object, semantics: object,
+               by_torch: bool = False) -> tuple[tuple[int, ...], int]:
+    """The named checks of an ``rms_norm`` call: x a tensor of a dtype taken (torch's too where torch answers it),
+    ``normalized_shape`` x's trailing dims, weight None or a tensor of that shape on x's device, of x's dtype or
+    float32; a known semantics. Returns the shape and the elements it covers."""
+    check_semantics(semantics)
+    shape = as_shape(normalized_shape)
+    check_tensor("x", x, min_ndim=1, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
+    if trailing_sizes(x, min(len(shape), x.dim())) != shape:
+        raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x: shape {tuple(x.shape)})")
+    if weight is not None:
+        check_tensor("weight", weight, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
+        if tuple(weight.shape) != shape:
+            raise ValueError(f"weight: expected shape {shape} (normalized_shape), got {tuple(weight.shape)}")
+        if weight.device != x.device:
+            raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
+        if weight.dtype != x.dtype and weight.dtype != torch.float32:
+            raise TypeError(f"weight: dtype {weight.dtype}, but x is {x.dtype} (use x's dtype or float32)")
+    return shape, math.prod(shape)
+
+
+def classify(x: torch.Tensor, weight: torch.Tensor | None, by_torch: bool) -> str:
+    """Which route takes an ``rms_norm`` call whose arguments passed ``check_call``: "torch" (torch's ops: what
+    ``torch_answers`` sends there, ``by_torch``; an empty x; a weight of another dtype than x's, whose product the
+    modules take in float32), or "kernels" (the loop kernels; a strided x is copied once)."""
+    if by_torch or x.numel() == 0 or (weight is not None and weight.dtype != x.dtype):
+        return "torch"
+    return "kernels"

@@ -1,0 +1,65 @@
+"""``rms_norm``: ``torch.nn.functional.rms_norm`` on our kernels, with the semantics of the models that use it
+(torch's, Hugging Face Llama's, Gemma's). It checks, picks its route once, and calls it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ops.common import constant
+from ops.inputs import torch_answers
+from ops.rmsnorm.autograd import RMSNormFunction
+from ops.rmsnorm.checks import check_call, classify, default_eps
+
+
+def torch_rms_norm(x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, eps: float,
+                   semantics: str) -> torch.Tensor:
+    """The same RMSNorm by torch's ops, computed as the semantics' own modules compute it."""
+    if semantics == "torch":
+        return torch.nn.functional.rms_norm(x, shape, weight, eps)
+    dims = tuple(range(-len(shape), 0))
+    xf = x.float()
+    xhat = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    if semantics == "gemma":
+        out = xhat if weight is None else xhat * (1.0 + weight.float())
+        return out.type_as(x)
+    xhat = xhat.to(x.dtype)
+    return xhat if weight is None else weight * xhat
+
+
+def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
+             eps: float | None = None, *, semantics: str = "torch") -> torch.Tensor:
+    """RMSNorm over x's trailing ``normalized_shape`` dims, with autograd: ``F.rms_norm``'s signature.
+
+    Args:
+        x: the input ``[*, *normalized_shape]``, float32, float16 or bfloat16 (float64 and the like by torch's ops),
+            on the CPU or a CUDA GPU; any layout (a strided x is copied once).
+        normalized_shape: the trailing dims to normalize over (an int for the last dim alone).
+        weight: the scale of ``normalized_shape``, or None (1).
+        eps: added to the mean square; None: ``torch.finfo(x.dtype).eps``, as torch's.
+        semantics: ``"torch"`` (``nn.RMSNorm``), ``"llama"`` (x * rstd rounded to x's dtype, then times the weight:
+            Hugging Face's LlamaRMSNorm and its copies) or ``"gemma"`` (times 1 + weight, in float32).
+
+    Shape:
+        x and the output: ``[*, *normalized_shape]``.
+
+    Returns:
+        The normalized tensor in x's dtype (Llama's with a float32 weight: float32, as its module gives).
+
+    Raises:
+        TypeError: a non-tensor, an unsupported dtype or an eps that is not a number, named.
+        ValueError: a shape that does not match, tensors on different devices, an unknown semantics.
+
+    Example:
+        >>> y = rms_norm(torch.randn(2, 8, requires_grad=True), 8, torch.ones(8))
+        >>> y.sum().backward()
+    """
+    by_torch = torch_answers(x, weight)
+    shape, h = check_call(x, normalized_shape, weight, semantics, by_torch)
+    eps = default_eps(eps, x.dtype)
+    if classify(x, weight, by_torch) == "torch":
+        return torch_rms_norm(x, shape, weight, eps, semantics)
+    w = constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device) if weight is None else weight.reshape(h)
+    y = RMSNormFunction.apply(x.reshape(-1, h).contiguous(), w, eps, semantics)
+    return y.view(x.shape)

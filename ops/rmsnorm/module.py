@@ -1,0 +1,75 @@
+"""``RMSNorm``: a ``torch.nn.RMSNorm`` whose forward runs ``rms_norm``, with the semantics of the module it stands in
+for (``from_module``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ops.rmsnorm.checks import check_semantics
+from ops.rmsnorm.functional import rms_norm
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` on our kernels (its subclass: the same parameters, state dict and ``eps=None``).
+
+    Args:
+        normalized_shape, eps, elementwise_affine, device, dtype: as ``torch.nn.RMSNorm``'s.
+        semantics: ``"torch"``, ``"llama"`` or ``"gemma"`` (``rms_norm``).
+
+    Shape:
+        input and output: ``[*, *normalized_shape]``.
+
+    Returns:
+        A module whose forward is ``rms_norm(x, normalized_shape, weight, eps, semantics=semantics)``.
+
+    Raises:
+        ValueError: an unknown semantics (and what ``torch.nn.RMSNorm`` raises).
+
+    Example:
+        >>> m = RMSNorm(8)
+        >>> y = m(torch.randn(2, 8))
+    """
+
+    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float | None = None,
+                 elementwise_affine: bool = True, device: torch.device | None = None, dtype: torch.dtype | None = None,
+                 *, semantics: str = "torch") -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+        self.semantics = check_semantics(semantics)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps, semantics=self.semantics)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, semantics={self.semantics!r}"
+
+    @classmethod
+    def from_module(cls, m: nn.Module) -> RMSNorm:
+        """An ``RMSNorm`` computing what ``m`` computes, sharing its weight (the same parameter: an optimizer made
+        before keeps training it): ``torch.nn.RMSNorm`` ("torch"), a Gemma RMSNorm (its class name says Gemma:
+        ``x * (1 + weight)``, "gemma"), or a Llama-style one (a ``weight`` and a ``variance_epsilon``: Hugging Face's
+        LlamaRMSNorm, Qwen2's, Mistral's, ..., "llama").
+
+        Raises:
+            TypeError: a module none of these is, named.
+        """
+        name = type(m).__name__
+        if isinstance(m, nn.RMSNorm):
+            semantics, shape, eps, weight = "torch", m.normalized_shape, m.eps, m.weight
+        elif "Gemma" in name and "RMSNorm" in name and isinstance(getattr(m, "weight", None), torch.Tensor):
+            semantics, shape, eps, weight = "gemma", tuple(m.weight.shape), m.eps, m.weight
+        elif isinstance(getattr(m, "weight", None), torch.Tensor) and hasattr(m, "variance_epsilon"):
+            semantics, shape, eps, weight = "llama", tuple(m.weight.shape), m.variance_epsilon, m.weight
+        else:
+            raise TypeError(f"m: {name} is not an RMSNorm this library knows (torch.nn.RMSNorm, a Llama-style or a "
+                            "Gemma RMSNorm)")
+        out = cls(shape, eps, elementwise_affine=weight is not None, device="meta", semantics=semantics)
+        out.weight = weight
+        return out
+
+    @classmethod
+    def from_torch(cls, m: nn.RMSNorm) -> RMSNorm:
+        """``from_module`` of a ``torch.nn.RMSNorm``."""
+        if not isinstance(m, nn.RMSNorm):
+            raise TypeError(f"m: expected a torch.nn.RMSNorm, got {type(m).__name__}")
+        return cls.from_module(m)

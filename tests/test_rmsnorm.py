@@ -1,0 +1,154 @@
+"""RMSNorm (ops/rmsnorm): values and gradients against the float64 reference for each semantics (torch's, Hugging
+Face Llama's, Gemma's) and dtype, odd and power-of-two sizes, rows with a large mean and constant rows; outputs
+within one ulp of the module each semantics stands for; the module's drop-in contract (parameters shared, state
+dict, eps=None); named errors. On the CPU (MAX's CPU kernels) and, where there is one, the GPU (the loop kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ops.reference import rmsnorm_grads_ref, rmsnorm_ref
+from ops.rmsnorm import SEMANTICS, RMSNorm, rms_norm
+from ops.tolerance import compare
+
+
+class LlamaRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm, as its forward computes (float32 statistics, x * rstd rounded to x's dtype,
+    then times the weight)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(input_dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Hugging Face's GemmaRMSNorm, as its forward computes (everything in float32, times 1 + weight, one cast)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+def _bf16_ulp(v: torch.Tensor) -> torch.Tensor:
+    """The spacing of bfloat16 values at |v| (8 significant bits)."""
+    _, exponent = torch.frexp(v.float().abs().clamp_min(torch.finfo(torch.bfloat16).tiny))
+    return torch.ldexp(torch.ones_like(v.float()), exponent - 8)
+
+
+def _rows(rows: int, h: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """Random rows, one with a large mean and one constant row."""
+    torch.manual_seed(0)
+    x = torch.randn(rows, h)
+    x[0] += 100.0
+    x[-1] = 3.0
+    return x.to(device, dtype)
+
+
+@pytest.mark.parametrize("h", [1, 37, 256, 1000])
+@pytest.mark.parametrize("semantics", list(SEMANTICS))
+def test_forward_and_gradients_against_float64(device: str, semantics: str, h: int) -> None:
+    """y, dx and dweight against the float64 reference, float32 (every h) and bfloat16 (two of them)."""
+    for dtype in (torch.float32, torch.bfloat16) if h in (37, 256) else (torch.float32,):
+        x = _rows(5, h, device, dtype).requires_grad_()
+        w = (torch.randn(h) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to(device, dtype).requires_grad_()
+        y = rms_norm(x, h, w, 1e-6, semantics=semantics)
+        dy = torch.randn_like(y)
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+        assert (m := compare(y, rmsnorm_ref(x, w, 1e-6, semantics), dtype)) is None, f"y {dtype}: {m}"
+        want_dx, want_dw = rmsnorm_grads_ref(x, w, dy, 1e-6, semantics)
+        assert (m := compare(dx, want_dx, dtype, reduction=h)) is None, f"dx {dtype}: {m}"
+        assert (m := compare(dw, want_dw, dtype, reduction=5)) is None, f"dweight {dtype}: {m}"
+
+
+@pytest.mark.parametrize("semantics,reference", [("torch", nn.RMSNorm), ("llama", LlamaRMSNorm),
+                                                 ("gemma", GemmaRMSNorm)])
+def test_within_one_ulp_of_the_module_it_stands_for(device: str, semantics: str, reference: type) -> None:
+    """bfloat16: each semantics' output within one bfloat16 ulp of its module's (Llama's within two: it rounds x *
+    rstd to bfloat16 before the weight, so where our rstd and the module's differ in their last float32 bit, that
+    rounding can go the other way, and the weight's product lands up to two ulps off: 2 of 49152 elements here),
+    and no further from float64 than the module's."""
+    h = 768
+    theirs = reference(h, eps=1e-6).to(device, torch.bfloat16)
+    with torch.no_grad():
+        theirs.weight.normal_(0.0 if semantics == "gemma" else 1.0, 0.3)
+    ours = RMSNorm.from_module(theirs)
+    assert ours.semantics == semantics and ours.weight is theirs.weight
+    x = _rows(64, h, device, torch.bfloat16)
+    with torch.no_grad():
+        got, want = ours(x).float(), theirs(x).float()
+    ulps = (got - want).abs() / _bf16_ulp(want)
+    assert ulps.max() <= (2 if semantics == "llama" else 1), ulps.max()
+    exact = rmsnorm_ref(x, theirs.weight, 1e-6, semantics)
+    assert (got - exact).abs().max() <= (want - exact).abs().max() * 1.0001
+
+
+def test_module_is_a_torch_rmsnorm_with_eps_none(device: str) -> None:
+    """A subclass of nn.RMSNorm: the same state dict keys, eps=None read as torch reads it, and from_torch keeps the
+    parameter itself (an optimizer made before keeps training it)."""
+    theirs = nn.RMSNorm(16).to(device)
+    ours = RMSNorm.from_torch(theirs)
+    assert isinstance(ours, nn.RMSNorm) and ours.weight is theirs.weight
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    x = _rows(3, 16, device, torch.float32)
+    assert (m := compare(ours(x), theirs(x), torch.float32)) is None, m
+    assert RMSNorm(16, elementwise_affine=False).weight is None
+    assert (m := compare(RMSNorm(16, elementwise_affine=False).to(device)(x), rmsnorm_ref(x, None, 1.19209e-07),
+                         torch.float32)) is None, m
+
+
+def test_answered_by_torch(device: str) -> None:
+    """float64, an empty x and a float32 weight of 16-bit x: torch's ops (the modules' own arithmetic)."""
+    x = torch.randn(3, 8, dtype=torch.float64, device=device)
+    w = torch.randn(8, dtype=torch.float64, device=device)
+    torch.testing.assert_close(rms_norm(x, 8, w, 1e-5), nn.functional.rms_norm(x, (8,), w, 1e-5))
+    assert rms_norm(torch.empty(0, 8, device=device), 8).shape == (0, 8)
+    xb, wf = torch.randn(3, 8, device=device).bfloat16(), torch.randn(8, device=device)
+    torch.testing.assert_close(rms_norm(xb, 8, wf, 1e-5), nn.functional.rms_norm(xb, (8,), wf, 1e-5))
+
+
+@pytest.mark.parametrize("call,err,name", [
+    (lambda: rms_norm([[1.0]], 1), TypeError, "x"),
+    (lambda: rms_norm(torch.ones(2, 8, dtype=torch.int32), 8), TypeError, "x"),
+    (lambda: rms_norm(torch.ones(2, 8), 4), ValueError, "normalized_shape"),
+    (lambda: rms_norm(torch.ones(2, 8), 8, torch.ones(7)), ValueError, "weight"),
+    (lambda: rms_norm(torch.ones(2, 8), 8, torch.ones(8, dtype=torch.float16)), TypeError, "weight"),
+    (lambda: rms_norm(torch.ones(2, 8), 8, eps="small"), TypeError, "eps"),
+    (lambda: rms_norm(torch.ones(2, 8), 8, semantics="t5"), ValueError, "semantics"),
+    (lambda: RMSNorm(8, semantics="t5"), ValueError, "semantics"),
+    (lambda: RMSNorm.from_module(nn.LayerNorm(8)), TypeError, "m"),
+])
+def test_bad_input_gets_a_named_error(call: object, err: type[Exception], name: str) -> None:
+    with pytest.raises(err) as info:
+        call()
+    assert str(info.value).startswith(f"{name}:"), info.value
+
+
+def test_gpu_kernels_compile_for_sm90() -> None:
+    """Every RMSNorm instantiation a GPU launches compiles to PTX for sm_90 on any machine (the GPU's graph route
+    compiles the same kernels), one entry each, with the LayerNorm kernels' arguments."""
+    from ops.launch import ptx
+    from ops.rmsnorm import config
+
+    specs = config.all_specs()
+    assert {s.name for s in specs} == {"ln_fwd_loop", "ln_bwd_loop"} and len(specs) == len(set(specs))
+    ptx.build(specs, "H100", quiet=True)
+    for spec in specs:
+        text = ptx.ptx_path(spec, "H100").read_text()
+        assert text.count(".visible .entry") == 1, spec.expr
+        entry = text[text.index(".visible .entry"):]
+        assert entry[:entry.index(")")].count(".param .u64") == spec.args.count("p"), spec.expr
