@@ -13,6 +13,7 @@ import torch
 
 from ops import layernorm as L
 from ops import layernorm_linear as LL
+from ops import rmsnorm as R
 
 K, N = 16, 8
 
@@ -185,9 +186,29 @@ def _every_entry(entries: dict[str, Callable[..., object]], make_args: Callable[
     return params
 
 
+def _rms_args() -> dict[str, object]:
+    torch.manual_seed(0)
+    return {"x": torch.randn(4, K), "weight": torch.randn(K), "eps": 1e-6}
+
+
+# RMSNorm: weight and eps may be None (eps: x's dtype's); float64 and meta x are torch's to answer (no kernel entry)
+RMS_CASES = [c for c in LN_CASES if c[1] != "bias" and c[0] not in ("weight-none-type", "eps-none")] + [
+    ("weight-3d", "weight", torch.ones(1, 1, K), ValueError, "weight"),
+    ("semantics", "semantics", "t5", ValueError, "semantics"),
+]
+RMS_ENTRIES: dict[str, Callable[..., object]] = {
+    "rms_norm": lambda x, weight, eps, semantics="torch": R.rms_norm(x, K, weight, eps, semantics=semantics),
+    "rms_norm-grad": lambda x, weight, eps, semantics="torch": R.rms_norm(
+        x, K, weight.requires_grad_() if isinstance(weight, torch.Tensor) and weight.is_floating_point() else weight,
+        eps, semantics=semantics),
+}
+
+
 @pytest.mark.parametrize("entry,make_args,arg,value,err,name",
                          _every_entry(LN_ENTRIES, _ln_args, LN_CASES, "layernorm_fwd", "weight")
-                         + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES, "layernorm_linear_fwd", "ln_weight"))
+                         + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES, "layernorm_linear_fwd", "ln_weight")
+                         + [pytest.param(RMS_ENTRIES[e], _rms_args, *c[1:], id=f"{e}-{c[0]}")
+                            for e in RMS_ENTRIES for c in RMS_CASES])
 def test_bad_input(entry: Callable[..., object], make_args: Callable[[], dict[str, object]], arg: str, value: object,
                    err: type[Exception], name: str) -> None:
     args = make_args() | {arg: value}

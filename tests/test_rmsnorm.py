@@ -152,3 +152,33 @@ def test_gpu_kernels_compile_for_sm90() -> None:
         assert text.count(".visible .entry") == 1, spec.expr
         entry = text[text.index(".visible .entry"):]
         assert entry[:entry.index(")")].count(".param .u64") == spec.args.count("p"), spec.expr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opinfo_rms_norm_samples(device: str, dtype: torch.dtype) -> None:
+    """torch's own samples for ``nn.functional.rms_norm`` (several normalized dims, no weight, eps None, 0.5 and
+    -0.5), forward and backward: torch's in float64 where finite, NaN exactly where torch's is (a negative eps)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    (op,) = [o for o in op_db if o.name == "nn.functional.rms_norm"]
+    samples = list(op.sample_inputs(device, dtype, requires_grad=True))
+    assert len(samples) >= 5 and any(s.kwargs.get("eps") is not None and s.kwargs["eps"] < 0 for s in samples)
+    for s in samples:
+        shape, *rest = s.args
+        weight = rest[0] if rest else None
+        eps = s.kwargs.get("eps")
+        eps64 = torch.finfo(dtype).eps if eps is None else eps   # None: x's dtype's, not float64's
+        leaves = [t for t in (s.input, weight) if t is not None]
+        y = rms_norm(s.input, shape, weight, eps)
+        want = nn.functional.rms_norm(s.input.double(), shape, None if weight is None else weight.double(), eps64)
+        nan = want.isnan()
+        assert y.dtype == dtype and torch.equal(y.isnan(), nan), f"{tuple(s.input.shape)} {shape} eps {eps}"
+        assert (m := compare(y.masked_fill(nan, 0), want.masked_fill(nan, 0), dtype, reduction=4)) is None, m
+        if s.input.numel() == 0 or bool(nan.any()):
+            continue
+        dy = torch.randn_like(y)
+        got = torch.autograd.grad(y, leaves, dy)
+        x64 = [t.detach().double().requires_grad_() for t in leaves]
+        y64 = nn.functional.rms_norm(x64[0], shape, x64[1] if weight is not None else None, eps64)
+        for g, w in zip(got, torch.autograd.grad(y64, x64, dy.double()), strict=True):
+            assert (m := compare(g, w, dtype, reduction=64)) is None, f"{tuple(s.input.shape)} {shape}: {m}"
