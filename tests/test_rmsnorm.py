@@ -182,3 +182,37 @@ def test_opinfo_rms_norm_samples(device: str, dtype: torch.dtype) -> None:
         y64 = nn.functional.rms_norm(x64[0], shape, x64[1] if weight is not None else None, eps64)
         for g, w in zip(got, torch.autograd.grad(y64, x64, dy.double()), strict=True):
             assert (m := compare(g, w, dtype, reduction=64)) is None, f"{tuple(s.input.shape)} {shape}: {m}"
+
+
+def test_ops_pass_torch_opcheck(device: str) -> None:
+    """The torch ops behind rms_norm: schema, fake implementations, autograd registration and AOT dispatch, as
+    torch.library.opcheck checks them."""
+    x = torch.randn(6, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.mojo.rms_norm_fwd.default, (x, w, 1e-6, "llama"))
+    y, mean, rstd = torch.ops.mojo.rms_norm_fwd(x.detach(), w.detach(), 1e-6, "llama")
+    assert torch.equal(mean, torch.zeros_like(mean))
+    torch.library.opcheck(torch.ops.mojo.rms_norm_bwd.default, (torch.randn_like(y), x.detach(), w.detach(), mean,
+                                                                rstd, "llama"))
+
+
+def test_compiles_fullgraph_with_dynamic_shapes(device: str) -> None:
+    """torch.compile(fullgraph=True, dynamic=True) of the module: one graph for two batch sizes (no recompile), and
+    inductor's compiled values and gradients are eager's."""
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    m = RMSNorm(32, eps=1e-6, semantics="gemma").to(device)
+    counter = torch._dynamo.testing.CompileCounter()
+    traced = torch.compile(m, fullgraph=True, dynamic=True, backend=counter)
+    for rows in (3, 7):
+        traced(torch.randn(rows, 32, device=device))
+    assert counter.frame_count == 1
+    x = torch.randn(5, 32, device=device, requires_grad=True)
+    compiled = torch.compile(m, fullgraph=True)
+    y, want = compiled(x), m(x)
+    torch.testing.assert_close(y, want)
+    g = torch.autograd.grad(y.square().sum(), (x, m.weight))
+    g_want = torch.autograd.grad(want.square().sum(), (x, m.weight))
+    for a, b in zip(g, g_want, strict=True):
+        torch.testing.assert_close(a, b)

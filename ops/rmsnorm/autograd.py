@@ -1,5 +1,6 @@
-"""RMSNorm's autograd function: the forward keeps x and its rstd; the backward gives x's and the weight's
-gradients (the casts of Llama's semantics pass the gradient through as torch's autograd does)."""
+"""RMSNorm's autograd: ``torch.ops.mojo.rms_norm_fwd``'s backward is ``rms_norm_bwd`` (x's and the weight's
+gradients; the casts of Llama's semantics pass the gradient through as torch's autograd does). Registered on the op
+itself, so eager calls and torch.compile's graphs differentiate alike."""
 
 from __future__ import annotations
 
@@ -8,19 +9,22 @@ import torch
 from ops.rmsnorm.fwd_bwd import rms_norm_bwd, rms_norm_fwd
 
 
-class RMSNormFunction(torch.autograd.Function):
-    """y = RMSNorm(x2) * weight by ``semantics``, x2 [rows, h] contiguous, weight [h] of x2's dtype."""
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+    x2, weight, _, semantics = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x2, weight, mean, rstd)
+    ctx.semantics = semantics
 
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x2: torch.Tensor, weight: torch.Tensor, eps: float,
-                semantics: str) -> torch.Tensor:
-        y, mean, rstd = rms_norm_fwd(x2, weight, eps, semantics)
-        ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.semantics = semantics
-        return y
 
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
-        x2, weight, mean, rstd = ctx.saved_tensors
-        dx, dweight = rms_norm_bwd(dy.contiguous(), x2, weight, mean, rstd, ctx.semantics)
-        return (dx if ctx.needs_input_grad[0] else None, dweight if ctx.needs_input_grad[1] else None, None, None)
+def _backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor, dmean: object, drstd: object) -> tuple:
+    x2, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight = rms_norm_bwd(dy.contiguous(), x2, weight, mean, rstd, ctx.semantics)
+    return dx, dweight, None, None
+
+
+rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def rms_norm_rows(x2: torch.Tensor, weight: torch.Tensor, eps: float, semantics: str) -> torch.Tensor:
+    """y = RMSNorm(x2) by ``semantics``, differentiable: x2 [rows, h] contiguous, weight [h] of x2's dtype."""
+    return rms_norm_fwd(x2, weight, eps, semantics)[0]
