@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ops.reference import rmsnorm_grads_ref, rmsnorm_ref
-from ops.rmsnorm import SEMANTICS, RMSNorm, rms_norm
+from ops.rmsnorm import SEMANTICS, FusedRMSNormLinear, RMSNorm, rms_norm
 from ops.tolerance import compare
 
 
@@ -216,3 +216,26 @@ def test_compiles_fullgraph_with_dynamic_shapes(device: str) -> None:
     g_want = torch.autograd.grad(want.square().sum(), (x, m.weight))
     for a, b in zip(g, g_want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("semantics,norm", [("torch", lambda k: nn.RMSNorm(k, eps=1e-6)),
+                                            ("llama", lambda k: LlamaRMSNorm(k, eps=1e-6))])
+def test_fused_rmsnorm_linear_is_the_sequential(device: str, semantics: str, norm: object) -> None:
+    """FusedRMSNormLinear.from_torch of nn.Sequential(an RMSNorm, nn.Linear): the same parameters (shared), state
+    dict keys, values and gradients as the pair's, to float64's distance."""
+    torch.manual_seed(0)
+    theirs = nn.Sequential(norm(48), nn.Linear(48, 24)).to(device)
+    ours = FusedRMSNormLinear.from_torch(theirs)
+    assert ours[0].semantics == semantics and ours[1] is theirs[1] and ours[0].weight is theirs[0].weight
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    x = _rows(6, 48, device, torch.float32).requires_grad_()
+    y, want = ours(x), theirs(x)
+    assert (m := compare(y, want, torch.float32, reduction=48)) is None, m
+    grads = torch.autograd.grad(y.square().sum(), (x, *theirs.parameters()))
+    want_grads = torch.autograd.grad(want.square().sum(), (x, *theirs.parameters()))
+    for g, w in zip(grads, want_grads, strict=True):
+        assert (m := compare(g, w, torch.float32, reduction=48 * 6)) is None, m
+    with pytest.raises(TypeError, match="^seq:"):
+        FusedRMSNormLinear.from_torch(nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 2)))
+    gemma = FusedRMSNormLinear(16, 8, semantics="gemma", device=device)
+    assert gemma(torch.randn(2, 16, device=device)).shape == (2, 8)

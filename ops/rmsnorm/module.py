@@ -73,3 +73,58 @@ class RMSNorm(nn.RMSNorm):
         if not isinstance(m, nn.RMSNorm):
             raise TypeError(f"m: expected a torch.nn.RMSNorm, got {type(m).__name__}")
         return cls.from_module(m)
+
+
+class FusedRMSNormLinear(nn.Sequential):
+    """Drop-in for ``nn.Sequential(nn.RMSNorm(K), nn.Linear(K, N))``: the same submodules (so its state dict loads),
+    the norm ours. This first version runs ``rms_norm``, then ``F.linear``; the LayerNorm+Linear op's fused routes
+    come next (issue 70).
+
+    Args:
+        in_features, out_features: K and N.
+        eps: the RMSNorm's (None: ``torch.finfo(x.dtype).eps``).
+        bias: whether the Linear has a bias.
+        device, dtype: of the parameters.
+        semantics: the RMSNorm's (``rms_norm``).
+
+    Shape:
+        input ``[*, K]``; output ``[*, N]``.
+
+    Returns:
+        ``forward(x)``: Linear(RMSNorm(x)) in x's dtype.
+
+    Raises:
+        TypeError, ValueError: from ``forward``, for an input ``rms_norm`` or ``F.linear`` refuses.
+
+    Example:
+        >>> m = FusedRMSNormLinear(64, 256)
+        >>> y = m(torch.randn(2, 8, 64))
+    """
+
+    def __init__(self, in_features: int, out_features: int, eps: float | None = None, bias: bool = True,
+                 device: torch.device | None = None, dtype: torch.dtype | None = None, *,
+                 semantics: str = "torch") -> None:
+        kw = {"device": device, "dtype": dtype}
+        super().__init__(RMSNorm(in_features, eps, semantics=semantics, **kw),
+                         nn.Linear(in_features, out_features, bias, **kw))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(self[0](x), self[1].weight, self[1].bias)
+
+    @classmethod
+    def from_torch(cls, seq: nn.Sequential) -> FusedRMSNormLinear:
+        """The drop-in for ``seq`` = ``nn.Sequential(norm, nn.Linear)`` with ``norm`` one ``RMSNorm.from_module``
+        knows, sharing their parameters (the Linear itself, the norm's weight).
+
+        Raises:
+            TypeError: ``seq`` is not such a pair, named.
+        """
+        if not (isinstance(seq, nn.Sequential) and len(seq) == 2 and isinstance(seq[1], nn.Linear)):
+            raise TypeError(f"seq: expected nn.Sequential(an RMSNorm, nn.Linear), got {type(seq).__name__}")
+        try:
+            norm = RMSNorm.from_module(seq[0])
+        except TypeError as e:
+            raise TypeError(f"seq: its first module: {e}") from None
+        out = cls.__new__(cls)
+        nn.Sequential.__init__(out, norm, seq[1])
+        return out
