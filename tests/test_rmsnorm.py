@@ -239,3 +239,18 @@ def test_fused_rmsnorm_linear_is_the_sequential(device: str, semantics: str, nor
         FusedRMSNormLinear.from_torch(nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 2)))
     gemma = FusedRMSNormLinear(16, 8, semantics="gemma", device=device)
     assert gemma(torch.randn(2, 16, device=device)).shape == (2, 8)
+
+
+@pytest.mark.parametrize("semantics", list(SEMANTICS))
+def test_double_backward(device: str, semantics: str) -> None:
+    """A gradient penalty (create_graph=True) through rms_norm: the second-order gradients are float64's."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    g, = torch.autograd.grad(rms_norm(x, 16, w, 1e-6, semantics=semantics).square().sum(), x, create_graph=True)
+    g.square().sum().backward()
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    g64, = torch.autograd.grad(rmsnorm_ref(x64, w64, 1e-6, semantics).square().sum(), x64, create_graph=True)
+    g64.square().sum().backward()
+    for got, want in ((x.grad, x64.grad), (w.grad, w64.grad)):
+        assert (m := compare(got, want, torch.float32, reduction=64, cond=4.0)) is None, m

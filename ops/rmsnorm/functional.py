@@ -11,21 +11,7 @@ from ops.common import constant
 from ops.inputs import torch_answers
 from ops.rmsnorm.autograd import rms_norm_rows
 from ops.rmsnorm.checks import check_call, classify, default_eps
-
-
-def torch_rms_norm(x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, eps: float,
-                   semantics: str) -> torch.Tensor:
-    """The same RMSNorm by torch's ops, computed as the semantics' own modules compute it."""
-    if semantics == "torch":
-        return torch.nn.functional.rms_norm(x, shape, weight, eps)
-    dims = tuple(range(-len(shape), 0))
-    xf = x.float()
-    xhat = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
-    if semantics == "gemma":
-        out = xhat if weight is None else xhat * (1.0 + weight.float())
-        return out.type_as(x)
-    xhat = xhat.to(x.dtype)
-    return xhat if weight is None else weight * xhat
+from ops.rmsnorm.fwd_bwd import torch_rms_norm
 
 
 def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,

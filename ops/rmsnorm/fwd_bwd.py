@@ -37,3 +37,18 @@ def rms_norm_bwd(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean
 def _(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
       semantics: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(x2), torch.empty_like(weight)
+
+
+def torch_rms_norm(x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, eps: float,
+                   semantics: str) -> torch.Tensor:
+    """The same RMSNorm by torch's ops, computed as the semantics' own modules compute it."""
+    if semantics == "torch":
+        return torch.nn.functional.rms_norm(x, shape, weight, eps)
+    dims = tuple(range(-len(shape), 0))
+    xf = x.float()
+    xhat = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    if semantics == "gemma":
+        out = xhat if weight is None else xhat * (1.0 + weight.float())
+        return out.type_as(x)
+    xhat = xhat.to(x.dtype)
+    return xhat if weight is None else weight * xhat
