@@ -254,3 +254,17 @@ def test_double_backward(device: str, semantics: str) -> None:
     g64.square().sum().backward()
     for got, want in ((x.grad, x64.grad), (w.grad, w64.grad)):
         assert (m := compare(got, want, torch.float32, reduction=64, cond=4.0)) is None, m
+
+
+def test_strided_x_and_gradients_in_place(device: str) -> None:
+    """A transposed x is copied once: values and x's gradient (in x's own layout) are those of its contiguous copy."""
+    torch.manual_seed(0)
+    base = torch.randn(24, 6, device=device)
+    x = base.t().requires_grad_()   # [6, 24], strided
+    w = torch.randn(24, device=device)
+    y = rms_norm(x, 24, w, 1e-6)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    want_dx, _ = rmsnorm_grads_ref(x, w, dy, 1e-6)
+    assert (m := compare(y, rmsnorm_ref(x, w, 1e-6), torch.float32)) is None, m
+    assert dx.shape == x.shape and (m := compare(dx, want_dx, torch.float32, reduction=24)) is None, m
