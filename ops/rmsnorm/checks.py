@@ -1,5 +1,5 @@
-"""RMSNorm's input checks (named errors) and its classifier: which calls our kernels take as they come, which they
-take once adapted, and which torch's own ops answer."""
+"""RMSNorm's input checks (named errors) and its classifier: which calls our kernels take, and which torch's own
+ops answer."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ops.rmsnorm.config import SEMANTICS
 
 
 def check_semantics(semantics: object) -> str:
+    """``semantics`` if it is one of ``SEMANTICS``; the named error otherwise."""
     if semantics not in SEMANTICS:
         raise ValueError(f"semantics: {semantics!r} is not one of {list(SEMANTICS)}")
     return semantics
