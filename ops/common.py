@@ -10,6 +10,7 @@ from typing import NoReturn
 import torch
 from torch import nn
 
+from ops.inputs import check_tensor
 from ops.launch import bridge, direct
 
 
@@ -117,3 +118,28 @@ def not_scriptable(module: nn.Module) -> NoReturn:
     deprecates TorchScript for ``torch.export``, which takes them, as ``torch.jit.trace`` does."""
     raise TypeError(f"torch.jit.script: {type(module).__name__} cannot be scripted (TorchScript compiles no Python "
                     "calls); use torch.export or torch.jit.trace")
+
+
+def add_residual(x: object, residual: object, add_bias: object, residual_in_fp32: bool) -> torch.Tensor:
+    """A pre-norm block's residual stream, s = x (+ add_bias) + residual, as the add-and-norm entries take it: x and
+    residual tensors of one shape and device, add_bias None or [x's last dim]; with ``residual_in_fp32``, s in
+    float32 (x and residual widened first), else in x's dtype (torch's add: one rounding).
+
+    Raises:
+        TypeError, ValueError: the named error for residual or add_bias (x's own checks are the norm's).
+    """
+    check_tensor("x", x, min_ndim=1, layout=False, dtypes=None)
+    check_tensor("residual", residual, min_ndim=1, layout=False, dtypes=None)
+    if residual.shape != x.shape or residual.device != x.device:
+        raise ValueError(f"residual: shape {tuple(residual.shape)} on {residual.device} does not match x's "
+                         f"{tuple(x.shape)} on {x.device}")
+    if add_bias is not None:
+        check_tensor("add_bias", add_bias, ndim=1, layout=False, dtypes=None)
+        if add_bias.shape[0] != x.shape[-1] or add_bias.device != x.device:
+            raise ValueError(f"add_bias: shape {tuple(add_bias.shape)} on {add_bias.device}, expected "
+                             f"({x.shape[-1]},) on {x.device}")
+    if residual_in_fp32:
+        x, residual = x.float(), residual.float()
+        add_bias = None if add_bias is None else add_bias.float()
+    s = x if add_bias is None else x + add_bias
+    return s + residual

@@ -268,3 +268,46 @@ def test_strided_x_and_gradients_in_place(device: str) -> None:
     want_dx, _ = rmsnorm_grads_ref(x, w, dy, 1e-6)
     assert (m := compare(y, rmsnorm_ref(x, w, 1e-6), torch.float32)) is None, m
     assert dx.shape == x.shape and (m := compare(dx, want_dx, torch.float32, reduction=24)) is None, m
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("residual_in_fp32", [False, True])
+def test_add_and_norm_returns_both_with_gradients(device: str, norm: str, residual_in_fp32: bool) -> None:
+    """add_layer_norm / add_rms_norm: s = x + add_bias + residual (float32 with residual_in_fp32, else x's dtype) and
+    y = norm(s) in x's dtype; the gradients of a loss on both outputs (the backward adds s's incoming gradient)
+    against float64; bad residual and add_bias named."""
+    from ops.layernorm import add_layer_norm
+    from ops.reference import layernorm_ref
+    from ops.rmsnorm import add_rms_norm
+
+    torch.manual_seed(0)
+    h, dtype = 64, torch.bfloat16
+    x, r = _rows(6, h, device, dtype).requires_grad_(), torch.randn(6, h, device=device, dtype=dtype).requires_grad_()
+    w, b, c = (torch.randn(h, device=device, dtype=dtype).requires_grad_() for _ in range(3))
+    if norm == "layer_norm":
+        call = lambda x, r, w, b, c, eps=1e-5: add_layer_norm(x, r, w, b, eps, add_bias=c,  # noqa: E731
+                                                                 residual_in_fp32=residual_in_fp32)
+        ref = lambda s, w, b: layernorm_ref(s, w, b, 1e-5)  # noqa: E731
+    else:
+        call = lambda x, r, w, b, c, eps=1e-6: add_rms_norm(x, r, w, eps, add_bias=c,  # noqa: E731
+                                                               residual_in_fp32=residual_in_fp32)
+        ref = lambda s, w, b: rmsnorm_ref(s, w, 1e-6)  # noqa: E731
+    y, s = call(x, r, w, b, c)
+    assert y.dtype == dtype and s.dtype == (torch.float32 if residual_in_fp32 else dtype)
+    leaves = [x, r, w, c] + ([b] if norm == "layer_norm" else [])
+    dy, ds = torch.randn_like(y), torch.randn_like(s)
+    grads = torch.autograd.grad((y.float() * dy).sum() + (s.float() * ds).sum(), leaves)
+    x64, r64, w64, b64, c64 = (t.detach().double().requires_grad_() for t in (x, r, w, b, c))
+    s64 = x64 + c64 + r64
+    assert (m := compare(s, s64, dtype)) is None, f"s: {m}"
+    s64 = s64 + (s.detach().double() - s64).detach()   # the norm reads s as rounded (the gradient passes through)
+    y64 = ref(s64, w64, b64)
+    assert (m := compare(y, y64, dtype, cond=2.0)) is None, f"y: {m}"
+    leaves64 = [x64, r64, w64, c64] + ([b64] if norm == "layer_norm" else [])
+    want = torch.autograd.grad((y64 * dy.double()).sum() + (s64 * ds.double()).sum(), leaves64)
+    for i, (g, w_) in enumerate(zip(grads, want, strict=True)):
+        assert (m := compare(g, w_, dtype, reduction=h, cond=2.0)) is None, f"grad {i}: {m}"
+    with pytest.raises(ValueError, match="^residual:"):
+        call(x, r[:3], w, b, c)
+    with pytest.raises(ValueError, match="^add_bias:"):
+        call(x, r, w, b, c[:3])

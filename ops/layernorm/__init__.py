@@ -15,8 +15,9 @@ calling only those below it:
 """
 
 from ops.layernorm.config import DTYPES, VARIANTS
-from ops.layernorm.functional import layer_norm, layernorm
+from ops.layernorm.functional import add_layer_norm, layer_norm, layernorm
 from ops.layernorm.fwd_bwd import layernorm_bwd, layernorm_fwd
 from ops.layernorm.module import LayerNorm
 
-__all__ = ["DTYPES", "VARIANTS", "LayerNorm", "layer_norm", "layernorm", "layernorm_bwd", "layernorm_fwd"]
+__all__ = ["DTYPES", "VARIANTS", "LayerNorm", "add_layer_norm", "layer_norm", "layernorm", "layernorm_bwd",
+           "layernorm_fwd"]

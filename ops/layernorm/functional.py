@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import constant, native_entry, no_grad_to_come
+from ops.common import add_residual, constant, native_entry, no_grad_to_come
 from ops.inputs import as_eps, last_size, torch_answers
 from ops.launch import direct
 from ops.layernorm.autograd import LayerNormFunction, compiled_layernorm
@@ -166,3 +166,34 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: t
     weight = constant(1.0, h, x.dtype, x.device) if weight is None else weight.reshape(h)
     bias = constant(0.0, h, weight.dtype, x.device) if bias is None else bias.reshape(h)
     return layernorm(x2, weight, bias, eps, activation, variant).reshape(x.shape)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None, eps: float = 1e-5, *, add_bias: torch.Tensor | None = None,
+                   residual_in_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's add and LayerNorm: s = x (+ add_bias) + residual, y = LayerNorm(s) over the last dim;
+    returns both, with autograd (the backward adds the incoming gradient of s). This first version adds, then
+    runs ``layer_norm``; the one-pass kernel is issue 70's.
+
+    Args:
+        x, residual: ``[..., H]``, one shape and device.
+        weight, bias: the LayerNorm's ``[H]``, or None.
+        eps: the LayerNorm's.
+        add_bias: ``[H]`` added to x first (the preceding Linear's bias), or None.
+        residual_in_fp32: s in float32 (the residual stream kept in full precision), y in x's dtype.
+
+    Shape:
+        x, residual, y, s: ``[..., H]``.
+
+    Returns:
+        (y, s): y in x's dtype; s in x's dtype, or float32 with ``residual_in_fp32``.
+
+    Raises:
+        TypeError, ValueError: named, for residual or add_bias, and as ``layer_norm`` for the rest.
+
+    Example:
+        >>> y, s = add_layer_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), torch.zeros(8))
+    """
+    s = add_residual(x, residual, add_bias, residual_in_fp32)
+    params = [p if p is None or not residual_in_fp32 else p.float() for p in (weight, bias)]
+    return layer_norm(s, s.shape[-1:], *params, eps).to(x.dtype), s

@@ -4,7 +4,7 @@ and Gemma's RMSNorm. This first version runs the LayerNorm kernels' loop (GPU) a
 the direct launch, the C++ entries, residual add + norm and RMSNorm+Linear's fused routes are issue 70's next steps."""
 
 from ops.rmsnorm.config import SEMANTICS
-from ops.rmsnorm.functional import rms_norm
+from ops.rmsnorm.functional import add_rms_norm, rms_norm
 from ops.rmsnorm.module import FusedRMSNormLinear, RMSNorm
 
-__all__ = ["FusedRMSNormLinear", "RMSNorm", "SEMANTICS", "rms_norm"]
+__all__ = ["FusedRMSNormLinear", "RMSNorm", "SEMANTICS", "add_rms_norm", "rms_norm"]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import constant
+from ops.common import add_residual, constant
 from ops.inputs import torch_answers
 from ops.rmsnorm.autograd import rms_norm_rows
 from ops.rmsnorm.checks import check_call, classify, default_eps
@@ -49,3 +49,36 @@ def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: tor
     w = constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device) if weight is None else weight.reshape(h)
     y = rms_norm_rows(x.reshape(-1, h).contiguous(), w, eps, semantics)
     return y.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                 eps: float | None = None, *, add_bias: torch.Tensor | None = None, residual_in_fp32: bool = False,
+                 semantics: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's add and RMSNorm: s = x (+ add_bias) + residual, y = RMSNorm(s) over the last dim by
+    ``semantics``; returns both, with autograd (the backward adds the incoming gradient of s). This first version
+    adds, then runs ``rms_norm``; the one-pass kernel is issue 70's.
+
+    Args:
+        x, residual: ``[..., H]``, one shape and device.
+        weight: the RMSNorm's ``[H]``, or None.
+        eps: the RMSNorm's; None: ``torch.finfo(x.dtype).eps``.
+        add_bias: ``[H]`` added to x first (the preceding Linear's bias), or None.
+        residual_in_fp32: s in float32 (the residual stream kept in full precision), y in x's dtype.
+        semantics: as ``rms_norm``'s.
+
+    Shape:
+        x, residual, y, s: ``[..., H]``.
+
+    Returns:
+        (y, s): y in x's dtype; s in x's dtype, or float32 with ``residual_in_fp32``.
+
+    Raises:
+        TypeError, ValueError: named, for residual or add_bias, and as ``rms_norm`` for the rest.
+
+    Example:
+        >>> y, s = add_rms_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(8))
+    """
+    s = add_residual(x, residual, add_bias, residual_in_fp32)
+    w = weight.float() if weight is not None and residual_in_fp32 else weight
+    eps = default_eps(eps, x.dtype)
+    return rms_norm(s, s.shape[-1:], w, eps, semantics=semantics).to(x.dtype), s
