@@ -11,6 +11,8 @@
 #   ln_bwd_regs / ln_bwd_loop: rows dealt round-robin to row groups that keep dgamma/dbeta partials;
 #     ln_bwd_regs loads a group's next row while it reduces the current one (up to 4 vectors a thread);
 #     ln_bwd_reduce sums the partials per column in a fixed order (deterministic, no float atomics).
+# RMSNorm (ops/rmsnorm): the loop kernels and the CPU path take it as bits of act (NORM_RMS, RMS_LLAMA, RMS_GEMMA
+#   below): no mean (the mean kept is 0), no beta, no mean term in the backward; the other kernels refuse them.
 # Limits: rows and h below 2^31; the CPU path (fwd_cpu, bwd_cpu) takes one row at a time.
 # Design notes, the kernel progression and the measurements behind each choice: docs/kernels/layernorm.md.
 
