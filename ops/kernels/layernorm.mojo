@@ -853,7 +853,8 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
             for i in range(gt, n, GT):
                 var xhat = (load_f32(x, base + i) - m) * r
                 var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
-                sa += g * d
+                comptime if (act & NORM_RMS) == 0:   # RMSNorm: no mean term
+                    sa += g * d
                 sb += g * d * xhat
         var slot = 2 * (it % 2)
         var a: Float32 = 0.0   # RMSNorm: no mean, so no mean term (and no beta)
@@ -866,7 +867,8 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                 var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
                 dx[unsafe_offset=base + i] = (r * (g * d - a - xhat * b)).cast[dtype]()
                 part_g[unsafe_offset=group * n + i] = part_g[unsafe_offset=group * n + i] + d * xhat
-                part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
+                comptime if (act & NORM_RMS) == 0:   # RMSNorm: no beta (its partials stay 0)
+                    part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
 
 
 def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
@@ -1056,7 +1058,8 @@ def bwd_cpu[dtype: DType, act: Int](
         for i in range(h):
             var xhat = (load_f32(x, base + i) - m) * rs
             var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
-            sa += g * d
+            comptime if (act & NORM_RMS) == 0:   # RMSNorm: no mean term
+                sa += g * d
             sb += g * d * xhat
         var a = sa / Float32(h) if (act & NORM_RMS) == 0 else Float32(0.0)   # RMSNorm: no mean term
         var b = sb / Float32(h)
@@ -1065,7 +1068,8 @@ def bwd_cpu[dtype: DType, act: Int](
             var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
             dx[unsafe_offset=base + i] = (rs * (g * d - a - xhat * b)).cast[dtype]()
             part_g[unsafe_offset=i] = part_g[unsafe_offset=i] + d * xhat
-            part_b[unsafe_offset=i] = part_b[unsafe_offset=i] + d
+            comptime if (act & NORM_RMS) == 0:   # RMSNorm: no beta (its partials stay 0)
+                part_b[unsafe_offset=i] = part_b[unsafe_offset=i] + d
     for i in range(h):
         dgamma[unsafe_offset=i] = part_g[unsafe_offset=i].cast[dtype]()
         dbeta[unsafe_offset=i] = part_b[unsafe_offset=i].cast[dtype]()
