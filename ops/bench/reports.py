@@ -105,10 +105,14 @@ def kept_stamp(table: str, dtypes: set[str] | None = None, column: str = "dtype"
     """What to add to the stamp of a report that keeps ``kept_rows(table, dtypes, column)``: the earlier
     report's stamp, less the runs none of whose rows are kept, so each kept row's commit stays known ('' when
     there is no earlier report)."""
-    stamp, rows = results.read_table(table)
+    return _stamp_tail(*results.read_table(table), dtypes or set(), column)
+
+
+def _stamp_tail(stamp: str, rows: list[dict], dtypes: set[str], column: str) -> str:
+    """``kept_stamp`` of a table read as (stamp, rows)."""
     if not rows:
         return ""
-    kept = {r[column] for r in rows} - (dtypes or set())
+    kept = {r[column] for r in rows} - dtypes
     runs, owned = [], set()
     for run_dtypes, own in stamp_runs(stamp):
         wrote = (kept - owned) if run_dtypes is None else (run_dtypes & kept) - owned
@@ -124,10 +128,11 @@ def kept_stamp(table: str, dtypes: set[str] | None = None, column: str = "dtype"
 def appended(table: str, dtypes: str, rows: list[dict], column: str = "dtype") -> tuple[list[dict], str]:
     """A run of the comma-separated ``dtypes`` (values of ``column``) added to ``table``: the earlier run's rows of
     other values, then ``rows``, and what the new report's stamp appends (``kept_stamp``; nothing when no row is
-    kept)."""
-    kept = kept_rows(table, set(dtypes.split(",")), column)
-    tail = kept_stamp(table, set(dtypes.split(",")), column)
-    return kept + rows, f" ({dtypes} rows){tail}" if tail else ""
+    kept). The table is read once."""
+    stamp, earlier = results.read_table(table)
+    run = set(dtypes.split(","))
+    tail = _stamp_tail(stamp, earlier, run, column)
+    return [r for r in earlier if r[column] not in run] + rows, f" ({dtypes} rows){tail}" if tail else ""
 
 
 def plot_forward(table: str, title: str, value: str, ylabel: str, shape_cols: Sequence[str],

@@ -104,6 +104,7 @@ def melt(table: str, rows: Sequence[dict], fields: Sequence[str], stamp: str, ti
     out = [{"table": table, "row": "", "case": "", "contender": "", "dtype": "", "shape": "", "metric": name,
             "value": value, "gpu": gpu, "commit": commit, "date": dates.get(commit, today)}
            for name, value in zip(META, (title, note, stamp, ",".join(fields)), strict=True)]
+    named = {"impl", "dtype", *SHAPE_COLUMNS, *text_columns}   # identity columns; the rest are metrics
     for i, r in enumerate(rows):
         gpu, commit = _run_of(stamp, r)
         ident = {"table": table, "row": i, "case": ";".join(f"{f}={r[f]}" for f in text_columns if f in r),
@@ -111,7 +112,6 @@ def melt(table: str, rows: Sequence[dict], fields: Sequence[str], stamp: str, ti
                  "shape": ";".join(f"{f}={r[f]}" for f in SHAPE_COLUMNS if f in fields and r.get(f) not in
                                    (None, "")),
                  "gpu": gpu, "commit": commit, "date": dates.get(commit, today)}
-        named = {"impl", "dtype", *SHAPE_COLUMNS, *text_columns}
         values = [{**ident, "metric": f, "value": r[f]} for f in fields
                   if f not in named and r.get(f) not in (None, "")]
         out += values or [{**ident, "metric": "", "value": ""}]   # a row of no value keeps its place

@@ -3,11 +3,10 @@ ops answer."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ops.inputs import DTYPES, TORCH_TAKES, as_eps, as_shape, check_tensor, trailing_sizes
+from ops.inputs import DTYPES, TORCH_TAKES, as_eps, check_tensor
+from ops.layernorm.checks import normalized_size
 from ops.rmsnorm.config import SEMANTICS
 
 
@@ -29,10 +28,7 @@ def check_call(x: object, normalized_shape: object, weight: object, semantics: o
     ``normalized_shape`` x's trailing dims, weight None or a tensor of that shape on x's device, of x's dtype or
     float32; a known semantics. Returns the shape and the elements it covers."""
     check_semantics(semantics)
-    shape = as_shape(normalized_shape)
-    check_tensor("x", x, min_ndim=1, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
-    if trailing_sizes(x, min(len(shape), x.dim())) != shape:
-        raise ValueError(f"normalized_shape: {shape} is not x's trailing dims (x: shape {tuple(x.shape)})")
+    shape, h = normalized_size(x, normalized_shape, by_torch)
     if weight is not None:
         check_tensor("weight", weight, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
         if tuple(weight.shape) != shape:
@@ -41,7 +37,7 @@ def check_call(x: object, normalized_shape: object, weight: object, semantics: o
             raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
         if weight.dtype != x.dtype and weight.dtype != torch.float32:
             raise TypeError(f"weight: dtype {weight.dtype}, but x is {x.dtype} (use x's dtype or float32)")
-    return shape, math.prod(shape)
+    return shape, h
 
 
 def classify(x: torch.Tensor, weight: torch.Tensor | None, by_torch: bool) -> str:
