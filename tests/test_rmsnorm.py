@@ -1,7 +1,8 @@
 """RMSNorm (ops/rmsnorm): values and gradients against the float64 reference for each semantics (torch's, Hugging
 Face Llama's, Gemma's) and dtype, odd and power-of-two sizes, rows with a large mean and constant rows; outputs
 within one ulp of the module each semantics stands for; the module's drop-in contract (parameters shared, state
-dict, eps=None); named errors. On the CPU (MAX's CPU kernels) and, where there is one, the GPU (the loop kernel)."""
+dict, eps=None); named errors. On the CPU (MAX's CPU kernels) and, where there is one, the GPU (each kernel, and the
+C++ entry)."""
 
 from __future__ import annotations
 
@@ -145,7 +146,8 @@ def test_gpu_kernels_compile_for_sm90() -> None:
     from ops.rmsnorm import config
 
     specs = config.all_specs()
-    assert {s.name for s in specs} == {"ln_fwd_loop", "ln_bwd_loop"} and len(specs) == len(set(specs))
+    kernels = {"ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster", "ln_bwd_loop", "ln_bwd_regs"}
+    assert {s.name for s in specs} == kernels and len(specs) == len(set(specs))
     ptx.build(specs, "H100", quiet=True)
     for spec in specs:
         text = ptx.ptx_path(spec, "H100").read_text()
@@ -243,17 +245,52 @@ def test_fused_rmsnorm_linear_is_the_sequential(device: str, semantics: str, nor
 
 @pytest.mark.parametrize("semantics", list(SEMANTICS))
 def test_double_backward(device: str, semantics: str) -> None:
-    """A gradient penalty (create_graph=True) through rms_norm: the second-order gradients are float64's."""
+    """A gradient penalty (create_graph=True) through rms_norm: the second-order gradients are float64's, at the
+    first call and the second (on a GPU: the Python route's autograd, then the C++ entry's)."""
     torch.manual_seed(0)
-    x = torch.randn(4, 16, device=device, requires_grad=True)
-    w = torch.randn(16, device=device, requires_grad=True)
-    g, = torch.autograd.grad(rms_norm(x, 16, w, 1e-6, semantics=semantics).square().sum(), x, create_graph=True)
-    g.square().sum().backward()
-    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    x0 = torch.randn(4, 16, device=device)
+    w0 = torch.randn(16, device=device)
+    x64, w64 = (t.double().requires_grad_() for t in (x0, w0))
     g64, = torch.autograd.grad(rmsnorm_ref(x64, w64, 1e-6, semantics).square().sum(), x64, create_graph=True)
     g64.square().sum().backward()
-    for got, want in ((x.grad, x64.grad), (w.grad, w64.grad)):
-        assert (m := compare(got, want, torch.float32, reduction=64, cond=4.0)) is None, m
+    for _ in range(2):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        g, = torch.autograd.grad(rms_norm(x, 16, w, 1e-6, semantics=semantics).square().sum(), x, create_graph=True)
+        g.square().sum().backward()
+        for got, want in ((x.grad, x64.grad), (w.grad, w64.grad)):
+            assert (m := compare(got, want, torch.float32, reduction=64, cond=4.0)) is None, m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,h", [(5, 1000), (8, 768), (4096, 768), (3, 4096), (4096, 4096), (2, 16384),
+                                    (2, 65536)])
+@pytest.mark.parametrize("semantics", list(SEMANTICS))
+def test_gpu_every_kernel_and_the_cpp_entry(semantics: str, rows: int, h: int, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    """bfloat16 on a GPU, at shapes that pick each kernel (the loop for h not a multiple of the vector, a warp per
+    row, a block per row, a cluster per row): y, dx and dweight against float64, at the first call (the Python route,
+    which hands the plans to the C++ side) and bit for bit the same at the second, which the C++ entry must take."""
+    from ops.rmsnorm import autograd as rms_autograd
+    from ops.rmsnorm import fwd_bwd as rms_fwd_bwd
+
+    x = _rows(rows, h, "cuda", torch.bfloat16)
+    w = (torch.randn(h) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to("cuda", torch.bfloat16)
+    dy = torch.randn_like(x)
+    results = []
+    for _ in range(2):
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = rms_norm(xg, h, wg, 1e-6, semantics=semantics)
+        results.append((y, *torch.autograd.grad(y, (xg, wg), dy)))
+        def python_route(*args: object) -> None:
+            raise AssertionError("the second call took the Python route")
+        monkeypatch.setattr(rms_autograd.RMSNormFunction, "apply", python_route)
+        monkeypatch.setattr(rms_fwd_bwd, "rms_bwd_direct", python_route)
+    (y, dx, dw), again = results
+    assert all(torch.equal(a, b) for a, b in zip(results[0], again, strict=True))
+    assert (m := compare(y, rmsnorm_ref(x, w, 1e-6, semantics), torch.bfloat16)) is None, f"y: {m}"
+    want_dx, want_dw = rmsnorm_grads_ref(x, w, dy, 1e-6, semantics)
+    assert (m := compare(dx, want_dx, torch.bfloat16, reduction=h)) is None, f"dx: {m}"
+    assert (m := compare(dw, want_dw, torch.bfloat16, reduction=rows)) is None, f"dweight: {m}"
 
 
 def test_strided_x_and_gradients_in_place(device: str) -> None:

@@ -11,8 +11,9 @@
 #   ln_bwd_regs / ln_bwd_loop: rows dealt round-robin to row groups that keep dgamma/dbeta partials;
 #     ln_bwd_regs loads a group's next row while it reduces the current one (up to 4 vectors a thread);
 #     ln_bwd_reduce sums the partials per column in a fixed order (deterministic, no float atomics).
-# RMSNorm (ops/rmsnorm): the loop kernels and the CPU path take it as bits of act (NORM_RMS, RMS_LLAMA, RMS_GEMMA
-#   below): no mean (the mean kept is 0), no beta, no mean term in the backward; the other kernels refuse them.
+# RMSNorm (ops/rmsnorm): the loop, register and cluster kernels and the CPU path take it as bits of act (NORM_RMS,
+#   RMS_LLAMA, RMS_GEMMA below): no mean (the mean kept is 0), no beta, no mean term in the backward; the teaching
+#   progression's first two kernels refuse them.
 # Limits: rows and h below 2^31; the CPU path (fwd_cpu, bwd_cpu) takes one row at a time.
 # Design notes, the kernel progression and the measurements behind each choice: docs/kernels/layernorm.md.
 
@@ -34,7 +35,7 @@ comptime ACT_NONE = 0
 comptime ACT_GELU_TANH = 1
 comptime ACT_GELU_ERF = 2
 comptime ACT_BITS = 3   # act & ACT_BITS: the activation; the bits above choose the norm
-# RMSNorm (act bits, in the loop and CPU kernels): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), no
+# RMSNorm (act bits): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), no
 # mean and no beta (the mean kept is 0). Its semantics, as the models that use it compute it:
 comptime NORM_RMS = 4    # torch's F.rms_norm: the product in fp32, one rounding to the dtype
 comptime RMS_LLAMA = 8   # with NORM_RMS, Hugging Face Llama's: x * rstd rounded to the dtype, then times the weight
@@ -320,15 +321,33 @@ def store_normalized_slice[dtype: DType, act: Int, VEC: Int, CH: Int, GT: Int, R
     y: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], v: SIMD[RT, CH * VEC],
     mean: Float32, rstd: Float32, base: Int, first: Int, gt: Int, nv: Int,
 ):
-    """y = act((x - mean) * rstd * gamma + beta) for this thread's vectors; gamma and beta
+    """y = act((x - mean) * rstd * gamma + beta) for this thread's vectors (RMSNorm: ``rms_vector``); gamma and beta
     are loaded one vector at a time, next to their use, to keep registers for the row."""
     comptime for c in range(CH):
         var j = first + c * GT + gt
         if j < nv:
-            var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
-            var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
-            var z = (v.slice[VEC, offset=c * VEC]().cast[F32]() - mean) * rstd * g + b
-            y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
+            comptime if (act & NORM_RMS) != 0:
+                var z = rms_vector[dtype, act, VEC](v.slice[VEC, offset=c * VEC]().cast[F32](), gamma, j, rstd)
+                y.unsafe_store[alignment=ALIGN](base + j * VEC, z.cast[dtype]())
+            else:
+                var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+                var b = beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+                var z = (v.slice[VEC, offset=c * VEC]().cast[F32]() - mean) * rstd * g + b
+                y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
+
+
+@always_inline
+def rms_vector[dtype: DType, act: Int, VEC: Int](xv: SIMD[F32, VEC], gamma: Ptr[dtype], j: Int,
+                                                 rstd: Float32) -> SIMD[F32, VEC]:
+    """RMSNorm's output at vector j of a row (``normalized``'s, a vector at a time): x * rstd (Llama's rounded to the
+    dtype) times gamma (Gemma's 1 + gamma), in fp32."""
+    var xhat = xv * rstd
+    comptime if (act & RMS_LLAMA) != 0:
+        xhat = xhat.cast[dtype]().cast[F32]()
+    var g = gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]()
+    comptime if (act & RMS_GEMMA) != 0:
+        g = g + 1.0
+    return xhat * g
 
 
 # ---------------------------------------------------------------- forward, variants 1-3
@@ -497,7 +516,10 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         dtype == DType.float16 and CH * VEC * GT <= 8192)
     var mean: Float32
     var rstd: Float32
-    comptime if CORRECTED:
+    comptime if (act & NORM_RMS) != 0:   # RMSNorm: the mean square (the mean kept is 0)
+        mean = 0.0
+        rstd = rsqrt(group_sum[WPR, RPB](slice_m2[VEC, CH, GT, dtype](v, 0.0, 0, gt, nv), sh, 1) / Float32(n) + eps)
+    elif CORRECTED:
         var m0 = group_sum[WPR, RPB, pairwise=True](slice_sum[VEC, CH, dtype](v), sh, 0) / Float32(n)
         if (n & (n - 1)) == 0:   # the same for the whole block: its barriers stay in step
             mean = m0
@@ -563,6 +585,10 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
     var first = rank * SLICE
     var base = row * n
     var v = load_slice[dtype, VEC, CH, GT](x, base, first, gt, nv, True)
+    comptime if (act & NORM_RMS) != 0:   # RMSNorm: the blocks' sums of squares, added in rank order
+        rms_cluster_finish[dtype, act, VEC, CH, WPR, CL](y, mean_out, rstd_out, gamma, v, sh, part, rank, gt, row,
+                                                         first, base, n, eps)
+        return
     var count = slice_count(nv, first, SLICE) * VEC
     # Means are of x - x[0] (x[0] added back at the end): a row of one value gets exactly it (so y = beta).
     var shift = load_f32(x, base)
@@ -605,6 +631,30 @@ def ln_fwd_cluster[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int]
             y.unsafe_store[alignment=ALIGN](base + j * VEC, activate[act, VEC](z).cast[dtype]())
     if rank == 0 and gt == 0:
         store_stats(mean_out, rstd_out, row, mean, rstd)
+    cluster_wait()
+
+
+@always_inline
+def rms_cluster_finish[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, CL: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], gamma: Ptr[dtype], v: Regs[VEC, CH], sh: Shared,
+    part: Shared, rank: Int, gt: Int, row: Int, first: Int, base: Int, n: Int, eps: Float32,
+):
+    """``ln_fwd_cluster``'s RMSNorm: each block's sum of squares through distributed shared memory, every block adding
+    the CL of them in the same order (so all get the same rstd), then its slice's output."""
+    comptime GT = WPR * WARP_SIZE
+    var nv = n // VEC
+    var ss = group_sum[WPR, 1](slice_m2[VEC, CH, GT](v, 0.0, first, gt, nv), sh, 0)
+    if gt == 0:
+        part[unsafe_offset=0] = ss
+    cluster_sync()
+    var total: Float32 = 0.0
+    comptime for q in range(CL):
+        total += peer_load(part, q, 0)
+    cluster_arrive_relaxed()
+    var rstd = rsqrt(total / Float32(n) + eps)
+    store_normalized_slice[dtype, act, VEC, CH, GT](y, gamma, gamma, v, 0.0, rstd, base, first, gt, nv)
+    if rank == 0 and gt == 0:
+        store_stats(mean_out, rstd_out, row, 0.0, rstd)
     cluster_wait()
 
 
@@ -653,7 +703,7 @@ def fwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int, CL
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int, h: Int, eps: Float32,
 ) raises:
     """Enqueue the forward kernel `kernel` with its parameters (as ops/layernorm/config.py chose them)."""
-    comptime assert (act & NORM_RMS) == 0 or kernel == K_LOOP, "RMSNorm runs the loop kernel"
+    comptime assert (act & NORM_RMS) == 0 or kernel >= K_LOOP, "RMSNorm runs the loop, register or cluster kernel"
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_ROW_THREAD:
         comptime k = ln_fwd_row_thread[dtype, act]
@@ -696,8 +746,10 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         var j = c * GT + gt
         if j < nv:
             g = g.insert[offset=c * VEC](gamma.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]())
-            comptime if act != ACT_NONE:
+            comptime if (act & ACT_BITS) != ACT_NONE:
                 bt = bt.insert[offset=c * VEC](beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]())
+    comptime if (act & RMS_GEMMA) != 0:   # Gemma's weight is 1 + gamma (1 past the row, where dy is 0)
+        g = g + 1.0
     # dgamma/dbeta accumulators: in registers with one group per block; with several (RPB > 1), in shared memory,
     # 16 bytes per thread side by side (conflict-free), which leaves the registers for the next row's loads (with
     # them in registers as well, ptxas spilled).
@@ -737,23 +789,27 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
             load_row[dtype, VEC, CH, GT](nx, ndy, nm, nr, x, dy, mean, rstd, nrow, group < p and nrow < Int(rows), n,
                                          gt, nv)
         var xhat = (xv - m) * r
-        comptime if act != ACT_NONE:
+        comptime if (act & ACT_BITS) != ACT_NONE:
             dyv = dyv * activate_grad[act, W](xhat * g + bt)
         var gdy = g * dyv
         var slot = 2 * (it % 2)
-        var a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
+        var a: Float32 = 0.0   # RMSNorm: no mean, so no mean term (and no beta: its partials stay 0)
+        comptime if (act & NORM_RMS) == 0:
+            a = group_sum[WPR, RPB]((gdy).reduce_add(), sh, slot) / Float32(n)
         var b = group_sum[WPR, RPB]((gdy * xhat).reduce_add(), sh, slot + 1) / Float32(n)
         comptime if SMEM_ACC:
             var dg = dyv * xhat
             comptime for q in range(Q):
                 if quad_in_row[VEC, GT](q, gt, nv):
                     var ig = quad_index[Q, GT](local, 0, q, gt)
-                    var ib = quad_index[Q, GT](local, 1, q, gt)
                     acc_store(acc_s, ig, acc_load(acc_s, ig) + dg.slice[4, offset=q * 4]())
-                    acc_store(acc_s, ib, acc_load(acc_s, ib) + dyv.slice[4, offset=q * 4]())
+                    comptime if (act & NORM_RMS) == 0:
+                        var ib = quad_index[Q, GT](local, 1, q, gt)
+                        acc_store(acc_s, ib, acc_load(acc_s, ib) + dyv.slice[4, offset=q * 4]())
         else:
             acc_g += dyv * xhat
-            acc_b += dyv
+            comptime if (act & NORM_RMS) == 0:
+                acc_b += dyv
         if valid:
             store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), base, 0, gt, nv)
     # One partial row per block: its RPB groups' sums add in order through shared memory (group 0 keeps its own).
@@ -988,7 +1044,6 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
 ) raises:
     """The row-group kernel `kernel` (K_LOOP or K_REGS, as ops/layernorm/config.py chose), then the reduction of
     `parts` partial rows (K_REGS: a row per block of RPB groups; K_LOOP: a row per group)."""
-    comptime assert (act & NORM_RMS) == 0 or kernel == K_LOOP, "RMSNorm runs the loop kernel"
     comptime VEC = vector_width[dtype]()
     comptime if kernel == K_REGS:
         launch_bwd_regs[dtype, act, VEC, CH, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd,

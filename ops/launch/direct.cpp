@@ -1,5 +1,5 @@
-// The direct launcher's host side in C++ (ops/launch/direct.py builds and loads it): LayerNorm (+GELU) and the
-// unfused LayerNorm+Linear as torch operators with C++ autograd, and the fused and Hopper LayerNorm+Linear
+// The direct launcher's host side in C++ (ops/launch/direct.py builds and loads it): LayerNorm (+GELU), RMSNorm and
+// the unfused LayerNorm+Linear as torch operators with C++ autograd, and the fused and Hopper LayerNorm+Linear
 // forwards (no gradient), so that an eager call costs what a torch op costs (allocation, launch and the
 // backward's autograd node in C++, no Python per call).
 //
@@ -59,6 +59,7 @@ using Triple = std::tuple<Tensor, Tensor, Tensor>;
 #include "native/cublaslt.h"
 #include "native/capture.h"
 #include "native/layernorm.h"
+#include "native/rmsnorm.h"
 #include "native/layernorm_linear.h"
 #include "native/compiled.h"
 #include "native/registration.h"
@@ -68,6 +69,8 @@ using Triple = std::tuple<Tensor, Tensor, Tensor>;
 
 TORCH_LIBRARY(mojo_direct, m) {
   m.def("layernorm(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, int act) -> Tensor");
+  m.def("set_rms_codes(int llama, int gemma) -> ()", &set_rms_codes);
   m.def("layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
         "int algo) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
@@ -129,6 +132,7 @@ TORCH_LIBRARY(mojo_direct, m) {
 // the backend kernels, with no grad to come.
 static void impl_entries(torch::Library& m) {
   m.impl("layernorm", &layernorm);
+  m.impl("rms_norm", &rms_norm);
   m.impl("layernorm_linear", &layernorm_linear);
 }
 

@@ -214,6 +214,7 @@ class NativeOps:
     layernorm_with_stats: object = None
     layernorm_bwd_with_plan: object = None
     layernorm_linear: object = None
+    rms_norm: object = None
     layernorm_linear_with_stats: object = None
     linear: object = None         # the unfused route's Linear by cuBLASLt (y; torch's ops where it does not take it)
     linear_grads: object = None   # and its backward (dxn, dweight, dbias)
@@ -293,6 +294,7 @@ def load_native() -> NativeOps:
             configure(ops)
         # the overloads' own callables: no OpOverload.__call__ frame per call
         NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
+        NATIVE.rms_norm = getattr(ops.rms_norm.default, "_op", ops.rms_norm.default)
         NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
                                               ops.layernorm_with_stats.default)
         NATIVE.layernorm_bwd_with_plan = getattr(ops.layernorm_bwd_with_plan.default, "_op",

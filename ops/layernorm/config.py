@@ -292,18 +292,26 @@ def transpose_spec(dtype: torch.dtype) -> KernelSpec:
 ACTS = tuple(ACTIVATIONS.values())
 
 
-def all_specs() -> list[KernelSpec]:
-    """Every instantiation the forward's variants and the backward launch at any shape on an sm_90
-    GPU, for ``poe build-kernels`` (found by asking the choice functions at every row-length bracket)."""
+def launch_specs(acts: tuple[int, ...], variants: tuple[str, ...]) -> dict[KernelSpec, None]:
+    """The forward's (``variants``) and backward's instantiations for the kernels' ``acts`` codes at any shape on an
+    sm_90 GPU (found by asking the choice functions at every row-length bracket), in order, without repeats."""
     lengths = [2 ** e for e in range(16)] + [3 * 2 ** e for e in range(14)] + [65536, 131072]
     specs: dict[KernelSpec, None] = {}
     for dtype in DTYPES:
-        for act in ACTS:
+        for act in acts:
             for h in lengths:
                 for rows, vec_ok in ((1, True), (1, False), (4096, True), (4096, False)):   # loops: both UNROLLs
-                    for variant in VARIANTS:
+                    for variant in variants:
                         specs[fwd_launch(rows, h, dtype, vec_ok, variant).spec(dtype, act)] = None
                     specs[bwd_launch(rows, h, dtype, vec_ok).spec(dtype, act)] = None
+    return specs
+
+
+def all_specs() -> list[KernelSpec]:
+    """Every instantiation LayerNorm launches on an sm_90 GPU (``launch_specs`` of every activation and variant, the
+    column sums, the transposing copy), for ``poe build-kernels``."""
+    specs = launch_specs(ACTS, VARIANTS)
+    for dtype in DTYPES:
         for h in (REDUCE_NARROW_MAX_H, REDUCE_NARROW_MAX_H + 1):
             specs[reduce_spec(dtype, h)] = None
         specs[transpose_spec(dtype)] = None

@@ -1,13 +1,22 @@
-"""RMSNorm's autograd: ``torch.ops.mojo.rms_norm_fwd``'s backward is ``rms_norm_bwd`` (x's and the weight's
-gradients; the casts of Llama's semantics pass the gradient through as torch's autograd does). Registered on the op
-itself, so eager calls and torch.compile's graphs differentiate alike."""
+"""RMSNorm's autograd: ``RMSNormFunction`` (one launch forward, the backward on its saved statistics) for eager calls
+on a GPU, and the rule registered on ``torch.ops.mojo.rms_norm_fwd`` itself (its backward is ``rms_norm_bwd``), which
+torch.compile's graphs and the CPU differentiate. The casts of Llama's semantics pass the gradient through, as torch's
+autograd does."""
 
 from __future__ import annotations
 
 import torch
 
 from ops.common import create_graph, differentiable_grads
-from ops.rmsnorm.fwd_bwd import rms_norm_bwd, rms_norm_fwd, torch_rms_norm
+from ops.inputs import check_grad, kernels_cannot_read
+from ops.launch import direct
+from ops.rmsnorm.fwd_bwd import (
+    rms_bwd_with_stats,
+    rms_fwd_with_stats,
+    rms_norm_bwd,
+    rms_norm_fwd,
+    torch_rms_norm,
+)
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
@@ -29,6 +38,35 @@ def _backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor, dmean:
 rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class RMSNormFunction(torch.autograd.Function):
+    """Autograd for an eager RMSNorm on a GPU: one launch forward (its statistics in one buffer), one backward."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x2: torch.Tensor, weight: torch.Tensor, eps: float,
+                semantics: str) -> torch.Tensor:
+        y, stats = rms_fwd_with_stats(x2, weight, eps, semantics)
+        ctx.save_for_backward(x2, weight, stats)
+        ctx.eps, ctx.semantics = eps, semantics
+        return y
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor) -> tuple:
+        x2, weight, stats = ctx.saved_tensors
+        if create_graph():
+            y = torch_rms_norm(x2, x2.shape[-1:], weight, ctx.eps, ctx.semantics)
+            return (*differentiable_grads(ctx, y, (x2, weight), dy), None, None)
+        dy = dy.contiguous()
+        if kernels_cannot_read(dy):   # a batched dy (a vectorized jacobian's): the op, which vmap loops
+            dx, dweight = rms_norm_bwd(dy, x2, weight, stats[0], stats[1], ctx.semantics)
+        else:
+            check_grad("dy", dy, x2.dtype, x2.shape, "x")
+            dx, dweight = rms_bwd_with_stats(dy, x2, weight, stats, ctx.semantics)
+        return dx, dweight, None, None
+
+
 def rms_norm_rows(x2: torch.Tensor, weight: torch.Tensor, eps: float, semantics: str) -> torch.Tensor:
-    """y = RMSNorm(x2) by ``semantics``, differentiable: x2 [rows, h] contiguous, weight [h] of x2's dtype."""
+    """y = RMSNorm(x2) by ``semantics``, differentiable: x2 [rows, h] contiguous, weight [h] of x2's dtype. Eager on a
+    GPU: ``RMSNormFunction``; traced or on the CPU: the op, with its registered autograd."""
+    if direct.launches(x2):
+        return RMSNormFunction.apply(x2, weight, eps, semantics)
     return rms_norm_fwd(x2, weight, eps, semantics)[0]

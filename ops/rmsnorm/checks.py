@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ops.inputs import DTYPES, TORCH_TAKES, as_eps, check_tensor
+from ops.inputs import DTYPES, PLAIN_TENSORS, TORCH_TAKES, as_eps, check_tensor
 from ops.layernorm.checks import normalized_size
 from ops.rmsnorm.config import SEMANTICS
 
@@ -17,9 +17,22 @@ def check_semantics(semantics: object) -> str:
     return semantics
 
 
+DEFAULT_EPS = {dtype: torch.finfo(dtype).eps for dtype in DTYPES}   # eps=None's, by the dtypes our kernels take
+
+
 def default_eps(eps: object, dtype: torch.dtype) -> float:
     """eps as torch's RMSNorm takes it: None is ``torch.finfo(x.dtype).eps``; otherwise a real number (``as_eps``)."""
     return torch.finfo(dtype).eps if eps is None else as_eps(eps)
+
+
+def native_takes(x: object, normalized_shape: object, weight: object, eps: object, semantics: object) -> bool:
+    """Whether a call's arguments fit the C++ entry's schema: plain tensors (a weight, not None), a float eps or None,
+    a known semantics, and ``normalized_shape`` x's last dim alone. The entry checks the rest (``accepts``)."""
+    if not (x.__class__ in PLAIN_TENSORS and weight.__class__ in PLAIN_TENSORS and semantics in SEMANTICS
+            and (eps is None or eps.__class__ is float) and x.ndim >= 1):
+        return False
+    shape = (normalized_shape,) if normalized_shape.__class__ is int else normalized_shape
+    return len(shape) == 1 and shape[0] == x.shape[-1]
 
 
 def check_call(x: object, normalized_shape: object, weight: object, semantics: object,

@@ -1,5 +1,5 @@
-"""RMSNorm's choices: the kernels' codes for each semantics (read from ops/kernels/layernorm.mojo, whose loop and CPU
-kernels take RMSNorm as bits of their ``act`` parameter) and the launches it runs."""
+"""RMSNorm's choices: the kernels' codes for each semantics (read from ops/kernels/layernorm.mojo, whose kernels take
+RMSNorm as bits of their ``act`` parameter) and the instantiations it launches."""
 
 from __future__ import annotations
 
@@ -16,13 +16,6 @@ SEMANTICS = {"torch": K["NORM_RMS"], "llama": K["NORM_RMS"] | K["RMS_LLAMA"], "g
 
 
 def all_specs() -> list[KernelSpec]:
-    """Every instantiation an RMSNorm launches on a GPU (the loop kernels at every row-length bracket, few rows and
-    many, for each semantics and dtype), for ``poe build-kernels`` and the CPU machine's compile check."""
-    specs: dict[KernelSpec, None] = {}
-    for dtype in ln_config.DTYPES:
-        for act in SEMANTICS.values():
-            for h in (1024, 1025):   # the loops' two shapes each: up to 1024 columns, and beyond
-                for rows in (1, 4096):   # the forward's UNROLL: 4 below the SM count, 1 above
-                    specs[ln_config.fwd_launch(rows, h, dtype, False).spec(dtype, act)] = None
-                specs[ln_config.bwd_launch(1, h, dtype, False).spec(dtype, act)] = None
-    return list(specs)
+    """Every instantiation an RMSNorm launches on an sm_90 GPU (LayerNorm's choices of kernel, for each semantics;
+    the column sums and the copy are LayerNorm's), for ``poe build-kernels`` and the CPU machine's compile check."""
+    return list(ln_config.launch_specs(tuple(SEMANTICS.values()), ("fast",)))

@@ -7,10 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import add_residual, constant
+from ops.common import add_residual, constant, native_entry
 from ops.inputs import torch_answers
 from ops.rmsnorm.autograd import rms_norm_rows
-from ops.rmsnorm.checks import check_call, classify, default_eps
+from ops.rmsnorm.checks import DEFAULT_EPS, check_call, classify, default_eps, native_takes
+from ops.rmsnorm.config import SEMANTICS
 from ops.rmsnorm.fwd_bwd import torch_rms_norm
 
 
@@ -41,6 +42,11 @@ def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: tor
         >>> y = rms_norm(torch.randn(2, 8, requires_grad=True), 8, torch.ones(8))
         >>> y.sum().backward()
     """
+    native = native_entry("rms_norm")
+    if native is not None and native_takes(x, normalized_shape, weight, eps, semantics):
+        y = native(x, weight, DEFAULT_EPS.get(x.dtype, 0.0) if eps is None else eps, SEMANTICS[semantics])
+        if y is not None:   # None: a call the C++ entry does not take (accepts, ops/launch/native/plans.h)
+            return y
     by_torch = torch_answers(x, weight)
     shape, h = check_call(x, normalized_shape, weight, semantics, by_torch)
     eps = default_eps(eps, x.dtype)

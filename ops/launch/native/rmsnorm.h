@@ -1,0 +1,82 @@
+// RMSNorm forward and backward: LayerNorm's launches told the norm by act's RMSNorm bits (ops/rmsnorm/config.py),
+// its autograd function and its entry. Part of direct.cpp's one translation unit (included inside its anonymous
+// namespace, after layernorm.h).
+#pragma once
+
+// ---------------------------------------------------------------- RMSNorm
+
+// The kernels' RMSNorm bits (ops/kernels/layernorm.mojo: RMS_LLAMA, RMS_GEMMA), handed over at loading
+// (set_rms_codes), for the ATen form of a double backward.
+int64_t rms_llama_bit = 0, rms_gemma_bit = 0;
+
+void set_rms_codes(int64_t llama, int64_t gemma) {
+  rms_llama_bit = llama;
+  rms_gemma_bit = gemma;
+}
+
+// RMSNorm(x) by ATen's differentiable ops, as the semantics' own modules compute it (ops/rmsnorm/fwd_bwd.py:
+// torch_rms_norm).
+Tensor aten_rms_norm(const Tensor& x, const Tensor& w, double eps, int64_t act) {
+  if (!(act & (rms_llama_bit | rms_gemma_bit))) return at::rms_norm(x, {x.size(-1)}, w, eps);
+  const Tensor xf = x.to(at::kFloat);
+  const Tensor xhat = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  if (act & rms_gemma_bit) return (xhat * (w.to(at::kFloat) + 1.0)).to(x.scalar_type());
+  return w * xhat.to(x.scalar_type());
+}
+
+// The Python route's backward (the torch.library op of ops/rmsnorm/) for a call with no plan here yet: it launches
+// and registers the plan for the next call.
+std::tuple<Tensor, Tensor> rms_bwd_python(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& stats,
+                                          int64_t act) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mojo::rms_norm_bwd", "")
+                       .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                         const Tensor&, c10::string_view)>();
+  const char* semantics = act & rms_llama_bit ? "llama" : act & rms_gemma_bit ? "gemma" : "torch";
+  const int64_t h = x.size(-1);
+  auto [dx, dw] = op.call(dy.view({-1, h}), x.view({-1, h}), w, stats[0], stats[1], semantics);
+  return {dx.view(x.sizes()), dw};
+}
+
+struct RMSNormFn : public torch::autograd::Function<RMSNormFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, double eps, int64_t act,
+                        const FwdPlan* plan) {
+    Tensor stats = stats_for(x);
+    Tensor y = ln_fwd(*plan, x, w, w, eps, stats.data_ptr(), stat_row(stats, 1));   // beta: unused by RMSNorm
+    ctx->save_for_backward({x, w, stats});
+    ctx->saved_data["act"] = act;
+    ctx->saved_data["eps"] = eps;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const int64_t act = ctx->saved_data["act"].toInt();
+    if (at::GradMode::is_enabled()) {   // create_graph: as layernorm.h's
+      variable_list g = differentiable_grads(
+          ctx, aten_rms_norm(saved[0], saved[1], ctx->saved_data["eps"].toDouble(), act), {saved[0], saved[1]},
+          grads[0]);
+      return {g[0], g[1], Tensor(), Tensor(), Tensor()};
+    }
+    const Tensor dy = grads[0].contiguous();
+    auto plan = bwd_plan(dy, saved[0], saved[1], saved[1], {&saved[2]}, act);
+    if (!plan) {
+      auto [dx, dw] = rms_bwd_python(dy, saved[0], saved[1], saved[2], act);
+      return {dx, dw, Tensor(), Tensor(), Tensor()};
+    }
+    auto [dx, dw, unused] = ln_bwd_run(*plan, dy, saved[0], saved[1], saved[1], saved[2].data_ptr(),
+                                       stat_row(saved[2], 1));
+    return {dx, dw, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// RMSNorm(x) over the last dim with autograd (act: the semantics' code), or undefined for a call the Python route
+// takes (no plan yet, or inputs accepts() would not send to the kernels as they come).
+Tensor rms_norm(const Tensor& x_in, const Tensor& w, double eps, int64_t act) {
+  const Tensor x = dense(x_in, w, w);
+  auto plan = fwd_plan(x, w, w, eps, act);
+  if (!plan) return Tensor();
+  c10::DeviceGuard guard(x.device());
+  if (!grad_to_come({&x, &w})) return ln_fwd(*plan, x, w, w, eps, nullptr, nullptr);
+  return RMSNormFn::apply(x, w, eps, act, &*plan);
+}
