@@ -16,6 +16,8 @@
 #   timing-tests  only the CUPTI kernel-time tests on the GPU -> gpu_tests_timing.txt
 #   layernorm   LayerNorm benchmark -> layernorm.{csv,md,png} (table bench_layernorm)
 #   layernorm:D1,D2  the same for those dtypes only, kept next to the CSV's other dtypes (to rerun one)
+#   rmsnorm     RMSNorm benchmark (torch, torch.compile, Liger-Kernel where installed, ours) -> rmsnorm.{csv,md}
+#               (table bench_rmsnorm)
 #   layernorm-bwd-sweep  the LayerNorm backward's row groups x register configurations -> layernorm.* (bench_layernorm_bwd_sweep)
 #   layernorm-linear  LayerNorm+Linear benchmark -> layernorm_linear.{csv,md,png} (table bench_layernorm_linear)
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
@@ -105,6 +107,9 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
     layernorm:*)
       run "bench_layernorm_log_${step#*:}" python scripts/bench_layernorm.py --dtypes "${step#*:}" --append
       [ "$out" = results ] || cp results/layernorm.* "$out"/ ;;
+    rmsnorm)
+      run bench_rmsnorm_log python scripts/bench_rmsnorm.py
+      [ "$out" = results ] || cp results/rmsnorm.* "$out"/ ;;
     layernorm-bwd-sweep)
       run bench_layernorm_bwd_sweep_log python scripts/bench_layernorm.py --bwd-sweep --dtypes bfloat16,float32
       [ "$out" = results ] || cp results/layernorm.* "$out"/ ;;

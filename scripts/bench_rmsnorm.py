@@ -1,0 +1,168 @@
+"""RMSNorm on the GPU: ours vs torch eager, torch.compile and Liger-Kernel, forward, backward and a training step.
+
+Per row, the headline first: pipelined time per call (back-to-back calls with their allocations, one
+synchronisation, divided; median of repeats), its ratio to torch eager's, and host time per call; then device time
+(CUDA events, median, inputs rotated past the L2 cache), GB/s counting each tensor read or written once (forward: x
+read, y written; backward: x and dy read, dx written; a training step: both), % of the measured device copy, and the
+kernels' own time by CUPTI. Contenders: "torch" is ``F.rms_norm`` (torch's semantics), "torch.compile" the same
+compiled, "ours" our ``rms_norm`` (torch's semantics), "ours:llama" ours with Hugging Face Llama's semantics, "liger"
+Liger-Kernel's ``LigerRMSNormFunction`` (its default, Llama's casting; timed where it is installed), "torch:again" a
+second copy of torch's call (the noise of the ratios), "copy" torch's copy of x (the ceiling). Backward and training
+rows take the gradients through each contender's autograd (``torch.autograd.grad``). Every contender is checked
+against the float64 reference of its semantics first. Writes results/rmsnorm.{csv,md} (table bench_rmsnorm).
+
+    python scripts/bench_rmsnorm.py                     (needs a CUDA GPU)
+    python scripts/bench_rmsnorm.py --quick             (the issue's shapes only)
+    python scripts/bench_rmsnorm.py --shape 4096x768    (one M x H, printed, nothing written)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from bench_layernorm import ROTATE_BYTES, copy_gbps  # noqa: E402
+
+from ops.bench import reports, timing  # noqa: E402
+from ops.reference import rmsnorm_grads_ref, rmsnorm_ref  # noqa: E402
+from ops.rmsnorm import rms_norm  # noqa: E402
+from ops.tolerance import compare  # noqa: E402
+
+OUT = ROOT / "results"
+EPS = 1e-6
+FWD_SHAPES = ((4096, 768), (16384, 4096), (1, 4096), (32, 4096), (4096, 4096), (4096, 8192), (65536, 4096),
+              (1024, 16384))
+BWD_SHAPES = ((4096, 768), (16384, 4096), (4096, 4096))
+TRAIN_SHAPES = ((4, 768), (128, 768), (4096, 768), (4, 4096), (128, 4096), (4096, 4096))
+QUICK = ((4096, 768), (16384, 4096))   # the issue's
+FIELDS = ("kind", "impl", "dtype", "M", "H", "pipe_us", "pipe_vs_torch", "pipe_runs", "pipe_spread", "host_us", "us",
+          "GBps", "pct_copy", "vs_torch", "kernel_us", "kernel_GBps", "kernel_vs_torch")
+BYTES_PER_ELEMENT = {"fwd": 2, "bwd": 3, "train": 5}   # tensors of [M, H] each kind reads or writes once
+
+
+def liger() -> Callable | None:
+    """Liger-Kernel's RMSNorm (x, w, eps) -> y with its autograd (dY not overwritten), or None where not installed."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        return None
+    return lambda x, w, eps: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)
+
+
+def contenders() -> dict[str, tuple[Callable, str]]:
+    """Each contender's call (x, w) -> y and the semantics it computes."""
+    compiled = torch.compile(lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS), dynamic=True)
+    calls = {"torch": (lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS), "torch"),
+             "torch:again": (lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS), "torch"),
+             "torch.compile": (compiled, "torch"),
+             "ours": (lambda x, w: rms_norm(x, x.shape[-1:], w, EPS), "torch"),
+             "ours:llama": (lambda x, w: rms_norm(x, x.shape[-1:], w, EPS, semantics="llama"), "llama")}
+    if (lg := liger()) is not None:
+        calls["liger"] = (lambda x, w: lg(x, w, EPS), "llama")
+    return calls
+
+
+def input_sets(m: int, h: int, dtype: torch.dtype, grad: bool) -> list[tuple[torch.Tensor, ...]]:
+    """Enough fresh (x, w, dy) sets that cycling through them defeats the L2 cache; x and w want gradients for the
+    backward and training kinds."""
+    n = max(2, min(32, -(-ROTATE_BYTES // (2 * m * h * dtype.itemsize))))
+    sets = []
+    for _ in range(n):
+        x = torch.randn(m, h, device="cuda", dtype=dtype).requires_grad_(grad)
+        w = (1 + 0.1 * torch.randn(h, device="cuda")).to(dtype).requires_grad_(grad)
+        sets.append((x, w, torch.randn_like(x)))
+    return sets
+
+
+def checked(name: str, fn: Callable, semantics: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> None:
+    """Fail loudly before timing a contender whose output (or, with gradients, dx and dw) is wrong."""
+    y = fn(x, w)
+    problems = [compare(y, rmsnorm_ref(x, w, EPS, semantics), x.dtype)]
+    if x.requires_grad:
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+        want_dx, want_dw = rmsnorm_grads_ref(x, w, dy, EPS, semantics)
+        problems += [compare(dx, want_dx, x.dtype, reduction=x.shape[-1]),
+                     compare(dw, want_dw, x.dtype, reduction=x.shape[0])]
+    if any(p is not None for p in problems):
+        raise SystemExit(f"{name} is wrong at {tuple(x.shape)} {x.dtype}: {[p for p in problems if p]}")
+
+
+def timed_call(kind: str, fn: Callable) -> Callable:
+    """The call a row of ``kind`` times on an input set (x, w, dy): the forward; the backward of a forward made once
+    per set (its graph kept); or a training step, forward and backward."""
+    if kind == "fwd":
+        return lambda x, w, dy: fn(x, w)
+    if kind == "train":
+        return lambda x, w, dy: torch.autograd.grad(fn(x, w), (x, w), dy)
+    graphs: dict[int, torch.Tensor] = {}
+
+    def backward(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> tuple:
+        y = graphs.get(id(x))
+        if y is None:
+            y = graphs[id(x)] = fn(x, w)
+        return torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+    return backward
+
+
+def bench(kind: str, dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], copy: float) -> list[dict]:
+    """Rows of ``kind`` per shape: every contender checked, then timed side by side."""
+    calls = contenders()
+    if kind != "fwd":
+        del calls["torch.compile"]   # its backward recompiles per graph: timed where it matters, the forward
+    rows = []
+    for m, h in shapes:
+        sets = input_sets(m, h, dtype, grad=kind != "fwd")
+        for name, (fn, semantics) in calls.items():
+            checked(name, fn, semantics, *sets[0])
+        entrants = [(name, timed_call(kind, fn), sets) for name, (fn, _) in calls.items()]
+        if kind == "fwd":
+            entrants.append(timing.copy_contender("copy", [(x.detach(),) for x, _, _ in sets]))
+        times = timing.side_by_side(entrants, kernels=True)
+        base, nbytes = times["torch"], BYTES_PER_ELEMENT[kind] * m * h * dtype.itemsize
+        for name, *_ in entrants:
+            t = times[name]
+            gbps = nbytes / t.device_us / 1e3
+            rows.append({"kind": kind, "impl": name, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
+                         **timing.call_fields(t, base), "us": round(t.device_us, 2), "GBps": round(gbps, 1),
+                         "pct_copy": round(100 * gbps / copy, 1), "vs_torch": round(t.device_us / base.device_us, 3),
+                         "kernel_us": round(t.kernel_us, 2), "kernel_GBps": round(nbytes / t.kernel_us / 1e3, 1),
+                         "kernel_vs_torch": round(t.kernel_us / base.kernel_us, 3)})
+        print(f"{kind} {dtype} {m}x{h}: " + " | ".join(
+            f"{r['impl']} {r['pipe_us']}us pipe, {r['us']}us dev" for r in rows if (r["M"], r["H"]) == (m, h)),
+            flush=True)
+        del sets, entrants
+    return rows
+
+
+def main() -> int:
+    args = reports.bench_args(__doc__, "the issue's shapes only", "bfloat16,float32")
+    if (status := reports.run_without_gpu(args, lambda: None, "bench_rmsnorm")) is not None:
+        return status
+    copy = copy_gbps()
+    print(f"{reports.gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
+    rows: list[dict] = []
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+        if args.shape:
+            shape = (reports.parse_shape(args.shape, 2),)
+            rows += [r for kind in ("fwd", "bwd", "train") for r in bench(kind, dtype, shape, copy)]
+            continue
+        rows += bench("fwd", dtype, QUICK if args.quick else FWD_SHAPES, copy)
+        rows += bench("bwd", dtype, QUICK if args.quick else BWD_SHAPES, copy)
+        rows += bench("train", dtype, TRAIN_SHAPES, copy)
+    if args.shape:
+        reports.print_rows(rows, FIELDS)
+        return 0
+    stamp = f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s (read+write)"
+    reports.write_report(OUT / "bench_rmsnorm", rows, FIELDS, stamp, "RMSNorm benchmark (scripts/bench_rmsnorm.py)",
+                         __doc__.split("\n\n")[1].replace("\n", " "))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
