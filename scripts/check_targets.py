@@ -4,10 +4,11 @@
     python scripts/check_targets.py --write    (and writes results/targets.md)
     python scripts/check_targets.py --strict   (exit status 1 while a target is not met)
 
-Each target is read as its issue writes it (33: fast calls, 34: strided inputs) from the tables bench_layernorm,
-bench_layernorm_linear and bench_transformer (results/<family>.csv) and results/gpu_tests.txt; device time against
-an earlier revision comes from scripts/compare_results.py. A row of the table is the worst case over every row
-that the target covers, with where it was measured and the commit that measured it.
+Each target is read as its issue writes it (33: fast calls, 34: strided inputs, 70: RMSNorm) from the tables
+bench_layernorm, bench_layernorm_linear, bench_rmsnorm and bench_transformer (results/<family>.csv) and
+results/gpu_tests.txt; device time against an earlier revision comes from scripts/compare_results.py. A row of the
+table is the worst case over every row that the target covers, with where it was measured and the commit that
+measured it.
 """
 
 from __future__ import annotations
@@ -118,6 +119,27 @@ def layernorm_linear_checks(stamp: str, rows: Rows) -> list[Check]:
         worst(33, "LayerNorm+Linear bf16 4096x768->3072 training step pipelined / torch's", 0.95, stamp,
               ratios(bf16, "train", "pipe_us", keep=target)),
         strided_check("LayerNorm+Linear", stamp, rows),
+    ]
+
+
+def rmsnorm_checks(stamp: str, rows: Rows) -> list[Check]:
+    """Issue 70's RMSNorm targets, the H100's numbers read as ratios to what the same run measured (the copy, torch):
+    at the copy ceiling (2.9 of the H100's 2.975 TB/s) where the copy takes >= 15 us, the backward at >= 2.3 TB/s
+    (0.773 of the copy), 4096x768 at 5.0 us against torch's 7.06, per call <= torch's, a training step <= 0.9x."""
+    copy = keyed(rows, "fwd", "copy")
+    bound = lambda ours, torch: float(copy[ours["dtype"], shape(ours)]["us"]) >= 15   # noqa: E731
+    ceiling = ratios(rows, "fwd", "us", base="copy", keep=lambda ours, torch: float(torch["us"]) >= 15)
+    bwd = [(round(77.3 / float(r["pct_copy"]), 3), dtype, f"bwd {dtype} {s}: {r['GBps']} GB/s")
+           for (dtype, s), r in keyed(rows, "bwd", "ours").items() if int(r["H"]) >= 4096]
+    return [
+        worst(70, "RMSNorm forward device time / the copy's, copy >= 15 us", 2.975 / 2.9, stamp, ceiling),
+        worst(70, "RMSNorm forward device time / torch's, bf16 4096x768", 5.0 / 7.06, stamp,
+              ratios(rows, "fwd", "us", keep=lambda ours, torch: shape(ours) == "4096x768"
+                     and ours["dtype"] == "bfloat16")),
+        worst(70, "RMSNorm backward: 2.3 TB/s (0.773 of the copy) / ours, H >= 4096", 1.0, stamp, bwd),
+        worst(70, "RMSNorm forward pipelined / torch's", 1.0, stamp, ratios(rows, "fwd", "pipe_us", keep=bound)
+              + ratios(rows, "fwd", "pipe_us", keep=lambda ours, torch: not bound(ours, torch))),
+        worst(70, "RMSNorm training step pipelined / torch's", 0.9, stamp, ratios(rows, "train", "pipe_us")),
     ]
 
 
@@ -241,6 +263,7 @@ def suite_check() -> Check:
 def checks(rev: str, band: float) -> list[Check]:
     return (layernorm_checks(*read_table("bench_layernorm"))
             + layernorm_linear_checks(*read_table("bench_layernorm_linear"))
+            + rmsnorm_checks(*read_table("bench_rmsnorm"))
             + transformer_checks(*read_table("bench_transformer")) + [device_time_check(rev, band), suite_check()])
 
 

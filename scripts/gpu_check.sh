@@ -76,7 +76,7 @@ for step in "${steps[@]}"; do
     gpu-tests)  # in OPS_TEST_WORKERS processes (pytest-xdist; MAX's compiles dominate), then the kernel-timing
       # tests alone: their CUPTI timings must not share the GPU with other processes; then what the builds cost
       # (OPS_COMPILE_LOG, see bridge.built_once). GPU_TESTS_ARGS: more pytest arguments for the first run
-      export OPS_COMPILE_LOG="$out/gpu_tests_compiles.tsv"; : > "$OPS_COMPILE_LOG"
+      mkdir -p "$out/logs"; export OPS_COMPILE_LOG="$out/logs/gpu_tests_compiles.tsv"; : > "$OPS_COMPILE_LOG"
       run gpu_tests bash -c "python -m pytest -q -rs -p no:cacheprovider tests -k '(cuda or gpu) and not test_timing' \
         -n ${OPS_TEST_WORKERS:-12} --durations=15 ${GPU_TESTS_ARGS:-} \
         && python -m pytest -q -rs -p no:cacheprovider tests/test_timing.py -k gpu"
