@@ -121,13 +121,24 @@ def not_scriptable(module: nn.Module) -> NoReturn:
 
 
 def add_residual(x: object, residual: object, add_bias: object, residual_in_fp32: bool) -> torch.Tensor:
-    """A pre-norm block's residual stream, s = x (+ add_bias) + residual, as the add-and-norm entries take it: x and
-    residual tensors of one shape and device, add_bias None or [x's last dim]; with ``residual_in_fp32``, s in
-    float32 (x and residual widened first), else in x's dtype (torch's add: one rounding).
+    """A pre-norm block's residual stream, s = x (+ add_bias) + residual, as the add-and-norm entries take it
+    (``check_residual``); with ``residual_in_fp32``, s in float32 (x and residual widened first), else in x's dtype
+    (torch's add: one rounding).
 
     Raises:
         TypeError, ValueError: the named error for residual or add_bias (x's own checks are the norm's).
     """
+    check_residual(x, residual, add_bias)
+    if residual_in_fp32:
+        x, residual = x.float(), residual.float()
+        add_bias = None if add_bias is None else add_bias.float()
+    s = x if add_bias is None else x + add_bias
+    return s + residual
+
+
+def check_residual(x: object, residual: object, add_bias: object) -> None:
+    """The add-and-norm entries' checks of their add: x and residual tensors of one shape and device, add_bias None
+    or [x's last dim] on that device; the named error otherwise."""
     check_tensor("x", x, min_ndim=1, layout=False, dtypes=None)
     check_tensor("residual", residual, min_ndim=1, layout=False, dtypes=None)
     if residual.shape != x.shape or residual.device != x.device:
@@ -138,8 +149,3 @@ def add_residual(x: object, residual: object, add_bias: object, residual_in_fp32
         if add_bias.shape[0] != x.shape[-1] or add_bias.device != x.device:
             raise ValueError(f"add_bias: shape {tuple(add_bias.shape)} on {add_bias.device}, expected "
                              f"({x.shape[-1]},) on {x.device}")
-    if residual_in_fp32:
-        x, residual = x.float(), residual.float()
-        add_bias = None if add_bias is None else add_bias.float()
-    s = x if add_bias is None else x + add_bias
-    return s + residual

@@ -9,7 +9,10 @@ compiled, "ours" our ``rms_norm`` (torch's semantics), "ours:llama" ours with Hu
 Liger-Kernel's ``LigerRMSNormFunction`` (its default, Llama's casting; timed where it is installed), "torch:again" a
 second copy of torch's call (the noise of the ratios), "copy" torch's copy of x (the ceiling). Backward and training
 rows take the gradients through each contender's autograd (``torch.autograd.grad``). Every contender is checked
-against the float64 reference of its semantics first. Writes results/rmsnorm.{csv,md} (table bench_rmsnorm).
+against the float64 reference of its semantics first. Rows of kind "add+rms_norm" and "add+layer_norm" time a
+pre-norm block's add and norm, s = x + r and y = norm(s), both returned (torch: the add, then the norm; ours:
+add_rms_norm / add_layer_norm; Liger's fused add and RMSNorm), GB/s counting x and r read, s and y written.
+Writes results/rmsnorm.{csv,md} (table bench_rmsnorm).
 
     python scripts/bench_rmsnorm.py                     (needs a CUDA GPU)
     python scripts/bench_rmsnorm.py --quick             (the issue's shapes only)
@@ -30,8 +33,9 @@ import torch.nn.functional as F  # noqa: E402
 from bench_layernorm import ROTATE_BYTES, copy_gbps  # noqa: E402
 
 from ops.bench import reports, timing  # noqa: E402
-from ops.reference import rmsnorm_grads_ref, rmsnorm_ref  # noqa: E402
-from ops.rmsnorm import rms_norm  # noqa: E402
+from ops.layernorm import add_layer_norm  # noqa: E402
+from ops.reference import layernorm_ref, rmsnorm_grads_ref, rmsnorm_ref  # noqa: E402
+from ops.rmsnorm import add_rms_norm, rms_norm  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -66,6 +70,55 @@ def contenders() -> dict[str, tuple[Callable, str]]:
     if (lg := liger()) is not None:
         calls["liger"] = (lambda x, w: lg(x, w, EPS), "llama")
     return calls
+
+
+def add_contenders(norm: str) -> dict[str, tuple[Callable, str]]:
+    """A pre-norm block's add and ``norm`` ("rms_norm" or "layer_norm"): each contender's call (x, r, w) -> (y, s)
+    and the semantics its y has; torch's is the add, then the norm (also compiled)."""
+    def torch_fn(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = x + r
+        if norm == "rms_norm":
+            return F.rms_norm(s, s.shape[-1:], w, EPS), s
+        return F.layer_norm(s, s.shape[-1:], w, None, EPS), s
+
+    compiled = torch.compile(torch_fn, dynamic=True)
+    ours = ((lambda x, r, w: add_rms_norm(x, r, w, EPS)) if norm == "rms_norm"
+            else (lambda x, r, w: add_layer_norm(x, r, w, None, EPS)))
+    calls = {"torch": (torch_fn, "torch"), "torch:again": (torch_fn, "torch"), "torch.compile": (compiled, "torch"),
+             "ours": (ours, "torch")}
+    if norm == "rms_norm" and (lg := liger_add()) is not None:
+        calls["liger"] = (lambda x, r, w: lg(x, r, w, EPS), "llama")
+    return calls
+
+
+def liger_add() -> Callable | None:
+    """Liger-Kernel's fused add and RMSNorm (x, r, w, eps) -> (y, s), or None where it is not installed."""
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    except ImportError:
+        return None
+    return lambda x, r, w, eps: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)
+
+
+def bench_add(norm: str, dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], copy: float) -> list[dict]:
+    """Forward rows of kind "add+<norm>" per shape: s = x + r and y = norm(s), both returned (x, r read; s, y
+    written), every contender checked (s exactly x + r as torch rounds it; y against float64 of that s), then
+    timed side by side."""
+    rows = []
+    for m, h in shapes:
+        sets = [(x, torch.randn_like(x), w) for x, w, _ in input_sets(m, h, dtype, grad=False)]
+        for name, (fn, semantics) in add_contenders(norm).items():
+            x, r, w = sets[0]
+            y, s = fn(x, r, w)
+            want = (layernorm_ref(s, w, torch.zeros_like(w), EPS) if norm == "layer_norm"
+                    else rmsnorm_ref(s, w, EPS, semantics))
+            exact, bad = torch.equal(s, x + r), compare(y, want, dtype)
+            if not exact or bad is not None:
+                raise SystemExit(f"add+{norm} {name} is wrong at {m}x{h} {dtype}: s exact {exact}, y {bad}")
+        entrants = [(name, fn, sets) for name, (fn, _) in add_contenders(norm).items()]
+        rows += timed_rows(f"add+{norm}", dtype, m, h, entrants, 4 * m * h * dtype.itemsize, copy)
+        del sets, entrants
+    return rows
 
 
 def input_sets(m: int, h: int, dtype: torch.dtype, grad: bool) -> list[tuple[torch.Tensor, ...]]:
@@ -123,20 +176,27 @@ def bench(kind: str, dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], co
         entrants = [(name, timed_call(kind, fn), sets) for name, (fn, _) in calls.items()]
         if kind == "fwd":
             entrants.append(timing.copy_contender("copy", [(x.detach(),) for x, _, _ in sets]))
-        times = timing.side_by_side(entrants, kernels=True)
-        base, nbytes = times["torch"], BYTES_PER_ELEMENT[kind] * m * h * dtype.itemsize
-        for name, *_ in entrants:
-            t = times[name]
-            gbps = nbytes / t.device_us / 1e3
-            rows.append({"kind": kind, "impl": name, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
-                         **timing.call_fields(t, base), "us": round(t.device_us, 2), "GBps": round(gbps, 1),
-                         "pct_copy": round(100 * gbps / copy, 1), "vs_torch": round(t.device_us / base.device_us, 3),
-                         "kernel_us": round(t.kernel_us, 2), "kernel_GBps": round(nbytes / t.kernel_us / 1e3, 1),
-                         "kernel_vs_torch": round(t.kernel_us / base.kernel_us, 3)})
-        print(f"{kind} {dtype} {m}x{h}: " + " | ".join(
-            f"{r['impl']} {r['pipe_us']}us pipe, {r['us']}us dev" for r in rows if (r["M"], r["H"]) == (m, h)),
-            flush=True)
+        rows += timed_rows(kind, dtype, m, h, entrants, BYTES_PER_ELEMENT[kind] * m * h * dtype.itemsize, copy)
         del sets, entrants
+    return rows
+
+
+def timed_rows(kind: str, dtype: torch.dtype, m: int, h: int, entrants: list[tuple], nbytes: int,
+               copy: float) -> list[dict]:
+    """The contenders of one shape timed side by side, as rows (ratios to "torch"); ``nbytes``: what the call must
+    move."""
+    times = timing.side_by_side(entrants, kernels=True)
+    base, rows = times["torch"], []
+    for name, *_ in entrants:
+        t = times[name]
+        gbps = nbytes / t.device_us / 1e3
+        rows.append({"kind": kind, "impl": name, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
+                     **timing.call_fields(t, base), "us": round(t.device_us, 2), "GBps": round(gbps, 1),
+                     "pct_copy": round(100 * gbps / copy, 1), "vs_torch": round(t.device_us / base.device_us, 3),
+                     "kernel_us": round(t.kernel_us, 2), "kernel_GBps": round(nbytes / t.kernel_us / 1e3, 1),
+                     "kernel_vs_torch": round(t.kernel_us / base.kernel_us, 3)})
+    print(f"{kind} {dtype} {m}x{h}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us pipe, {r['us']}us dev" for r in rows),
+          flush=True)
     return rows
 
 
@@ -155,6 +215,8 @@ def main() -> int:
         rows += bench("fwd", dtype, QUICK if args.quick else FWD_SHAPES, copy)
         rows += bench("bwd", dtype, QUICK if args.quick else BWD_SHAPES, copy)
         rows += bench("train", dtype, TRAIN_SHAPES, copy)
+        for norm in ("rms_norm", "layer_norm"):
+            rows += bench_add(norm, dtype, QUICK, copy)
     if args.shape:
         reports.print_rows(rows, FIELDS)
         return 0

@@ -140,7 +140,20 @@ def rmsnorm_checks(stamp: str, rows: Rows) -> list[Check]:
         worst(70, "RMSNorm forward pipelined / torch's", 1.0, stamp, ratios(rows, "fwd", "pipe_us", keep=bound)
               + ratios(rows, "fwd", "pipe_us", keep=lambda ours, torch: not bound(ours, torch))),
         worst(70, "RMSNorm training step pipelined / torch's", 0.9, stamp, ratios(rows, "train", "pipe_us")),
+        *(add_norm_check(norm, rows, copy, stamp) for norm in ("layer_norm", "rms_norm")),
+        worst(70, "residual add + LayerNorm forward device time / torch's, bf16 4096x768 (9.5 us against 19.2)",
+              9.5 / 19.2, stamp, ratios([r for r in rows if r["dtype"] == "bfloat16" and shape(r) == "4096x768"],
+                                        "add+layer_norm", "us")),
     ]
+
+
+def add_norm_check(norm: str, rows: Rows, copy: dict[tuple[str, str], dict[str, str]], stamp: str) -> Check:
+    """Issue 70: the one-pass add and norm at 16384x4096 within 186 us of the H100's, where moving its four tensors
+    at the copy's speed takes 180.4: device time / twice the copy's (x read, y written) at that shape <= 1.031."""
+    cases = [(round(float(r["us"]) / (2 * float(copy[dtype, s]["us"])), 3), dtype, f"add+{norm} {dtype} {s}")
+             for (dtype, s), r in keyed(rows, f"add+{norm}", "ours").items()
+             if s == "16384x4096" and (dtype, s) in copy]
+    return worst(70, f"residual add + {norm} forward device time / 2 copies', 16384x4096", 186 / 180.4, stamp, cases)
 
 
 TRANSFORMER_LIMITS = {("eager", "infer"): 1.0, ("eager", "train"): 1.0, ("cuda_graph", "train"): 0.95,

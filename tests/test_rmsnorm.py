@@ -146,7 +146,7 @@ def test_gpu_kernels_compile_for_sm90() -> None:
     from ops.rmsnorm import config
 
     specs = config.all_specs()
-    kernels = {"ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster", "ln_bwd_loop", "ln_bwd_regs"}
+    kernels = {"ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster", "ln_bwd_loop", "ln_bwd_regs", "add_norm_fwd_regs"}
     assert {s.name for s in specs} == kernels and len(specs) == len(set(specs))
     ptx.build(specs, "H100", quiet=True)
     for spec in specs:
@@ -348,3 +348,60 @@ def test_add_and_norm_returns_both_with_gradients(device: str, norm: str, residu
         call(x, r[:3], w, b, c)
     with pytest.raises(ValueError, match="^add_bias:"):
         call(x, r, w, b, c[:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,h", [(4096, 768), (7, 4096)])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "rms_norm:gemma"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 on a GPU: add_layer_norm / add_rms_norm take the one-pass kernel (the unfused add is made to fail),
+    and give bit for bit what the add and then our norm give: y, s and every gradient (x's and residual's the
+    norm's plus s's own); a gradient penalty through it matches the unfused one's."""
+    from ops.layernorm import add_layer_norm, layer_norm
+    from ops.layernorm import functional as ln_functional
+    from ops.rmsnorm import add_rms_norm
+    from ops.rmsnorm import functional as rms_functional
+
+    torch.manual_seed(0)
+    x, r = _rows(rows, h, "cuda", torch.bfloat16), torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    w, b, c = (torch.randn(h, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    c = c if with_bias else None
+    semantics = norm.partition(":")[2] or "torch"
+    if norm == "layer_norm":
+        fused = lambda x, r, w, b, c: add_layer_norm(x, r, w, b, 1e-5, add_bias=c)  # noqa: E731
+        unfused_norm = lambda s, w, b: layer_norm(s, h, w, b, 1e-5)  # noqa: E731
+    else:
+        fused = lambda x, r, w, b, c: add_rms_norm(x, r, w, 1e-6, add_bias=c, semantics=semantics)  # noqa: E731
+        unfused_norm = lambda s, w, b: rms_norm(s, h, w, 1e-6, semantics=semantics)  # noqa: E731
+    leaves = [t.clone().requires_grad_() for t in (x, r, w, b) + ((c,) if with_bias else ())]
+    dy, ds = torch.randn_like(x), torch.randn_like(x)
+
+    def run(call: object, leaves: list) -> tuple:
+        x, r, w, b, *c = leaves
+        y, s = call(x, r, w, b, c[0] if c else None)
+        return (y, s, *torch.autograd.grad((y, s), leaves if norm == "layer_norm" else leaves[:3] + leaves[4:],
+                                           (dy, ds)))
+
+    def unfused(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None) -> tuple:
+        s = (x if c is None else x + c) + r
+        return unfused_norm(s, w, b), s
+
+    def no_add(*args: object) -> None:
+        raise AssertionError("the unfused add ran")
+    want = run(unfused, [t.clone().detach().requires_grad_() for t in leaves])
+    monkeypatch.setattr(ln_functional, "add_residual", no_add)
+    monkeypatch.setattr(rms_functional, "add_residual", no_add)
+    got = run(fused, leaves)
+    for i, (g, v) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(g, v), f"output {i} differs"
+    penalty = [t.clone().detach().requires_grad_() for t in leaves[:2]]
+    gx, = torch.autograd.grad(fused(*penalty, w, b, c)[0].float().square().sum(), penalty[0], create_graph=True)
+    gx.float().square().sum().backward()
+    monkeypatch.undo()
+    again = [t.clone().detach().requires_grad_() for t in leaves[:2]]
+    gx2, = torch.autograd.grad(unfused(*again, w, b, c)[0].float().square().sum(), again[0], create_graph=True)
+    gx2.float().square().sum().backward()
+    for g, v in ((penalty[0].grad, again[0].grad), (penalty[1].grad, again[1].grad)):
+        torch.testing.assert_close(g, v, rtol=2e-2, atol=1e-2)

@@ -501,6 +501,48 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     # own type: fp16/bf16 rows take half the registers, which an H100 A/B turned into
     # more resident rows (exp/s12_ln.py on branch s12-exp).
     var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
+    regs_row_forward[dtype, act, VEC, CH, WPR, RPB](y, mean_out, rstd_out, x, gamma, beta, v, sh, row, valid, gt,
+                                                     n, base, eps)
+
+
+def add_norm_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int, BIAS: Bool](
+    y: Ptr[dtype], s_out: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype], residual: Ptr[dtype],
+    add_bias: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
+):
+    """A pre-norm block's add and norm in one pass, ``ln_fwd_regs``'s mapping: s = x (+ add_bias) + residual, each
+    add rounded to the dtype as torch's adds are, stored; then y = norm(s) (act: LayerNorm's or RMSNorm's) from the
+    registers. Needs what ``ln_fwd_regs`` needs, of every pointer."""
+    comptime GT = WPR * WARP_SIZE
+    comptime CORRECTED = dtype == F32 and CH * VEC * GT >= 4096
+    var sh = stack_allocation[(3 if CORRECTED else 2) * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
+    var tid = Int(thread_idx.x)
+    var gt = tid % GT
+    var row = Int(block_idx.x) * RPB + tid // GT
+    var valid = row < Int(rows)
+    var n = Int(h)
+    var nv = n // VEC
+    var base = row * n
+    var v = load_slice[dtype, VEC, CH, GT, dtype](x, base, 0, gt, nv, valid)
+    var r = load_slice[dtype, VEC, CH, GT, dtype](residual, base, 0, gt, nv, valid)
+    comptime if BIAS:
+        v = (v.cast[F32]() + load_slice[dtype, VEC, CH, GT](add_bias, 0, 0, gt, nv, valid)).cast[dtype]()
+    v = (v.cast[F32]() + r.cast[F32]()).cast[dtype]()
+    if valid:
+        store_slice[dtype, VEC, CH, GT](s_out, v.cast[F32](), base, 0, gt, nv)
+    barrier()   # s's first value, which the statistics' shift reads, is in memory for the whole row group
+    regs_row_forward[dtype, act, VEC, CH, WPR, RPB](y, mean_out, rstd_out, s_out, gamma, beta, v, sh, row, valid, gt,
+                                                     n, base, eps)
+
+
+@always_inline
+def regs_row_forward[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
+    y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype],
+    v: SIMD[dtype, CH * VEC], sh: Shared, row: Int, valid: Bool, gt: Int, n: Int, base: Int, eps: Float32,
+):
+    """``ln_fwd_regs``'s statistics and output for a row held in ``v`` (x: the row in memory, for its first value)."""
+    comptime GT = WPR * WARP_SIZE
+    comptime CORRECTED = dtype == F32 and CH * VEC * GT >= 4096
+    var nv = n // VEC
     # A row of one value must get exactly that value as its mean (so y = beta); docs/kernels/layernorm.md has the
     # argument and the H100 numbers behind each choice:
     # - bf16 rows of at most 65536 values, fp16 ones of at most 8192 (PLAIN_EXACT): every partial sum of equal

@@ -89,6 +89,14 @@ class Launch:
         return KernelSpec("layernorm", self.kernel, (dtype, act, *self.params), args)
 
 
+def add_norm_spec(launch: Launch, dtype: torch.dtype, act: int, bias: bool) -> KernelSpec | None:
+    """The one-pass add and norm (``add_norm_fwd_regs``) with ``launch``'s mapping, for a forward launch of the
+    register kernel (a row a block or a warp holds); None for any other, whose add runs before the norm."""
+    if launch.kernel != "ln_fwd_regs":
+        return None
+    return KernelSpec("layernorm", "add_norm_fwd_regs", (dtype, act, *launch.params, bias), "pppppppppiif")
+
+
 VECTOR_WIDTH = {dtype: VECTOR_BYTES // dtype.itemsize for dtype in DTYPES}   # elements per 16-byte vector
 
 
@@ -292,9 +300,11 @@ def transpose_spec(dtype: torch.dtype) -> KernelSpec:
 ACTS = tuple(ACTIVATIONS.values())
 
 
-def launch_specs(acts: tuple[int, ...], variants: tuple[str, ...]) -> dict[KernelSpec, None]:
+def launch_specs(acts: tuple[int, ...], variants: tuple[str, ...],
+                 add_norm_acts: tuple[int, ...] = ()) -> dict[KernelSpec, None]:
     """The forward's (``variants``) and backward's instantiations for the kernels' ``acts`` codes at any shape on an
-    sm_90 GPU (found by asking the choice functions at every row-length bracket), in order, without repeats."""
+    sm_90 GPU (found by asking the choice functions at every row-length bracket), and the one-pass add and norm's
+    for ``add_norm_acts``, in order, without repeats."""
     lengths = [2 ** e for e in range(16)] + [3 * 2 ** e for e in range(14)] + [65536, 131072]
     specs: dict[KernelSpec, None] = {}
     for dtype in DTYPES:
@@ -303,14 +313,17 @@ def launch_specs(acts: tuple[int, ...], variants: tuple[str, ...]) -> dict[Kerne
                 for rows, vec_ok in ((1, True), (1, False), (4096, True), (4096, False)):   # loops: both UNROLLs
                     for variant in variants:
                         specs[fwd_launch(rows, h, dtype, vec_ok, variant).spec(dtype, act)] = None
+                    if act in add_norm_acts and (launch := fwd_launch(rows, h, dtype, vec_ok)).kernel == "ln_fwd_regs":
+                        for bias in (False, True):
+                            specs[add_norm_spec(launch, dtype, act, bias)] = None
                     specs[bwd_launch(rows, h, dtype, vec_ok).spec(dtype, act)] = None
     return specs
 
 
 def all_specs() -> list[KernelSpec]:
     """Every instantiation LayerNorm launches on an sm_90 GPU (``launch_specs`` of every activation and variant, the
-    column sums, the transposing copy), for ``poe build-kernels``."""
-    specs = launch_specs(ACTS, VARIANTS)
+    one-pass add and norm, the column sums, the transposing copy), for ``poe build-kernels``."""
+    specs = launch_specs(ACTS, VARIANTS, (ACTIVATIONS["none"],))
     for dtype in DTYPES:
         for h in (REDUCE_NARROW_MAX_H, REDUCE_NARROW_MAX_H + 1):
             specs[reduce_spec(dtype, h)] = None

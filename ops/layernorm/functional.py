@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import add_residual, constant, native_entry, no_grad_to_come
+from ops.common import add_residual, check_residual, constant, native_entry, no_grad_to_come
 from ops.inputs import as_eps, last_size, torch_answers
 from ops.launch import direct
-from ops.layernorm.autograd import LayerNormFunction, compiled_layernorm
+from ops.layernorm.autograd import LayerNormFunction, add_norm, compiled_layernorm
 from ops.layernorm.checks import (
     ACT_FNS,
     adapt,
@@ -172,8 +172,9 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
                    bias: torch.Tensor | None = None, eps: float = 1e-5, *, add_bias: torch.Tensor | None = None,
                    residual_in_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's add and LayerNorm: s = x (+ add_bias) + residual, y = LayerNorm(s) over the last dim;
-    returns both, with autograd (the backward adds the incoming gradient of s). This first version adds, then
-    runs ``layer_norm``; the one-pass kernel is issue 70's.
+    returns both, with autograd (the backward adds the incoming gradient of s). On a GPU one kernel does both where
+    it takes the call (``add_norm``: contiguous tensors of one dtype, rows a block holds, no ``residual_in_fp32``);
+    otherwise this adds, then runs ``layer_norm``.
 
     Args:
         x, residual: ``[..., H]``, one shape and device.
@@ -194,6 +195,16 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     Example:
         >>> y, s = add_layer_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), torch.zeros(8))
     """
+    check_residual(x, residual, add_bias)
+    if not residual_in_fp32:   # the one-pass kernel, where it takes the call
+        h = x.shape[-1]
+        w = constant(1.0, h, x.dtype, x.device) if weight is None else weight
+        b = constant(0.0, h, x.dtype, x.device) if bias is None else bias
+        e = as_eps(eps)
+        out = add_norm(x, residual, add_bias, w, b, float(e), ACTIVATIONS["none"],
+                       lambda s: torch.nn.functional.layer_norm(s, (h,), w, b, e))
+        if out is not None:
+            return out
     s = add_residual(x, residual, add_bias, residual_in_fp32)
     params = [p if p is None or not residual_in_fp32 else p.float() for p in (weight, bias)]
     return layer_norm(s, s.shape[-1:], *params, eps).to(x.dtype), s

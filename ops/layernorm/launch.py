@@ -242,3 +242,36 @@ def bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
         reduce.launch(stream, config.reduce_grid(h), config.reduce_block(h), 0, dweight.data_ptr(), dbias.data_ptr(),
                       part_g, part_b, part_rows, h)
     return dx, dweight, dbias
+
+
+# The one-pass add and norm's, per (rows, h, dtype, act, add_bias given, device index): its kernel, grid and block,
+# or None where LayerNorm's launch for the shape is not the register kernel's (the add then runs before the norm).
+_add_norm_plans = PlanTable()
+
+
+def add_norm_plan(rows: int, h: int, dtype: torch.dtype, act: int, bias: bool,
+                  index: int) -> tuple[direct.Kernel, tuple[int, int, int], int] | None:
+    """The one-pass add and norm's launch for rows of h on device ``index`` (16-byte vectors), or None where the
+    shape's norm launch is not the register kernel (``config.add_norm_spec``)."""
+    key = (rows, h, dtype, act, bias, index)
+    if key in _add_norm_plans:
+        return _add_norm_plans[key]
+    launch = config.fwd_launch(rows, h, dtype, True, "fast", has_clusters(index), sm_count(torch.device("cuda", index)))
+    spec = config.add_norm_spec(launch, dtype, act, bias)
+    return _add_norm_plans.keep(key, None if spec is None else (direct.kernel(spec, index), launch.grid, launch.block))
+
+
+def add_norm_direct(plan: tuple[direct.Kernel, tuple[int, int, int], int], x: torch.Tensor, residual: torch.Tensor,
+                    add_bias: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float, mean: int,
+                    rstd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, s) by ``plan``'s one launch (``add_norm_plan``): s = x (+ add_bias) + residual, y = norm(s), on contiguous
+    CUDA tensors of one dtype, 16-byte aligned; the rows' statistics into the float32 [rows] buffers at ``mean`` and
+    ``rstd``."""
+    h = x.shape[-1]
+    kernel, grid, block = plan
+    y, s = empty(x.shape, x.dtype, x.device), empty(x.shape, x.dtype, x.device)
+    with direct.on_device(x.get_device()) as stream:
+        kernel.launch(stream, grid, block, 0, y.data_ptr(), s.data_ptr(), mean, rstd, x.data_ptr(),
+                      residual.data_ptr(), x.data_ptr() if add_bias is None else add_bias.data_ptr(),
+                      weight.data_ptr(), bias.data_ptr(), x.numel() // h, h, eps)
+    return y, s

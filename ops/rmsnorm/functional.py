@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import add_residual, constant, native_entry
+from ops.common import add_residual, check_residual, constant, native_entry
 from ops.inputs import torch_answers
+from ops.layernorm.autograd import add_norm
 from ops.rmsnorm.autograd import rms_norm_rows
 from ops.rmsnorm.checks import DEFAULT_EPS, check_call, classify, default_eps, native_takes
 from ops.rmsnorm.config import SEMANTICS
@@ -61,8 +62,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
                  eps: float | None = None, *, add_bias: torch.Tensor | None = None, residual_in_fp32: bool = False,
                  semantics: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's add and RMSNorm: s = x (+ add_bias) + residual, y = RMSNorm(s) over the last dim by
-    ``semantics``; returns both, with autograd (the backward adds the incoming gradient of s). This first version
-    adds, then runs ``rms_norm``; the one-pass kernel is issue 70's.
+    ``semantics``; returns both, with autograd (the backward adds the incoming gradient of s). On a GPU one kernel
+    does both where it takes the call (``add_norm``: contiguous tensors of one dtype, rows a block holds, no
+    ``residual_in_fp32``); otherwise this adds, then runs ``rms_norm``.
 
     Args:
         x, residual: ``[..., H]``, one shape and device.
@@ -84,7 +86,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     Example:
         >>> y, s = add_rms_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(8))
     """
+    check_residual(x, residual, add_bias)
+    eps = default_eps(eps, x.dtype)
+    if not residual_in_fp32 and semantics in SEMANTICS:   # the one-pass kernel, where it takes the call
+        h = x.shape[-1]
+        w = constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device) if weight is None else weight
+        out = add_norm(x, residual, add_bias, w, w, eps, SEMANTICS[semantics],
+                       lambda s: torch_rms_norm(s, (h,), w, eps, semantics))
+        if out is not None:
+            return out
     s = add_residual(x, residual, add_bias, residual_in_fp32)
     w = weight.float() if weight is not None and residual_in_fp32 else weight
-    eps = default_eps(eps, x.dtype)
     return rms_norm(s, s.shape[-1:], w, eps, semantics=semantics).to(x.dtype), s
