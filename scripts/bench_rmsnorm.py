@@ -17,6 +17,7 @@ Writes results/rmsnorm.{csv,md} (table bench_rmsnorm).
     python scripts/bench_rmsnorm.py                     (needs a CUDA GPU)
     python scripts/bench_rmsnorm.py --quick             (the issue's shapes only)
     python scripts/bench_rmsnorm.py --shape 4096x768    (one M x H, printed, nothing written)
+    python scripts/bench_rmsnorm.py --sweep --dtypes bfloat16   (the forward's configurations at long rows)
 """
 
 from __future__ import annotations
@@ -200,13 +201,69 @@ def timed_rows(kind: str, dtype: torch.dtype, m: int, h: int, entrants: list[tup
     return rows
 
 
+SWEEP_SHAPES = ((4096, 4096), (16384, 4096), (4096, 8192), (1024, 16384), (256, 32768))
+SWEEP_FIELDS = ("dtype", "M", "H", "config", "kernel", "params", "default", "us", "kernel_us", "GBps", "pct_copy")
+
+
+def sweep_launches(m: int, h: int, dtype: torch.dtype) -> list[tuple[int, object]]:
+    """(i, launch) of each forward configuration ``config:<i>`` that holds a row of h (the others fall back)."""
+    from ops.layernorm import config as ln_config
+
+    nv = h // ln_config.VECTOR_WIDTH[dtype]
+    return [(i, ln_config.fwd_launch(m, h, dtype, True, f"config:{i}"))
+            for i in range(len(ln_config.FWD_REGS) + len(ln_config.FWD_CLUSTERS)) if ln_config.fwd_capacity(i) >= nv]
+
+
+def sweep_specs() -> list[object]:
+    """The sweep's kernel instantiations, to build ahead on a machine without a GPU."""
+    from ops.rmsnorm.config import SEMANTICS
+
+    return [launch.spec(dtype, SEMANTICS["torch"]) for dtype in (torch.bfloat16, torch.float32)
+            for m, h in SWEEP_SHAPES for _, launch in sweep_launches(m, h, dtype)]
+
+
+def bench_sweep(dtype: torch.dtype, copy: float) -> list[dict]:
+    """The forward's launch choices at long rows: every register and cluster configuration that holds the row
+    (LayerNorm's ``config:<i>`` variants, run with RMSNorm's code), checked against float64, then timed (device and
+    kernel time); ``default`` marks what ops/layernorm/config.py picks."""
+    from ops.layernorm import config as ln_config
+    from ops.layernorm.launch import fwd_direct
+    from ops.rmsnorm.config import SEMANTICS
+
+    out = []
+    for m, h in SWEEP_SHAPES:
+        sets = [(x, w) for x, w, _ in input_sets(m, h, dtype, grad=False)]
+        default = ln_config.fwd_launch(m, h, dtype, True)
+        for i, launch in sweep_launches(m, h, dtype):
+            def call(x: torch.Tensor, w: torch.Tensor, i: int = i) -> torch.Tensor:
+                return fwd_direct(x, w, w, EPS, f"config:{i}", SEMANTICS["torch"])
+            if (bad := compare(call(*sets[0]), rmsnorm_ref(*sets[0], EPS), dtype)) is not None:
+                raise SystemExit(f"config {i} is wrong at {m}x{h} {dtype}: {bad}")
+            t = timing.measure(call, sets, 30, kernels=True, pipelined=False)
+            gbps = 2 * m * h * dtype.itemsize / t.device_us / 1e3
+            out.append({"dtype": str(dtype).removeprefix("torch."), "M": m, "H": h, "config": i,
+                        "kernel": launch.kernel, "params": "x".join(map(str, launch.params)),
+                        "default": launch == default, "us": round(t.device_us, 2), "kernel_us": round(t.kernel_us, 2),
+                        "GBps": round(gbps, 1), "pct_copy": round(100 * gbps / copy, 1)})
+            print(" ".join(f"{k}={v}" for k, v in out[-1].items()), flush=True)
+    return out
+
+
 def main() -> int:
-    args = reports.bench_args(__doc__, "the issue's shapes only", "bfloat16,float32")
+    args = reports.bench_args(__doc__, "the issue's shapes only", "bfloat16,float32",
+                              ("--sweep", "time every forward configuration at long rows instead"))
     if (status := reports.run_without_gpu(args, lambda: None, "bench_rmsnorm")) is not None:
         return status
     copy = copy_gbps()
     print(f"{reports.gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
+    if args.sweep:
+        rows = [r for d in args.dtypes.split(",") for r in bench_sweep(getattr(torch, d), copy)]
+        reports.write_report(OUT / "bench_rmsnorm_fwd_sweep", rows, SWEEP_FIELDS,
+                             f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s",
+                             "RMSNorm forward launch sweep (scripts/bench_rmsnorm.py --sweep)",
+                             bench_sweep.__doc__.replace("\n    ", " "))
+        return 0
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         if args.shape:
             shape = (reports.parse_shape(args.shape, 2),)
