@@ -10,7 +10,7 @@ from typing import NoReturn
 import torch
 from torch import nn
 
-from ops.inputs import check_tensor
+from ops.inputs import PLAIN_TENSORS, check_tensor
 from ops.launch import bridge, direct
 
 
@@ -149,3 +149,11 @@ def check_residual(x: object, residual: object, add_bias: object) -> None:
         if add_bias.shape[0] != x.shape[-1] or add_bias.device != x.device:
             raise ValueError(f"add_bias: shape {tuple(add_bias.shape)} on {add_bias.device}, expected "
                              f"({x.shape[-1]},) on {x.device}")
+
+
+def native_takes_add(x: object, residual: object, add_bias: object, weight: object, bias: object,
+                     eps: object) -> bool:
+    """Whether an add-and-norm call's arguments fit the C++ entry's schema (``add_norm``): plain tensors, or None
+    for add_bias, weight and bias, and a float eps. The entry checks the rest (shapes, dtypes, layouts, devices)."""
+    return (x.__class__ in PLAIN_TENSORS and residual.__class__ in PLAIN_TENSORS and eps.__class__ is float
+            and all(t is None or t.__class__ in PLAIN_TENSORS for t in (add_bias, weight, bias)))

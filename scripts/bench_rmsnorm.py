@@ -18,6 +18,7 @@ Writes results/rmsnorm.{csv,md} (table bench_rmsnorm).
     python scripts/bench_rmsnorm.py --quick             (the issue's shapes only)
     python scripts/bench_rmsnorm.py --shape 4096x768    (one M x H, printed, nothing written)
     python scripts/bench_rmsnorm.py --sweep --dtypes bfloat16   (the forward's configurations at long rows)
+    python scripts/bench_rmsnorm.py --add-only --dtypes bfloat16   (the add+norm rows again, the rest kept)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ FWD_SHAPES = ((4096, 768), (16384, 4096), (1, 4096), (32, 4096), (4096, 4096), (
 BWD_SHAPES = ((4096, 768), (16384, 4096), (4096, 4096))
 TRAIN_SHAPES = ((4, 768), (128, 768), (4096, 768), (4, 4096), (128, 4096), (4096, 4096))
 QUICK = ((4096, 768), (16384, 4096))   # the issue's
+ADD_NORMS = ("rms_norm", "layer_norm")
 FIELDS = ("kind", "impl", "dtype", "M", "H", "pipe_us", "pipe_vs_torch", "pipe_runs", "pipe_spread", "host_us", "us",
           "GBps", "pct_copy", "vs_torch", "kernel_us", "kernel_GBps", "kernel_vs_torch")
 BYTES_PER_ELEMENT = {"fwd": 2, "bwd": 3, "train": 5}   # tensors of [M, H] each kind reads or writes once
@@ -251,7 +253,8 @@ def bench_sweep(dtype: torch.dtype, copy: float) -> list[dict]:
 
 def main() -> int:
     args = reports.bench_args(__doc__, "the issue's shapes only", "bfloat16,float32",
-                              ("--sweep", "time every forward configuration at long rows instead"))
+                              ("--sweep", "time every forward configuration at long rows instead"),
+                              ("--add-only", "only the add+norm rows, kept beside the table's rows of other kinds"))
     if (status := reports.run_without_gpu(args, lambda: None, "bench_rmsnorm")) is not None:
         return status
     copy = copy_gbps()
@@ -264,7 +267,12 @@ def main() -> int:
                              "RMSNorm forward launch sweep (scripts/bench_rmsnorm.py --sweep)",
                              bench_sweep.__doc__.replace("\n    ", " "))
         return 0
-    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+    kept = ""
+    if args.add_only:
+        rows = [r for d in args.dtypes.split(",") for norm in ADD_NORMS for r in bench_add(norm, getattr(torch, d),
+                                                                                             QUICK, copy)]
+        rows, kept = reports.appended("bench_rmsnorm", ",".join(f"add+{n}" for n in ADD_NORMS), rows, "kind")
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",") if not args.add_only):
         if args.shape:
             shape = (reports.parse_shape(args.shape, 2),)
             rows += [r for kind in ("fwd", "bwd", "train") for r in bench(kind, dtype, shape, copy)]
@@ -272,12 +280,12 @@ def main() -> int:
         rows += bench("fwd", dtype, QUICK if args.quick else FWD_SHAPES, copy)
         rows += bench("bwd", dtype, QUICK if args.quick else BWD_SHAPES, copy)
         rows += bench("train", dtype, TRAIN_SHAPES, copy)
-        for norm in ("rms_norm", "layer_norm"):
+        for norm in ADD_NORMS:
             rows += bench_add(norm, dtype, QUICK, copy)
     if args.shape:
         reports.print_rows(rows, FIELDS)
         return 0
-    stamp = f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s (read+write)"
+    stamp = f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s (read+write){kept}"
     reports.write_report(OUT / "bench_rmsnorm", rows, FIELDS, stamp, "RMSNorm benchmark (scripts/bench_rmsnorm.py)",
                          __doc__.split("\n\n")[1].replace("\n", " "))
     return 0

@@ -141,6 +141,8 @@ def rmsnorm_checks(stamp: str, rows: Rows) -> list[Check]:
               + ratios(rows, "fwd", "pipe_us", keep=lambda ours, torch: not bound(ours, torch))),
         worst(70, "RMSNorm training step pipelined / torch's", 0.9, stamp, ratios(rows, "train", "pipe_us")),
         *(add_norm_check(norm, rows, copy, stamp) for norm in ("layer_norm", "rms_norm")),
+        worst(70, "residual add + norm forward pipelined / torch's", 1.0, stamp,
+              ratios(rows, "add+layer_norm", "pipe_us") + ratios(rows, "add+rms_norm", "pipe_us")),
         worst(70, "residual add + LayerNorm forward device time / torch's, bf16 4096x768 (9.5 us against 19.2)",
               9.5 / 19.2, stamp, ratios([r for r in rows if r["dtype"] == "bfloat16" and shape(r) == "4096x768"],
                                         "add+layer_norm", "us")),

@@ -358,8 +358,11 @@ def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """bfloat16 on a GPU: add_layer_norm / add_rms_norm take the one-pass kernel (the unfused add is made to fail),
     and give bit for bit what the add and then our norm give: y, s and every gradient (x's and residual's the
-    norm's plus s's own); a gradient penalty through it matches the unfused one's."""
+    norm's plus s's own), at the first call (Python's route) and the second (the C++ entry's, Python's made to fail);
+    a gradient penalty through it (the C++ entry's ATen form) matches the unfused one's."""
+    from ops.launch import direct
     from ops.layernorm import add_layer_norm, layer_norm
+    from ops.layernorm import autograd as ln_autograd
     from ops.layernorm import functional as ln_functional
     from ops.rmsnorm import add_rms_norm
     from ops.rmsnorm import functional as rms_functional
@@ -394,14 +397,20 @@ def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,
     monkeypatch.setattr(ln_functional, "add_residual", no_add)
     monkeypatch.setattr(rms_functional, "add_residual", no_add)
     got = run(fused, leaves)
-    for i, (g, v) in enumerate(zip(got, want, strict=True)):
-        assert torch.equal(g, v), f"output {i} differs"
-    penalty = [t.clone().detach().requires_grad_() for t in leaves[:2]]
-    gx, = torch.autograd.grad(fused(*penalty, w, b, c)[0].float().square().sum(), penalty[0], create_graph=True)
-    gx.float().square().sum().backward()
+    monkeypatch.setattr(ln_autograd.AddNormFunction, "apply", no_add)   # the second call: the C++ entry's
+    again = run(fused, [t.clone().detach().requires_grad_() for t in leaves])
+    for i, (g, v, a) in enumerate(zip(got, want, again, strict=True)):
+        assert torch.equal(g, v) and torch.equal(a, v), f"output {i} differs"
     monkeypatch.undo()
-    again = [t.clone().detach().requires_grad_() for t in leaves[:2]]
-    gx2, = torch.autograd.grad(unfused(*again, w, b, c)[0].float().square().sum(), again[0], create_graph=True)
-    gx2.float().square().sum().backward()
-    for g, v in ((penalty[0].grad, again[0].grad), (penalty[1].grad, again[1].grad)):
-        torch.testing.assert_close(g, v, rtol=2e-2, atol=1e-2)
+
+    def penalty_grads(call: object) -> tuple[torch.Tensor, torch.Tensor]:
+        xr = [t.clone().detach().requires_grad_() for t in leaves[:2]]
+        gx, = torch.autograd.grad(call(*xr, w, b, c)[0].float().square().sum(), xr[0], create_graph=True)
+        gx.float().square().sum().backward()
+        return xr[0].grad, xr[1].grad
+    want = penalty_grads(unfused)
+    by_cpp = penalty_grads(fused)   # the plan is the C++ entry's by now
+    monkeypatch.setattr(direct.NATIVE, "add_norm", None)   # and Python's route
+    for got in (by_cpp, penalty_grads(fused)):
+        for g, v in zip(got, want, strict=True):
+            torch.testing.assert_close(g, v, rtol=2e-2, atol=1e-2)

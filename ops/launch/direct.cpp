@@ -60,6 +60,7 @@ using Triple = std::tuple<Tensor, Tensor, Tensor>;
 #include "native/capture.h"
 #include "native/layernorm.h"
 #include "native/rmsnorm.h"
+#include "native/add_norm.h"
 #include "native/layernorm_linear.h"
 #include "native/compiled.h"
 #include "native/registration.h"
@@ -70,7 +71,11 @@ using Triple = std::tuple<Tensor, Tensor, Tensor>;
 TORCH_LIBRARY(mojo_direct, m) {
   m.def("layernorm(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, int act) -> Tensor");
-  m.def("set_rms_codes(int llama, int gemma) -> ()", &set_rms_codes);
+  m.def("set_rms_codes(int norm, int llama, int gemma) -> ()", &set_rms_codes);
+  m.def("add_norm(Tensor x, Tensor residual, Tensor? add_bias, Tensor weight, Tensor bias, float eps, int act) "
+        "-> Tensor[]");
+  m.def("set_add_norm_plan(int rows, int h, ScalarType dtype, int act, bool bias, int device, int kernel, "
+        "int[] grid, int block) -> ()", &set_add_norm_plan);
   m.def("layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
         "int algo) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
@@ -133,6 +138,7 @@ TORCH_LIBRARY(mojo_direct, m) {
 static void impl_entries(torch::Library& m) {
   m.impl("layernorm", &layernorm);
   m.impl("rms_norm", &rms_norm);
+  m.impl("add_norm", &add_norm);
   m.impl("layernorm_linear", &layernorm_linear);
 }
 

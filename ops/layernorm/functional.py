@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import add_residual, check_residual, constant, native_entry, no_grad_to_come
+from ops.common import add_residual, check_residual, constant, native_entry, native_takes_add, no_grad_to_come
 from ops.inputs import as_eps, last_size, torch_answers
 from ops.launch import direct
 from ops.layernorm.autograd import LayerNormFunction, add_norm, compiled_layernorm
@@ -195,6 +195,13 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     Example:
         >>> y, s = add_layer_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(8), torch.zeros(8))
     """
+    native = native_entry("add_norm")
+    if native is not None and not residual_in_fp32 and native_takes_add(x, residual, add_bias, weight, bias, eps):
+        h = x.shape[-1]
+        out = native(x, residual, add_bias, constant(1.0, h, x.dtype, x.device) if weight is None else weight,
+                     constant(0.0, h, x.dtype, x.device) if bias is None else bias, eps, ACTIVATIONS["none"])
+        if out:   # empty: a call the C++ entry does not take (add_norm_plan, ops/launch/native/add_norm.h)
+            return out[0], out[1]
     check_residual(x, residual, add_bias)
     if not residual_in_fp32:   # the one-pass kernel, where it takes the call
         h = x.shape[-1]

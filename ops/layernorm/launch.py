@@ -252,13 +252,20 @@ _add_norm_plans = PlanTable()
 def add_norm_plan(rows: int, h: int, dtype: torch.dtype, act: int, bias: bool,
                   index: int) -> tuple[direct.Kernel, tuple[int, int, int], int] | None:
     """The one-pass add and norm's launch for rows of h on device ``index`` (16-byte vectors), or None where the
-    shape's norm launch is not the register kernel (``config.add_norm_spec``)."""
+    shape's norm launch is not the register kernel (``config.add_norm_spec``); made once, and handed to the C++
+    entry (``add_norm`` in ops/launch/native/add_norm.h)."""
     key = (rows, h, dtype, act, bias, index)
     if key in _add_norm_plans:
         return _add_norm_plans[key]
     launch = config.fwd_launch(rows, h, dtype, True, "fast", has_clusters(index), sm_count(torch.device("cuda", index)))
     spec = config.add_norm_spec(launch, dtype, act, bias)
-    return _add_norm_plans.keep(key, None if spec is None else (direct.kernel(spec, index), launch.grid, launch.block))
+    if spec is None:
+        return _add_norm_plans.keep(key, None)
+    kernel = direct.kernel(spec, index)
+    direct.load_native()
+    plans.remember(("add_norm", *key), lambda native: native.set_add_norm_plan(
+        rows, h, dtype, act, bias, index, int(kernel.function), launch.grid, launch.block))
+    return _add_norm_plans.keep(key, (kernel, launch.grid, launch.block))
 
 
 def add_norm_direct(plan: tuple[direct.Kernel, tuple[int, int, int], int], x: torch.Tensor, residual: torch.Tensor,

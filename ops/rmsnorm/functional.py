@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import add_residual, check_residual, constant, native_entry
+from ops.common import add_residual, check_residual, constant, native_entry, native_takes_add
 from ops.inputs import torch_answers
 from ops.layernorm.autograd import add_norm
 from ops.rmsnorm.autograd import rms_norm_rows
@@ -86,6 +86,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     Example:
         >>> y, s = add_rms_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(8))
     """
+    native = native_entry("add_norm")
+    if (native is not None and not residual_in_fp32 and semantics in SEMANTICS
+            and native_takes_add(x, residual, add_bias, weight, None, 1.0 if eps is None else eps)):
+        h = x.shape[-1]
+        w = constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device) if weight is None else weight
+        out = native(x, residual, add_bias, w, w, DEFAULT_EPS.get(x.dtype, 0.0) if eps is None else eps,
+                     SEMANTICS[semantics])
+        if out:   # empty: a call the C++ entry does not take (add_norm_plan, ops/launch/native/add_norm.h)
+            return out[0], out[1]
     check_residual(x, residual, add_bias)
     eps = default_eps(eps, x.dtype)
     if not residual_in_fp32 and semantics in SEMANTICS:   # the one-pass kernel, where it takes the call

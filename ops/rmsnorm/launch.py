@@ -23,7 +23,7 @@ from ops.layernorm.launch import (
 from ops.rmsnorm.config import SEMANTICS, K
 
 # the C++ entries' double backward computes each semantics as its module does: they learn the codes here
-direct.on_native_load(lambda ops: ops.set_rms_codes(K["RMS_LLAMA"], K["RMS_GEMMA"]))
+direct.on_native_load(lambda ops: ops.set_rms_codes(K["NORM_RMS"], K["RMS_LLAMA"], K["RMS_GEMMA"]))
 
 
 def rms_fwd_direct(x: torch.Tensor, weight: torch.Tensor, eps: float, act: int, mean: int = 0,

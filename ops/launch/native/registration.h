@@ -56,6 +56,7 @@ void clear_plans() {
   std::lock_guard<std::mutex> guard(plans_lock);
   transpose_plans.clear();
   fused_plans.clear();
+  add_norm_plans.clear();
   fwd_plans.clear();
   bwd_plans.clear();
   linear_unfused.clear();

@@ -5,11 +5,12 @@
 
 // ---------------------------------------------------------------- RMSNorm
 
-// The kernels' RMSNorm bits (ops/kernels/layernorm.mojo: RMS_LLAMA, RMS_GEMMA), handed over at loading
+// The kernels' RMSNorm bits (ops/kernels/layernorm.mojo: NORM_RMS, RMS_LLAMA, RMS_GEMMA), handed over at loading
 // (set_rms_codes), for the ATen form of a double backward.
-int64_t rms_llama_bit = 0, rms_gemma_bit = 0;
+int64_t rms_norm_bit = 0, rms_llama_bit = 0, rms_gemma_bit = 0;
 
-void set_rms_codes(int64_t llama, int64_t gemma) {
+void set_rms_codes(int64_t norm, int64_t llama, int64_t gemma) {
+  rms_norm_bit = norm;
   rms_llama_bit = llama;
   rms_gemma_bit = gemma;
 }
