@@ -60,11 +60,14 @@ std::tuple<Tensor, Tensor, Tensor> add_norm_run(const FwdPlan& plan, const Tenso
 
 bool is_rms(int64_t act) { return (act & rms_norm_bit) != 0; }
 
+// Without an add_bias, ab is w again (apply takes no undefined tensor: it asks every input for its device) and
+// `bias` says so.
 struct AddNormFn : public torch::autograd::Function<AddNormFn> {
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& r, const Tensor& ab,
-                               const Tensor& w, const Tensor& b, double eps, int64_t act, const FwdPlan* plan) {
-    auto [y, s, stats] = add_norm_run(*plan, x, r, ab, w, b, eps);
-    ctx->save_for_backward({x, r, ab, w, b, s, stats});
+                               const Tensor& w, const Tensor& b, double eps, int64_t act, bool bias,
+                               const FwdPlan* plan) {
+    auto [y, s, stats] = add_norm_run(*plan, x, r, bias ? ab : Tensor(), w, b, eps);
+    ctx->save_for_backward({x, r, bias ? ab : Tensor(), w, b, s, stats});
     ctx->saved_data["act"] = act;
     ctx->saved_data["eps"] = eps;
     return {y, s};
@@ -87,7 +90,7 @@ struct AddNormFn : public torch::autograd::Function<AddNormFn> {
     }
     if (grads[1].defined()) dx.add_(grads[1]);
     Tensor dab = v[2].defined() && ctx->needs_input_grad(2) ? dx.reshape({-1, dx.size(-1)}).sum(0) : Tensor();
-    return {dx, dx, dab, dw, is_rms(act) ? Tensor() : db, Tensor(), Tensor(), Tensor()};
+    return {dx, dx, dab, dw, is_rms(act) ? Tensor() : db, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 
   // Under create_graph: the add and the norm by ATen's ops, differentiated, so the gradients carry their own graph.
@@ -96,7 +99,7 @@ struct AddNormFn : public torch::autograd::Function<AddNormFn> {
     const Tensor s = (v[2].defined() ? v[0] + v[2] : v[0]) + v[1];
     const double eps = ctx->saved_data["eps"].toDouble();
     const Tensor y = is_rms(act) ? aten_rms_norm(s, v[3], eps, act) : at::layer_norm(s, {s.size(-1)}, v[3], v[4], eps);
-    variable_list wrt, out(8);
+    variable_list wrt, out(9);
     std::vector<size_t> which;
     for (size_t i = 0; i < 5; ++i)
       if (ctx->needs_input_grad(i) && v[i].defined() && !(i == 4 && is_rms(act))) {
@@ -121,6 +124,6 @@ std::vector<Tensor> add_norm(const Tensor& x, const Tensor& r, const std::option
   auto plan = add_norm_plan(x, r, ab, w, b, act);
   if (!plan) return {};
   c10::DeviceGuard guard(x.device());
-  const Tensor c = ab.has_value() ? *ab : Tensor();
-  return AddNormFn::apply(x, r, c, w, b, eps, act, &*plan);
+  const bool bias = ab.has_value() && ab->defined();
+  return AddNormFn::apply(x, r, bias ? *ab : w, w, b, eps, act, bias, &*plan);
 }
