@@ -414,3 +414,30 @@ def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,
     for got in (by_cpp, penalty_grads(fused)):
         for g, v in zip(got, want, strict=True):
             torch.testing.assert_close(g, v, rtol=2e-2, atol=1e-2)
+
+
+def test_add_norm_modules(device: str) -> None:
+    """AddLayerNorm and AddRMSNorm: built from a block's own norm they share its parameters and state dict keys,
+    and return (y, s) as add_layer_norm / add_rms_norm do, gradients reaching the shared weight; a norm of more than
+    the last dim is a named error."""
+    from ops.layernorm import AddLayerNorm, add_layer_norm
+    from ops.rmsnorm import AddRMSNorm, add_rms_norm
+
+    torch.manual_seed(0)
+    x, r = _rows(4, 32, device, torch.float32), torch.randn(4, 32, device=device)
+    for theirs, ours, call in (
+            (nn.LayerNorm(32), AddLayerNorm.from_torch, lambda m: add_layer_norm(x, r, m.weight, m.bias, m.eps)),
+            (GemmaRMSNorm(32), AddRMSNorm.from_module,
+             lambda m: add_rms_norm(x, r, m.weight, m.eps, semantics="gemma"))):
+        theirs = theirs.to(device)
+        m = ours(theirs)
+        assert m.weight is theirs.weight and m.state_dict().keys() == theirs.state_dict().keys()
+        y, s = m(x, r)
+        want_y, want_s = call(m)
+        assert torch.equal(s, x + r) and torch.equal(y, want_y) and torch.equal(s, want_s)
+        y.sum().backward()
+        assert theirs.weight.grad is not None and theirs.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="^normalized_shape:"):
+        AddLayerNorm((4, 8))
+    with pytest.raises(ValueError, match="^normalized_shape:"):
+        AddRMSNorm((4, 8))

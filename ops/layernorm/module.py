@@ -1,4 +1,5 @@
-"""``LayerNorm``: the drop-in ``nn.LayerNorm`` subclass on our kernels."""
+"""``LayerNorm``: the drop-in ``nn.LayerNorm`` subclass on our kernels; ``AddLayerNorm``: a pre-norm block's residual
+add and LayerNorm as one module."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from torch import nn
 from ops.common import not_scriptable, plain_module, share_affine, weight_and_bias
 from ops.inputs import as_eps, as_shape
 from ops.layernorm.checks import check_activation
-from ops.layernorm.functional import layer_norm, layernorm
+from ops.layernorm.functional import add_layer_norm, layer_norm, layernorm
 
 
 @plain_module
@@ -89,6 +90,67 @@ class LayerNorm(nn.LayerNorm):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation!r}"
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        not_scriptable(self)
+
+
+class AddLayerNorm(nn.LayerNorm):
+    """A pre-norm block's residual add and LayerNorm as a module: ``forward(x, residual)`` returns (y, s) of
+    ``add_layer_norm``, s = x (+ add_bias) + residual and y = LayerNorm(s) over the last dim. An ``nn.LayerNorm``
+    subclass: the same parameters and state dict, so ``from_torch`` takes a block's own norm.
+
+    Args:
+        normalized_shape: the last dim (an int, or a shape of one dim).
+        eps, elementwise_affine, bias, device, dtype: as ``nn.LayerNorm``'s.
+        residual_in_fp32: keep s in float32 (y in x's dtype).
+
+    Shape:
+        x, residual, y, s: ``[*, H]``.
+
+    Returns:
+        ``forward(x, residual, add_bias=None)``: (y, s).
+
+    Raises:
+        ValueError: a ``normalized_shape`` of more than one dim; from ``forward``, what ``add_layer_norm`` names.
+
+    Example:
+        >>> m = AddLayerNorm(8)
+        >>> y, s = m(torch.randn(2, 8), torch.randn(2, 8))
+    """
+
+    def __init__(self, normalized_shape: int | tuple[int, ...] | list[int], eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None, *, residual_in_fp32: bool = False) -> None:
+        shape = as_shape(normalized_shape)
+        if len(shape) != 1:
+            raise ValueError(f"normalized_shape: the add and norm take the last dim alone, got {shape}")
+        super().__init__(shape, as_eps(eps), elementwise_affine, bias, device, dtype)
+        self.residual_in_fp32 = residual_in_fp32
+
+    @classmethod
+    def from_torch(cls, ln: nn.LayerNorm, residual_in_fp32: bool = False) -> AddLayerNorm:
+        """The add and norm on ``ln``'s parameters themselves (as ``LayerNorm.from_torch``).
+
+        Raises:
+            TypeError: ``ln`` is not an ``nn.LayerNorm`` of plain parameters.
+            ValueError: ``ln`` normalizes more than the last dim.
+        """
+        if not isinstance(ln, nn.LayerNorm):
+            raise TypeError(f"ln: expected an nn.LayerNorm, got {type(ln).__name__}")
+        m = cls(ln.normalized_shape, ln.eps, ln.elementwise_affine, ln.bias is not None, device="meta",
+                residual_in_fp32=residual_in_fp32)
+        share_affine(m, ln)
+        return m
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor,
+                add_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        weight, bias = weight_and_bias(self)
+        return add_layer_norm(x, residual, weight, bias, self.eps, add_bias=add_bias,
+                              residual_in_fp32=self.residual_in_fp32)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, residual_in_fp32={self.residual_in_fp32}"
 
     def __prepare_scriptable__(self) -> nn.Module:
         not_scriptable(self)

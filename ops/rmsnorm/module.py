@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ops.rmsnorm.checks import check_semantics
-from ops.rmsnorm.functional import rms_norm
+from ops.rmsnorm.functional import add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.RMSNorm):
@@ -73,6 +73,61 @@ class RMSNorm(nn.RMSNorm):
         if not isinstance(m, nn.RMSNorm):
             raise TypeError(f"m: expected a torch.nn.RMSNorm, got {type(m).__name__}")
         return cls.from_module(m)
+
+
+class AddRMSNorm(RMSNorm):
+    """A pre-norm block's residual add and RMSNorm as a module: ``forward(x, residual)`` returns (y, s) of
+    ``add_rms_norm``, s = x (+ add_bias) + residual and y = RMSNorm(s) over the last dim by ``semantics``. An
+    ``RMSNorm`` (so a ``torch.nn.RMSNorm``): the same parameters and state dict.
+
+    Args:
+        normalized_shape, eps, elementwise_affine, device, dtype, semantics: as ``RMSNorm``'s (one dim).
+        residual_in_fp32: keep s in float32 (y in x's dtype).
+
+    Shape:
+        x, residual, y, s: ``[*, H]``.
+
+    Returns:
+        ``forward(x, residual, add_bias=None)``: (y, s).
+
+    Raises:
+        ValueError: a ``normalized_shape`` of more than one dim, an unknown semantics; from ``forward``, what
+            ``add_rms_norm`` names.
+
+    Example:
+        >>> m = AddRMSNorm(8)
+        >>> y, s = m(torch.randn(2, 8), torch.randn(2, 8))
+    """
+
+    def __init__(self, normalized_shape: int | tuple[int, ...], eps: float | None = None,
+                 elementwise_affine: bool = True, device: torch.device | None = None, dtype: torch.dtype | None = None,
+                 *, semantics: str = "torch", residual_in_fp32: bool = False) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype, semantics=semantics)
+        if len(self.normalized_shape) != 1:
+            raise ValueError(f"normalized_shape: the add and norm take the last dim alone, got "
+                             f"{tuple(self.normalized_shape)}")
+        self.residual_in_fp32 = residual_in_fp32
+
+    @classmethod
+    def from_module(cls, m: nn.Module, residual_in_fp32: bool = False) -> AddRMSNorm:
+        """The add and norm computing what ``m`` computes after the add, on its weight itself (``RMSNorm.from_module``).
+
+        Raises:
+            TypeError: a module ``RMSNorm.from_module`` does not know, named.
+        """
+        norm = RMSNorm.from_module(m)
+        out = cls(norm.normalized_shape, norm.eps, norm.weight is not None, device="meta", semantics=norm.semantics,
+                  residual_in_fp32=residual_in_fp32)
+        out.weight = norm.weight
+        return out
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor,   # type: ignore[override]
+                add_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, residual, self.weight, self.eps, add_bias=add_bias,
+                            residual_in_fp32=self.residual_in_fp32, semantics=self.semantics)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, residual_in_fp32={self.residual_in_fp32}"
 
 
 class FusedRMSNormLinear(nn.Sequential):
