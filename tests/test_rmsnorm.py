@@ -63,8 +63,9 @@ def _rows(rows: int, h: int, device: str, dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("h", [1, 37, 256, 1000])
 @pytest.mark.parametrize("semantics", list(SEMANTICS))
 def test_forward_and_gradients_against_float64(device: str, semantics: str, h: int) -> None:
-    """y, dx and dweight against the float64 reference, float32 (every h) and bfloat16 (two of them)."""
-    for dtype in (torch.float32, torch.bfloat16) if h in (37, 256) else (torch.float32,):
+    """y, dx and dweight against the float64 reference, float32 (every h), bfloat16 (two of them) and float16 (one)."""
+    dtypes = {37: (torch.float32, torch.bfloat16), 256: (torch.float32, torch.bfloat16, torch.float16)}
+    for dtype in dtypes.get(h, (torch.float32,)):
         x = _rows(5, h, device, dtype).requires_grad_()
         w = (torch.randn(h) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to(device, dtype).requires_grad_()
         y = rms_norm(x, h, w, 1e-6, semantics=semantics)
@@ -265,16 +266,17 @@ def test_double_backward(device: str, semantics: str) -> None:
 @pytest.mark.parametrize("rows,h", [(5, 1000), (8, 768), (4096, 768), (3, 4096), (4096, 4096), (2, 16384),
                                     (2, 65536)])
 @pytest.mark.parametrize("semantics", list(SEMANTICS))
-def test_gpu_every_kernel_and_the_cpp_entry(semantics: str, rows: int, h: int, monkeypatch: pytest.MonkeyPatch
-                                            ) -> None:
-    """bfloat16 on a GPU, at shapes that pick each kernel (the loop for h not a multiple of the vector, a warp per
-    row, a block per row, a cluster per row): y, dx and dweight against float64, at the first call (the Python route,
-    which hands the plans to the C++ side) and bit for bit the same at the second, which the C++ entry must take."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_gpu_every_kernel_and_the_cpp_entry(semantics: str, rows: int, h: int, dtype: torch.dtype,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, at shapes that pick each kernel (the loop for h not a multiple of the vector, a warp per row, a
+    block per row, a cluster per row): y, dx and dweight against float64, at the first call (the Python route, which
+    hands the plans to the C++ side) and bit for bit the same at the second, which the C++ entry must take."""
     from ops.rmsnorm import autograd as rms_autograd
     from ops.rmsnorm import fwd_bwd as rms_fwd_bwd
 
-    x = _rows(rows, h, "cuda", torch.bfloat16)
-    w = (torch.randn(h) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to("cuda", torch.bfloat16)
+    x = _rows(rows, h, "cuda", dtype)
+    w = (torch.randn(h) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to("cuda", dtype)
     dy = torch.randn_like(x)
     results = []
     for _ in range(2):
@@ -287,10 +289,10 @@ def test_gpu_every_kernel_and_the_cpp_entry(semantics: str, rows: int, h: int, m
         monkeypatch.setattr(rms_fwd_bwd, "rms_bwd_direct", python_route)
     (y, dx, dw), again = results
     assert all(torch.equal(a, b) for a, b in zip(results[0], again, strict=True))
-    assert (m := compare(y, rmsnorm_ref(x, w, 1e-6, semantics), torch.bfloat16)) is None, f"y: {m}"
+    assert (m := compare(y, rmsnorm_ref(x, w, 1e-6, semantics), dtype)) is None, f"y: {m}"
     want_dx, want_dw = rmsnorm_grads_ref(x, w, dy, 1e-6, semantics)
-    assert (m := compare(dx, want_dx, torch.bfloat16, reduction=h)) is None, f"dx: {m}"
-    assert (m := compare(dw, want_dw, torch.bfloat16, reduction=rows)) is None, f"dweight: {m}"
+    assert (m := compare(dx, want_dx, dtype, reduction=h)) is None, f"dx: {m}"
+    assert (m := compare(dw, want_dw, dtype, reduction=rows)) is None, f"dweight: {m}"
 
 
 def test_strided_x_and_gradients_in_place(device: str) -> None:
