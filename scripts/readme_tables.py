@@ -39,7 +39,8 @@ def per_call_table() -> list[str]:
     lnl_stamp, lnl = read_table("bench_layernorm_linear")
     out = ["Per call, ours / torch eager, pipelined (back-to-back calls with their allocations, one sync;",
            "[results/layernorm.md](results/layernorm.md), "
-           "[results/layernorm_linear.md](results/layernorm_linear.md)):", "",
+           "[results/layernorm_linear.md](results/layernorm_linear.md), [results/rmsnorm.md](results/rmsnorm.md)):",
+           "",
            "| call | dtype | ours / torch | commit |", "|---|---|---|---|"]
     for dtype in ("bfloat16", "float32"):
         v = [float(r["pipe_vs_torch"]) for r in ln if (r["kind"], r["impl"], r["dtype"]) == ("fwd", "ours", dtype)]
@@ -58,7 +59,25 @@ def per_call_table() -> list[str]:
         commit = stamp_commit(lnl_stamp, "bfloat16")
         out.append(f"| LayerNorm+Linear forward, {len(big)} shapes with M >= 1024 | bfloat16 | "
                    f"median {statistics.median(big):.3g}, worst {max(big):.3g} | {commit} |")
+    out += rms_rows()
     out += ["", f"{ln_stamp.split(';')[0]}."]
+    return out
+
+
+def rms_rows() -> list[str]:
+    """RMSNorm's and the add-and-norm's rows ([results/rmsnorm.md](results/rmsnorm.md)): forward and training step per
+    shape set, and the add and norm, ours / torch, with their GPU when it is not the others'."""
+    stamp, rows = read_table("bench_rmsnorm")
+    gpu = stamp.split(";")[0].removeprefix("GPU: ")
+    out = []
+    for kind, label in (("fwd", "RMSNorm forward"), ("train", "RMSNorm training step"),
+                        ("add+rms_norm", "residual add + RMSNorm forward"),
+                        ("add+layer_norm", "residual add + LayerNorm forward")):
+        v = [float(r["pipe_vs_torch"]) for r in rows
+             if (r["kind"], r["impl"], r["dtype"]) == (kind, "ours", "bfloat16")]
+        if v:
+            out.append(f"| {label}, {len(v)} shapes ({gpu}) | bfloat16 | median {statistics.median(v):.3g}, "
+                       f"worst {max(v):.3g} | {stamp_commit(stamp, 'bfloat16')} |")
     return out
 
 
