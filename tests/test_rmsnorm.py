@@ -443,3 +443,35 @@ def test_add_norm_modules(device: str) -> None:
         AddLayerNorm((4, 8))
     with pytest.raises(ValueError, match="^normalized_shape:"):
         AddRMSNorm((4, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", ["rms_norm", "rms_norm:llama", "add_rms_norm", "add_layer_norm"])
+def test_gpu_cpp_backward_before_python_made_its_plan(norm: str) -> None:
+    """A shape's first call without a gradient hands the C++ entry its forward plan only; the next call with one
+    runs the C++ forward, whose backward finds no plan and goes through the Python op (which makes it): its
+    gradients are those of a shape whose plans were all made before."""
+    from ops.launch import plans
+    from ops.layernorm import add_layer_norm
+    from ops.rmsnorm import add_rms_norm
+
+    torch.manual_seed(0)
+    rows, h = 37, 1536   # a shape no other test runs
+    x, r = _rows(rows, h, "cuda", torch.bfloat16), torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    w, b = (torch.randn(h, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    semantics = norm.partition(":")[2] or "torch"
+    call = {"rms_norm": lambda x, w: rms_norm(x, h, w, 1e-6, semantics=semantics),
+            "add_rms_norm": lambda x, w: add_rms_norm(x, r, w, 1e-6)[0],
+            "add_layer_norm": lambda x, w: add_layer_norm(x, r, w, b, 1e-5)[0]}[norm.partition(":")[0]]
+    dy = torch.randn_like(x)
+
+    def grads() -> tuple[torch.Tensor, ...]:
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = call(xg, wg)
+        return (y, *torch.autograd.grad(y, (xg, wg), dy))
+    plans.forget_plans()
+    with torch.no_grad():
+        call(x, w)
+    first = grads()   # the C++ forward, the backward through Python
+    for got, want in zip(first, grads(), strict=True):   # every plan made by now
+        assert torch.equal(got, want)

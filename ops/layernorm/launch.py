@@ -256,16 +256,19 @@ def add_norm_plan(rows: int, h: int, dtype: torch.dtype, act: int, bias: bool,
     entry (``add_norm`` in ops/launch/native/add_norm.h)."""
     key = (rows, h, dtype, act, bias, index)
     if key in _add_norm_plans:
-        return _add_norm_plans[key]
-    launch = config.fwd_launch(rows, h, dtype, True, "fast", has_clusters(index), sm_count(torch.device("cuda", index)))
-    spec = config.add_norm_spec(launch, dtype, act, bias)
-    if spec is None:
-        return _add_norm_plans.keep(key, None)
-    kernel = direct.kernel(spec, index)
-    direct.load_native()
-    plans.remember(("add_norm", *key), lambda native: native.set_add_norm_plan(
-        rows, h, dtype, act, bias, index, int(kernel.function), launch.grid, launch.block))
-    return _add_norm_plans.keep(key, (kernel, launch.grid, launch.block))
+        plan = _add_norm_plans[key]
+    else:
+        launch = config.fwd_launch(rows, h, dtype, True, "fast", has_clusters(index),
+                                   sm_count(torch.device("cuda", index)))
+        spec = config.add_norm_spec(launch, dtype, act, bias)
+        plan = None if spec is None else (direct.kernel(spec, index), launch.grid, launch.block)
+        _add_norm_plans.keep(key, plan)
+        direct.load_native()
+    if plan is not None:   # at every call: the C++ tables may have been cleared since (plans.forget_plans)
+        kernel, grid, block = plan
+        plans.remember(("add_norm", *key), lambda native: native.set_add_norm_plan(
+            rows, h, dtype, act, bias, index, int(kernel.function), grid, block))
+    return plan
 
 
 def add_norm_direct(plan: tuple[direct.Kernel, tuple[int, int, int], int], x: torch.Tensor, residual: torch.Tensor,
