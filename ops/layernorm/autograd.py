@@ -125,7 +125,8 @@ class AddNormFunction(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor | None, ds: torch.Tensor | None) -> tuple:
         x, residual, add_bias, weight, bias, s, stats = ctx.saved_tensors
         dy = torch.zeros_like(s) if dy is None else dy
-        if create_graph():   # a double backward: the add and the norm by torch's ops, differentiated
+        if create_graph() or kernels_cannot_read(dy) or kernels_cannot_read(ds):
+            # a double backward, or a batched gradient (a vectorized jacobian's): torch's ops, differentiated
             return _differentiable(ctx, x, residual, add_bias, weight, bias, dy, ds)
         dx, dweight, dbias = bwd_direct(dy.contiguous(), s, weight, bias, *stat_addresses(stats), ctx.act)
         if ds is not None:
@@ -137,14 +138,17 @@ class AddNormFunction(torch.autograd.Function):
 def _differentiable(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, residual: torch.Tensor,
                     add_bias: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor,
                     ds: torch.Tensor | None) -> tuple:
-    """``AddNormFunction``'s gradients under create_graph: recomputed by torch's ops, carrying their own graph."""
-    s = (x if add_bias is None else x + add_bias) + residual
+    """``AddNormFunction``'s gradients by torch's ops, recomputed from the inputs (under create_graph they carry
+    their own graph)."""
+    graph = torch.is_grad_enabled()   # create_graph: the gradients keep theirs
     inputs = (x, residual, add_bias, weight, None if ctx.rms else bias)
     wants = [t is not None and w for t, w in zip(inputs, ctx.needs_input_grad[:5], strict=True)]
-    outputs, grads = [ctx.torch_norm(s)], [dy]
-    if ds is not None:
-        outputs.append(s)
-        grads.append(ds)
-    found = iter(torch.autograd.grad(outputs, [t for t, w in zip(inputs, wants, strict=True) if w], grads,
-                                     create_graph=True, allow_unused=True))
+    with torch.enable_grad():
+        s = (x if add_bias is None else x + add_bias) + residual
+        outputs, grads = [ctx.torch_norm(s)], [dy]
+        if ds is not None:
+            outputs.append(s)
+            grads.append(ds)
+        found = iter(torch.autograd.grad(outputs, [t for t, w in zip(inputs, wants, strict=True) if w], grads,
+                                         create_graph=graph, allow_unused=True))
     return (*(next(found) if w else None for w in wants), None, None, None, None)
