@@ -56,7 +56,7 @@ def check_call(x: object, normalized_shape: object, weight: object, semantics: o
 def classify(x: torch.Tensor, weight: torch.Tensor | None, by_torch: bool) -> str:
     """Which route takes an ``rms_norm`` call whose arguments passed ``check_call``: "torch" (torch's ops: what
     ``torch_answers`` sends there, ``by_torch``; an empty x; a weight of another dtype than x's, whose product the
-    modules take in float32; CUDA autocast, whose policy for the op torch applies), or "kernels" (the loop kernels;
+    modules take in float32; CUDA autocast, whose policy for the op torch applies), or "kernels" (our kernels;
     a strided x is copied once)."""
     if (by_torch or x.numel() == 0 or (weight is not None and weight.dtype != x.dtype)
             or (x.is_cuda and torch.is_autocast_enabled("cuda"))):
