@@ -475,3 +475,59 @@ def test_gpu_cpp_backward_before_python_made_its_plan(norm: str) -> None:
     first = grads()   # the C++ forward, the backward through Python
     for got, want in zip(first, grads(), strict=True):   # every plan made by now
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("norm", ["add_rms_norm", "add_layer_norm"])
+def test_add_norm_compiles_fullgraph(device: str, norm: str) -> None:
+    """torch.compile(fullgraph=True) of add_rms_norm / add_layer_norm (the traced form adds, then runs the norm's
+    op): y, s and the gradients are eager's."""
+    from ops.layernorm import add_layer_norm
+    from ops.rmsnorm import add_rms_norm
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, r = (torch.randn(6, 64, device=device, requires_grad=True) for _ in range(2))
+    w = torch.randn(64, device=device, requires_grad=True)
+    fn = ((lambda x, r, w: add_rms_norm(x, r, w, 1e-6, semantics="llama")) if norm == "add_rms_norm"
+          else (lambda x, r, w: add_layer_norm(x, r, w, None, 1e-5)))
+    got, want = torch.compile(fn, fullgraph=True)(x, r, w), fn(x, r, w)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    g = torch.autograd.grad(got[0].square().sum() + got[1].sum(), (x, r, w))
+    g_want = torch.autograd.grad(want[0].square().sum() + want[1].sum(), (x, r, w))
+    for a, b in zip(g, g_want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_captures_rms_norm_and_add_norm() -> None:
+    """``torch.cuda.graph`` captures rms_norm and add_rms_norm, forward and backward (the C++ entries' launches on
+    the capture stream); replayed on new input, every output and gradient is eager's on that input, bit for bit."""
+    from ops.bench.timing import captured
+    from ops.rmsnorm import add_rms_norm
+
+    torch.manual_seed(0)
+    x, r = (torch.randn(256, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    w = torch.randn(768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step() -> tuple[torch.Tensor, ...]:
+        y, s = add_rms_norm(x, r, w, 1e-6, semantics="llama")
+        z = rms_norm(y, 768, w, 1e-6)
+        (z.float().square().sum() + s.float().sum()).backward()
+        return y, s, z
+
+    def clear() -> None:
+        for t in (x, r, w):
+            t.grad = None
+
+    def eager() -> list[torch.Tensor]:
+        clear()
+        return [t.clone() for t in step()] + [t.grad.clone() for t in (x, r, w)]
+    graph, out = captured(step, before_capture=clear)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        r.copy_(torch.randn_like(r))
+    graph.replay()
+    got = [t.clone() for t in out] + [t.grad.clone() for t in (x, r, w)]
+    for i, (a, b) in enumerate(zip(got, eager(), strict=True)):
+        assert torch.equal(a, b), f"output {i}"
