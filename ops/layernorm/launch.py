@@ -88,6 +88,7 @@ def code_bwd_op(act: int, launch: Launch = CPU_BWD_LAUNCH) -> GraphOp:
     )
 
 
+@cache
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device."""
     return torch.cuda.get_device_properties(device).multi_processor_count
