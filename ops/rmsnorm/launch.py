@@ -17,6 +17,7 @@ from ops.layernorm.launch import (
     code_bwd_op,
     code_fwd_op,
     fwd_direct,
+    fwd_launch,
     sm_count,
     vectors_fit,
 )
@@ -43,10 +44,7 @@ def rms_bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean
 def fwd_op(x2: torch.Tensor, weight: torch.Tensor, eps: float, semantics: str) -> GraphOp:
     """The forward's graph op for x2 [rows, h] and weight [h]: its inputs x, weight and (unused) beta; outputs y, mean
     (zeros) and rstd."""
-    rows, h = x2.shape
-    vec_ok = vectors_fit(h, x2.dtype, x2, weight)
-    launch = (ln_config.fwd_launch(rows, h, x2.dtype, vec_ok, sms=sm_count(x2.device))
-              if x2.is_cuda else CPU_LAUNCH)
+    launch = fwd_launch(x2, weight, weight, "fast") if x2.is_cuda else CPU_LAUNCH
     return code_fwd_op(SEMANTICS[semantics], float(eps), launch)
 
 
