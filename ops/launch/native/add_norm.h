@@ -6,20 +6,12 @@
 // ---------------------------------------------------------------- add and norm
 
 // By (rows, h, dtype, act, add_bias given, device): the kernel, grid and block Python chose (ops/layernorm/launch.py:
-// add_norm_plan), for shapes whose norm launch is the register kernel.
+// add_norm_plan, handed over by registration.h's set_add_norm_plan), for shapes whose norm launch is the register
+// kernel.
 std::unordered_map<Key, FwdPlan, KeyHash> add_norm_plans;
 
 Key add_norm_key(int64_t rows, int64_t h, at::ScalarType dtype, int64_t act, bool bias, int64_t device) {
   return {rows, h, static_cast<int64_t>(dtype), act, bias, device, 1, 0};
-}
-
-void set_add_norm_plan(int64_t rows, int64_t h, at::ScalarType dtype, int64_t act, bool bias, int64_t device,
-                       int64_t kernel, at::IntArrayRef grid, int64_t block) {
-  std::lock_guard<std::mutex> guard(plans_lock);
-  add_norm_plans[add_norm_key(rows, h, dtype, act, bias, device)] =
-      FwdPlan{reinterpret_cast<CUfunction>(static_cast<uintptr_t>(kernel)),
-              {static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])},
-              static_cast<unsigned>(block), 1};
 }
 
 // The plan for a call the kernel reads as it comes (the mirror of ops/layernorm/autograd.py's _plan): plain

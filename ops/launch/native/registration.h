@@ -27,6 +27,13 @@ void set_bwd_plan(int64_t rows, int64_t h, at::ScalarType dtype, bool vec, int64
               function(reduce_kernel), dims(reduce_grid), static_cast<unsigned>(reduce_block)};
 }
 
+void set_add_norm_plan(int64_t rows, int64_t h, at::ScalarType dtype, int64_t act, bool bias, int64_t device,
+                       int64_t kernel, at::IntArrayRef grid, int64_t block) {
+  std::lock_guard<std::mutex> guard(plans_lock);
+  add_norm_plans[add_norm_key(rows, h, dtype, act, bias, device)] =
+      FwdPlan{function(kernel), dims(grid), static_cast<unsigned>(block), 1};
+}
+
 void set_linear_algo(int64_t rows, int64_t k, int64_t n, at::ScalarType dtype, int64_t device, int64_t algo,
                      bool grad, bool captured, bool unfused) {
   std::lock_guard<std::mutex> guard(plans_lock);
