@@ -153,7 +153,8 @@ def check_residual(x: object, residual: object, add_bias: object) -> None:
 
 def native_takes_add(x: object, residual: object, add_bias: object, weight: object, bias: object,
                      eps: object) -> bool:
-    """Whether an add-and-norm call's arguments fit the C++ entry's schema (``add_norm``): plain tensors, or None
-    for add_bias, weight and bias, and a float eps. The entry checks the rest (shapes, dtypes, layouts, devices)."""
+    """Whether an add-and-norm call's arguments fit the C++ entry's schema (``add_norm``): plain tensors, x of at
+    least one dim (its last is read before the checks), or None for add_bias, weight and bias, and a float eps. The
+    entry checks the rest (shapes, dtypes, layouts, devices)."""
     return (x.__class__ in PLAIN_TENSORS and residual.__class__ in PLAIN_TENSORS and eps.__class__ is float
-            and all(t is None or t.__class__ in PLAIN_TENSORS for t in (add_bias, weight, bias)))
+            and x.ndim >= 1 and all(t is None or t.__class__ in PLAIN_TENSORS for t in (add_bias, weight, bias)))

@@ -531,3 +531,16 @@ def test_gpu_cuda_graph_captures_rms_norm_and_add_norm() -> None:
     got = [t.clone() for t in out] + [t.grad.clone() for t in (x, r, w)]
     for i, (a, b) in enumerate(zip(got, eager(), strict=True)):
         assert torch.equal(a, b), f"output {i}"
+
+
+def test_add_norm_names_a_zero_dim_x_with_the_cpp_entry_loaded() -> None:
+    """A 0-dim x gets the add-and-norm's named error, also where the C++ entry is loaded (its pre-check reads x's
+    last dim)."""
+    from ops.launch import direct
+    from ops.layernorm import add_layer_norm
+    from ops.rmsnorm import add_rms_norm
+
+    direct.load_native()
+    for call in (add_layer_norm, add_rms_norm):
+        with pytest.raises(ValueError, match="^x:"):
+            call(torch.tensor(1.0), torch.tensor(1.0))
