@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_layernorm import ROTATE_BYTES, copy_gbps  # noqa: E402
+from bench_layernorm import ROTATE_BYTES, copy_gbps, row  # noqa: E402
 
 from ops.bench import reports, timing  # noqa: E402
 from ops.layernorm import add_layer_norm  # noqa: E402
@@ -189,15 +189,7 @@ def timed_rows(kind: str, dtype: torch.dtype, m: int, h: int, entrants: list[tup
     """The contenders of one shape timed side by side, as rows (ratios to "torch"); ``nbytes``: what the call must
     move."""
     times = timing.side_by_side(entrants, kernels=True)
-    base, rows = times["torch"], []
-    for name, *_ in entrants:
-        t = times[name]
-        gbps = nbytes / t.device_us / 1e3
-        rows.append({"kind": kind, "impl": name, "dtype": str(dtype).removeprefix("torch."), "M": m, "H": h,
-                     **timing.call_fields(t, base), "us": round(t.device_us, 2), "GBps": round(gbps, 1),
-                     "pct_copy": round(100 * gbps / copy, 1), "vs_torch": round(t.device_us / base.device_us, 3),
-                     "kernel_us": round(t.kernel_us, 2), "kernel_GBps": round(nbytes / t.kernel_us / 1e3, 1),
-                     "kernel_vs_torch": round(t.kernel_us / base.kernel_us, 3)})
+    rows = [row(kind, name, dtype, m, h, times[name], nbytes, copy, times["torch"]) for name, *_ in entrants]
     print(f"{kind} {dtype} {m}x{h}: " + " | ".join(f"{r['impl']} {r['pipe_us']}us pipe, {r['us']}us dev" for r in rows),
           flush=True)
     return rows
