@@ -77,7 +77,7 @@ def rms_rows() -> list[str]:
              if (r["kind"], r["impl"], r["dtype"]) == (kind, "ours", "bfloat16")]
         if v:
             out.append(f"| {label}, {len(v)} shapes ({gpu}) | bfloat16 | median {statistics.median(v):.3g}, "
-                       f"worst {max(v):.3g} | {stamp_commit(stamp, 'bfloat16')} |")
+                       f"worst {max(v):.3g} | {stamp_commit(stamp, ('bfloat16', kind))} |")
     return out
 
 

@@ -122,6 +122,20 @@ def test_transformer_report_keeps_other_modes_rows_with_their_commit(results_dir
     assert appended("bench_transformer_control", "eager", rerun, column="mode") == (rerun, "")
 
 
+def test_rows_rerun_by_kind_keep_their_own_commit_in_the_csv(results_dir: Path) -> None:
+    """A report rerun for some kinds (values with a '+', as "add+rms_norm") stamps only those rows with the new
+    commit: in the stamp, in each CSV row's commit column, and for check_targets' keys (dtype, kind)."""
+    table, fields = "bench_rmsnorm", ["kind", "impl", "dtype", "us"]
+    first = [{"kind": k, "impl": "ours", "dtype": "bfloat16", "us": 1.0} for k in ("fwd", "add+rms_norm")]
+    write_report(table, first, fields, "GPU: g; commit a1", "T", "note")
+    rows, kept = appended(table, "add+rms_norm", [{**first[1], "us": 2.0}], column="kind")
+    write_report(table, rows, fields, f"GPU: g (read+write); commit b2{kept}", "T", "note")
+    stamp = results.read_table(table)[0]
+    assert [stamp_commit(stamp, ("bfloat16", k)) for k in ("fwd", "add+rms_norm")] == ["a1", "b2"]
+    commits = {r["case"]: r["commit"] for r in results.read_long("rmsnorm") if r["row"] != ""}
+    assert commits == {"kind=fwd": "a1", "kind=add+rms_norm": "b2"}
+
+
 def test_each_dtypes_commit_is_the_newest_run_that_wrote_it(results_dir: Path) -> None:
     """Reruns of some dtypes chain their stamps; each dtype's commit is the newest run's that names it (a run
     of two dtypes names both), and runs that no kept row came from drop out of the chain."""

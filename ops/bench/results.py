@@ -20,7 +20,7 @@ import csv
 import datetime
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -66,27 +66,29 @@ def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
     """
     runs = []
     for seg in KEPT_ANY.split(stamp):
-        label = re.search(r" \(([\w,]+) rows\)$", seg)
+        label = re.search(r" \(([^()]+) rows\)$", seg)   # values such as "add+rms_norm" too
         runs.append((frozenset(label.group(1).split(",")), seg[: label.start()]) if label else (None, seg))
     return runs
 
 
-def stamp_commit(stamp: str, dtype: str) -> str:
-    """The commit of the run that wrote ``dtype``'s rows of a report stamped ``stamp`` ('?' if none says)."""
-    for dtypes, own in stamp_runs(stamp):
-        if dtypes is None or dtype in dtypes:
+def stamp_commit(stamp: str, key: str | Collection[str]) -> str:
+    """The commit of the run that wrote the rows of ``key`` (a dtype, mode or kind; or several of one row's
+    values) in a report stamped ``stamp`` ('?' if none says)."""
+    keys = {key} if isinstance(key, str) else set(key)
+    for labels, own in stamp_runs(stamp):
+        if labels is None or labels & keys:
             found = re.search(r"commit (\w+)", own)
             return found.group(1) if found else "?"
     return "?"
 
 
 def _run_of(stamp: str, row: dict) -> tuple[str, str]:
-    """The GPU and commit of the run that wrote ``row`` of a table stamped ``stamp``."""
-    key = str(row.get("dtype") or row.get("mode") or "")
-    commit = stamp_commit(stamp, key)
-    own = next((s for dtypes, s in stamp_runs(stamp) if dtypes is None or key in dtypes), stamp)
-    gpu = re.search(r"GPU: ([^;(]+)", own)
-    return (gpu.group(1).strip() if gpu else "?"), commit
+    """The GPU and commit of the run that wrote ``row`` of a table stamped ``stamp``: the newest run whose label
+    names one of the row's values (its dtype, mode or kind, whichever column the report was rerun by)."""
+    values = {str(v) for v in row.values()}
+    own = next((s for keys, s in stamp_runs(stamp) if keys is None or keys & values), stamp)
+    gpu, commit = re.search(r"GPU: ([^;(]+)", own), re.search(r"commit (\w+)", own)
+    return (gpu.group(1).strip() if gpu else "?"), (commit.group(1) if commit else "?")
 
 
 def melt(table: str, rows: Sequence[dict], fields: Sequence[str], stamp: str, title: str, note: str,
