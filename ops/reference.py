@@ -72,3 +72,17 @@ def rmsnorm_grads_ref(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, e
     """(dx, dweight) of ``rmsnorm_ref`` over the last dim for upstream dy, by float64 autograd."""
     x64, w64 = (t.detach().double().requires_grad_() for t in (x, weight))
     return torch.autograd.grad(rmsnorm_ref(x64, w64, eps, semantics), (x64, w64), dy.double())
+
+
+def rmsnorm_linear_ref(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torch.Tensor,
+                       bias: torch.Tensor | None, eps: float, semantics: str = "torch") -> torch.Tensor:
+    """Linear(RMSNorm(x)) in float64: x [..., K], norm_weight [K], weight [N, K], bias [N] or None -> [..., N]."""
+    y = rmsnorm_ref(x, norm_weight, eps, semantics) @ weight.double().T
+    return y if bias is None else y + bias.double()
+
+
+def rmsnorm_linear_grads_ref(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                             dy: torch.Tensor, eps: float, semantics: str = "torch") -> tuple[torch.Tensor, ...]:
+    """(dx, dnorm_weight, dweight, dbias) of ``rmsnorm_linear_ref`` for upstream dy, by float64 autograd."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, norm_weight, weight, bias)]
+    return torch.autograd.grad(rmsnorm_linear_ref(*leaves, eps, semantics), leaves, dy.double())

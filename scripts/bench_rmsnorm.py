@@ -12,13 +12,15 @@ rows take the gradients through each contender's autograd (``torch.autograd.grad
 against the float64 reference of its semantics first. Rows of kind "add+rms_norm" and "add+layer_norm" time a
 pre-norm block's add and norm, s = x + r and y = norm(s), both returned (torch: the add, then the norm; ours:
 add_rms_norm / add_layer_norm; Liger's fused add and RMSNorm), GB/s counting x and r read, s and y written.
-Writes results/rmsnorm.{csv,md} (table bench_rmsnorm).
+Writes results/rmsnorm.{csv,md} (table bench_rmsnorm). With ``--linear``: Linear(RMSNorm(x)) instead, table
+bench_rmsnorm_linear (``linear_doc``).
 
     python scripts/bench_rmsnorm.py                     (needs a CUDA GPU)
     python scripts/bench_rmsnorm.py --quick             (the issue's shapes only)
     python scripts/bench_rmsnorm.py --shape 4096x768    (one M x H, printed, nothing written)
     python scripts/bench_rmsnorm.py --sweep --dtypes bfloat16   (the forward's configurations at long rows)
     python scripts/bench_rmsnorm.py --add-only --dtypes bfloat16   (the add+norm rows again, the rest kept)
+    python scripts/bench_rmsnorm.py --linear --dtypes bfloat16     (RMSNorm+Linear: table bench_rmsnorm_linear)
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import bench_layernorm_linear as lnl_bench  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from bench_layernorm import ROTATE_BYTES, copy_gbps, row  # noqa: E402
 
 from ops.bench import reports, timing  # noqa: E402
 from ops.layernorm import add_layer_norm  # noqa: E402
-from ops.reference import layernorm_ref, rmsnorm_grads_ref, rmsnorm_ref  # noqa: E402
-from ops.rmsnorm import add_rms_norm, rms_norm  # noqa: E402
+from ops.reference import layernorm_ref, rmsnorm_grads_ref, rmsnorm_linear_ref, rmsnorm_ref  # noqa: E402
+from ops.rmsnorm import add_rms_norm, rms_norm, rms_norm_linear  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
 OUT = ROOT / "results"
@@ -195,6 +198,68 @@ def timed_rows(kind: str, dtype: torch.dtype, m: int, h: int, entrants: list[tup
     return rows
 
 
+# M, K, N: the issue's two, then more with M >= 1024 (a Llama MLP's 4096 -> 14336 among them) and one small M
+LINEAR_SHAPES = ((4096, 4096, 4096), (4096, 2048, 8192), (1024, 4096, 4096), (4096, 768, 3072), (16384, 4096, 4096),
+                 (4096, 4096, 14336), (16, 4096, 4096))
+
+
+def linear_doc() -> str:
+    """Rows of table bench_rmsnorm_linear: Linear(RMSNorm(x)) (torch's semantics), the forward (kind fwd: no gradient
+    to come) and a training step (kind train: forward from leaves that need gradients, then all four gradients through
+    each contender's autograd). Contenders: "torch" F.linear(F.rms_norm(x)), "torch:again" the same call again (the
+    noise of the ratios), "torch.compile" the pair compiled (forward), "ours" ``rms_norm_linear`` (what
+    ``FusedRMSNormLinear`` runs). Liger-Kernel has no RMSNorm+Linear op. Columns as bench_layernorm_linear's:
+    pipelined time per call first (its ratio to torch's), host time, device time, TFLOP/s (2*M*N*K per forward), the
+    memory a call allocates at its peak, CUPTI kernel time. Every contender is checked against float64 first. TF32
+    off."""
+    return linear_doc.__doc__.replace("\n    ", " ")
+
+
+def torch_rms_linear(x, g, b, w, bias, dy=None):
+    return F.linear(F.rms_norm(x, x.shape[-1:], g, EPS), w, bias)
+
+
+def ours_rms_linear(x, g, b, w, bias, dy=None):
+    return rms_norm_linear(x, g, w, bias, EPS)
+
+
+def bench_linear(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...]) -> list[dict]:
+    """bench_rmsnorm_linear's rows (``linear_doc``) per M, K, N."""
+    compiled = torch.compile(torch_rms_linear, dynamic=True)
+    fwd = {"torch": torch_rms_linear, "torch:again": torch_rms_linear, "torch.compile": compiled,
+           "ours": ours_rms_linear}
+    rows = []
+    for m, k, n in shapes:
+        sets = lnl_bench.input_sets(m, k, n, dtype)
+        x, g, _, w, bias, dy = sets[0]
+        want = rmsnorm_linear_ref(x, g, w, bias, EPS)
+        for name, fn in fwd.items():
+            if (bad := compare(fn(*sets[0]), want, dtype, reduction=k)) is not None:
+                raise SystemExit(f"rms_norm+linear {name} is wrong at {m}x{k}x{n} {dtype}: {bad}")
+        iters = lnl_bench.iters_for(m, k, n)
+        times = timing.side_by_side([(name, fn, sets) for name, fn in fwd.items()], iters, kernels=True)
+        rows += [lnl_bench.row("fwd", name, sets[0], times[name], times["torch"], lnl_bench.peak_mb(fn, sets[0]))
+                 for name, fn in fwd.items()]
+        steps = {name: train_step(fn) for name, fn in fwd.items() if name != "torch.compile"}
+        plain = [tuple(t.detach() for t in s) for s in sets[:4]]
+        times = timing.side_by_side([(name, fn, plain) for name, fn in steps.items()], iters, kernels=True)
+        rows += [lnl_bench.row("train", name, plain[0], times[name], times["torch"], lnl_bench.peak_mb(fn, plain[0]))
+                 for name, fn in steps.items()]
+        print(f"rms_norm+linear {dtype} {m}x{k}x{n}: " + " | ".join(f"{r['kind']} {r['impl']} {r['pipe_us']}us"
+                                                                   for r in rows[-7:]), flush=True)
+        del sets, plain
+    return rows
+
+
+def train_step(fn: Callable) -> Callable:
+    """A training step of ``fn`` (x, g, b, w, bias, dy): the forward from leaves that need gradients (b unused), then
+    the gradients of x, g, w and bias."""
+    def run(x, g, b, w, bias, dy):
+        leaves = tuple(t.requires_grad_() for t in (x, g, w, bias))
+        return torch.autograd.grad(fn(x, g, b, w, bias), leaves, dy)
+    return run
+
+
 SWEEP_SHAPES = ((4096, 4096), (16384, 4096), (4096, 8192), (1024, 16384), (256, 32768))
 SWEEP_FIELDS = ("dtype", "M", "H", "config", "kernel", "params", "default", "us", "kernel_us", "GBps", "pct_copy")
 
@@ -246,7 +311,8 @@ def bench_sweep(dtype: torch.dtype, copy: float) -> list[dict]:
 def main() -> int:
     args = reports.bench_args(__doc__, "the issue's shapes only", "bfloat16,float32",
                               ("--sweep", "time every forward configuration at long rows instead"),
-                              ("--add-only", "only the add+norm rows, kept beside the table's rows of other kinds"))
+                              ("--add-only", "only the add+norm rows, kept beside the table's rows of other kinds"),
+                              ("--linear", "time Linear(RMSNorm(x)) instead (table bench_rmsnorm_linear)"))
     if (status := reports.run_without_gpu(args, lambda: None, "bench_rmsnorm")) is not None:
         return status
     copy = copy_gbps()
@@ -258,6 +324,18 @@ def main() -> int:
                              f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s",
                              "RMSNorm forward launch sweep (scripts/bench_rmsnorm.py --sweep)",
                              bench_sweep.__doc__.replace("\n    ", " "))
+        return 0
+    if args.linear:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        shapes = (reports.parse_shape(args.shape, 3),) if args.shape else LINEAR_SHAPES[:2] if args.quick \
+            else LINEAR_SHAPES
+        rows = [r for d in args.dtypes.split(",") for r in bench_linear(getattr(torch, d), shapes)]
+        if args.shape:
+            reports.print_rows(rows, lnl_bench.FIELDS)
+            return 0
+        reports.write_report(OUT / "bench_rmsnorm_linear", rows, lnl_bench.FIELDS,
+                             f"GPU: {reports.gpu_name()}; commit {reports.commit()}; TF32 off",
+                             "RMSNorm + Linear benchmark (scripts/bench_rmsnorm.py --linear)", linear_doc())
         return 0
     kept = ""
     if args.add_only:

@@ -149,6 +149,19 @@ def rmsnorm_checks(stamp: str, rows: Rows) -> list[Check]:
     ]
 
 
+def rmsnorm_linear_checks(stamp: str, rows: Rows) -> list[Check]:
+    """Issue 70's RMSNorm+Linear targets (scripts/bench_rmsnorm.py --linear), bf16 forward pipelined against torch's
+    RMSNorm + Linear: <= 0.85x at 4096x4096->4096 and 4096x2048->8192, no M >= 1024 shape over 1.05x."""
+    bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
+    named = lambda ours, torch: shape(ours) in ("4096x4096x4096", "4096x2048x8192")   # noqa: E731
+    return [
+        worst(70, "RMSNorm+Linear bf16 4096x4096->4096, 4096x2048->8192 forward pipelined / torch's", 0.85, stamp,
+              ratios(bf16, "fwd", "pipe_us", keep=named)),
+        worst(70, "RMSNorm+Linear bf16 forward pipelined / torch's, M >= 1024", 1.05, stamp,
+              ratios(bf16, "fwd", "pipe_us", keep=lambda ours, torch: int(ours["M"]) >= 1024)),
+    ]
+
+
 def add_norm_check(norm: str, rows: Rows, copy: dict[tuple[str, str], dict[str, str]], stamp: str) -> Check:
     """Issue 70: the one-pass add and norm at 16384x4096 within 186 us of the H100's, where moving its four tensors
     at the copy's speed takes 180.4: device time / twice the copy's (x read, y written) at that shape <= 1.031."""
@@ -280,6 +293,7 @@ def checks(rev: str, band: float) -> list[Check]:
     return (layernorm_checks(*read_table("bench_layernorm"))
             + layernorm_linear_checks(*read_table("bench_layernorm_linear"))
             + rmsnorm_checks(*read_table("bench_rmsnorm"))
+            + rmsnorm_linear_checks(*read_table("bench_rmsnorm_linear"))
             + transformer_checks(*read_table("bench_transformer")) + [device_time_check(rev, band), suite_check()])
 
 

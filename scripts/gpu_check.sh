@@ -18,6 +18,8 @@
 #   layernorm:D1,D2  the same for those dtypes only, kept next to the CSV's other dtypes (to rerun one)
 #   rmsnorm     RMSNorm benchmark (torch, torch.compile, Liger-Kernel where installed, ours) -> rmsnorm.{csv,md}
 #               (table bench_rmsnorm)
+#   rmsnorm-linear  RMSNorm+Linear benchmark (torch, torch.compile, ours) -> rmsnorm.{csv,md}
+#               (table bench_rmsnorm_linear)
 #   layernorm-bwd-sweep  the LayerNorm backward's row groups x register configurations -> layernorm.* (bench_layernorm_bwd_sweep)
 #   layernorm-linear  LayerNorm+Linear benchmark -> layernorm_linear.{csv,md,png} (table bench_layernorm_linear)
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
@@ -109,6 +111,9 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
       [ "$out" = results ] || cp results/layernorm.* "$out"/ ;;
     rmsnorm)
       run bench_rmsnorm_log python scripts/bench_rmsnorm.py
+      [ "$out" = results ] || cp results/rmsnorm.* "$out"/ ;;
+    rmsnorm-linear)
+      run bench_rmsnorm_linear_log python scripts/bench_rmsnorm.py --linear --dtypes bfloat16
       [ "$out" = results ] || cp results/rmsnorm.* "$out"/ ;;
     layernorm-bwd-sweep)
       run bench_layernorm_bwd_sweep_log python scripts/bench_layernorm.py --bwd-sweep --dtypes bfloat16,float32

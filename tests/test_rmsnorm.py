@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from ops.reference import rmsnorm_grads_ref, rmsnorm_ref
-from ops.rmsnorm import SEMANTICS, FusedRMSNormLinear, RMSNorm, rms_norm
+from ops.reference import rmsnorm_grads_ref, rmsnorm_linear_grads_ref, rmsnorm_linear_ref, rmsnorm_ref
+from ops.rmsnorm import SEMANTICS, FusedRMSNormLinear, RMSNorm, rms_norm, rms_norm_linear
 from ops.tolerance import compare
 
 
@@ -133,6 +133,11 @@ def test_answered_by_torch(device: str) -> None:
     (lambda: rms_norm(torch.ones(2, 8), 8, semantics="t5"), ValueError, "semantics"),
     (lambda: RMSNorm(8, semantics="t5"), ValueError, "semantics"),
     (lambda: RMSNorm.from_module(nn.LayerNorm(8)), TypeError, "m"),
+    (lambda: rms_norm_linear(torch.ones(2, 8), torch.ones(7), torch.ones(3, 8)), ValueError, "norm_weight"),
+    (lambda: rms_norm_linear(torch.ones(2, 8), torch.ones(8), torch.ones(3, 7)), ValueError, "weight"),
+    (lambda: rms_norm_linear(torch.ones(2, 8), None, torch.ones(3, 8), torch.ones(4)), ValueError, "bias"),
+    (lambda: rms_norm_linear(torch.ones(2, 8), None, torch.ones(3, 8).half()), TypeError, "weight"),
+    (lambda: rms_norm_linear(torch.tensor(1.0), None, torch.ones(3, 1)), ValueError, "x"),
 ])
 def test_bad_input_gets_a_named_error(call: object, err: type[Exception], name: str) -> None:
     with pytest.raises(err) as info:
@@ -242,6 +247,63 @@ def test_fused_rmsnorm_linear_is_the_sequential(device: str, semantics: str, nor
         FusedRMSNormLinear.from_torch(nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 2)))
     gemma = FusedRMSNormLinear(16, 8, semantics="gemma", device=device)
     assert gemma(torch.randn(2, 16, device=device)).shape == (2, 8)
+
+
+@pytest.mark.parametrize("semantics", list(SEMANTICS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_rms_norm_linear_against_float64(device: str, semantics: str, dtype: torch.dtype, with_bias: bool) -> None:
+    """rms_norm_linear of a 3-d x (a row with a large mean, a constant row): y and the four gradients against
+    float64, with gradients to come (on a GPU one RMSNormLinearFunction node) and without (the same y)."""
+    torch.manual_seed(0)
+    k, n = 200, 72
+    x = _rows(2 * 5, k, device, dtype).view(2, 5, k)
+    nw = (torch.randn(k) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to(device, dtype)
+    w = (torch.randn(n, k) / k ** 0.5).to(device, dtype)
+    b = torch.randn(n).to(device, dtype) if with_bias else None
+    dy = torch.randn(2, 5, n, device=device, dtype=dtype)
+    leaves = [t.clone().requires_grad_() for t in (x, nw, w, *([b] if with_bias else []))]
+    y = rms_norm_linear(*leaves[:3], leaves[3] if with_bias else None, 1e-6, semantics=semantics)
+    if device == "cuda":
+        assert type(y.grad_fn).__name__ in ("RMSNormLinearFunctionBackward", "ViewBackward0"), y.grad_fn
+    assert (m := compare(y, rmsnorm_linear_ref(x, nw, w, b, 1e-6, semantics), dtype, reduction=k)) is None, f"y: {m}"
+    with torch.no_grad():
+        assert torch.equal(rms_norm_linear(x, nw, w, b, 1e-6, semantics=semantics), y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    want = rmsnorm_linear_grads_ref(x, nw, w, b if with_bias else torch.zeros(n, device=device), dy, 1e-6, semantics)
+    for name, g, r, red in zip(("dx", "dnorm_weight", "dweight", "dbias"), grads, want, (n * k, 10 * n, 10, 10),
+                               strict=False):
+        assert (m := compare(g, r, dtype, reduction=red, cond=4.0)) is None, f"{name}: {m}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gpu_rms_norm_linear_node_frozen_batched_and_double_backward(dtype: torch.dtype) -> None:
+    """On a GPU: one RMSNormLinearFunction node; a frozen Linear (no dW) gives the same dx; a batched dy
+    (``is_grads_batched``) gives each row's gradient; a gradient penalty matches float64's."""
+    torch.manual_seed(0)
+    m, k, n = 64, 256, 96
+    x = _rows(m, k, "cuda", dtype)
+    nw, w, b = (t.to("cuda", dtype) for t in (torch.randn(k), torch.randn(n, k) / 16, torch.randn(n)))
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    leaves = [t.clone().requires_grad_() for t in (x, nw, w, b)]
+    y = rms_norm_linear(*leaves, 1e-6)
+    assert type(y.grad_fn).__name__ == "RMSNormLinearFunctionBackward"
+    dx, dnw, dw, db = torch.autograd.grad(y, leaves, dy)
+    xf = x.clone().requires_grad_()
+    dx_frozen, = torch.autograd.grad(rms_norm_linear(xf, nw, w, b, 1e-6), xf, dy)
+    assert torch.equal(dx_frozen, dx)
+    dys = torch.stack((dy, 2 * dy))
+    dx_b, = torch.autograd.grad(rms_norm_linear(*leaves, 1e-6), leaves[0], dys, is_grads_batched=True)
+    assert (m2 := compare(dx_b[1], 2 * dx.float(), dtype, reduction=n * k)) is None, m2
+    x64, nw64, w64 = (t.double().requires_grad_() for t in (x, nw, w))
+    g64, = torch.autograd.grad(rmsnorm_linear_ref(x64, nw64, w64, None, 1e-6).square().sum(), x64, create_graph=True)
+    g64.square().sum().backward()
+    xg, nwg, wg = (t.clone().requires_grad_() for t in (x, nw, w))
+    g, = torch.autograd.grad(rms_norm_linear(xg, nwg, wg, None, 1e-6).square().sum(), xg, create_graph=True)
+    g.square().sum().backward()
+    for got, want in ((xg.grad, x64.grad), (nwg.grad, nw64.grad), (wg.grad, w64.grad)):
+        assert (m2 := compare(got, want, dtype, reduction=n * k, cond=8.0)) is None, m2
 
 
 @pytest.mark.parametrize("semantics", list(SEMANTICS))

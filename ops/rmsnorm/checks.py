@@ -7,6 +7,7 @@ import torch
 
 from ops.inputs import DTYPES, PLAIN_TENSORS, TORCH_TAKES, as_eps, check_tensor
 from ops.layernorm.checks import normalized_size
+from ops.layernorm_linear.checks import check_linear
 from ops.rmsnorm.config import SEMANTICS
 
 
@@ -36,20 +37,21 @@ def native_takes(x: object, normalized_shape: object, weight: object, eps: objec
 
 
 def check_call(x: object, normalized_shape: object, weight: object, semantics: object,
-               by_torch: bool = False) -> tuple[tuple[int, ...], int]:
+               by_torch: bool = False, name: str = "weight") -> tuple[tuple[int, ...], int]:
     """The named checks of an ``rms_norm`` call: x a tensor of a dtype taken (torch's too where torch answers it),
     ``normalized_shape`` x's trailing dims, weight None or a tensor of that shape on x's device, of x's dtype or
-    float32; a known semantics. Returns the shape and the elements it covers."""
+    float32; a known semantics. ``name``: the weight's in the message. Returns the shape and the elements it
+    covers."""
     check_semantics(semantics)
     shape, h = normalized_size(x, normalized_shape, by_torch)
     if weight is not None:
-        check_tensor("weight", weight, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
+        check_tensor(name, weight, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
         if tuple(weight.shape) != shape:
-            raise ValueError(f"weight: expected shape {shape} (normalized_shape), got {tuple(weight.shape)}")
+            raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {tuple(weight.shape)}")
         if weight.device != x.device:
-            raise ValueError(f"weight: on {weight.device}, but x is on {x.device}")
+            raise ValueError(f"{name}: on {weight.device}, but x is on {x.device}")
         if weight.dtype != x.dtype and weight.dtype != torch.float32:
-            raise TypeError(f"weight: dtype {weight.dtype}, but x is {x.dtype} (use x's dtype or float32)")
+            raise TypeError(f"{name}: dtype {weight.dtype}, but x is {x.dtype} (use x's dtype or float32)")
     return shape, h
 
 
@@ -62,3 +64,24 @@ def classify(x: torch.Tensor, weight: torch.Tensor | None, by_torch: bool) -> st
             or (x.is_cuda and torch.is_autocast_enabled("cuda"))):
         return "torch"
     return "kernels"
+
+
+def check_linear_call(x: object, norm_weight: object, weight: object, bias: object, semantics: object,
+                      by_torch: bool) -> None:
+    """The named checks of an ``rms_norm_linear`` call: x and ``norm_weight`` as ``check_call`` takes them over x's
+    last dim, then the Linear's weight [N, K] and bias [N] (``check_linear``; of x's dtype unless CUDA autocast casts
+    them)."""
+    check_tensor("x", x, min_ndim=1, layout=False, **(TORCH_TAKES if by_torch else {"dtypes": DTYPES}))
+    check_call(x, x.shape[-1:], norm_weight, semantics, by_torch, name="norm_weight")
+    check_linear(x, weight, bias, same_dtype=not (x.is_cuda and torch.is_autocast_enabled("cuda")),
+                 by_torch=by_torch)
+
+
+def direct_takes(x: torch.Tensor, norm_weight: object, weight: object, bias: object, semantics: str) -> bool:
+    """Whether checked arguments of ``rms_norm_linear`` take the direct route: eager on a GPU (``direct.launches``),
+    plain contiguous non-empty tensors of one dtype, a norm weight [K], no CUDA autocast and a known semantics; the
+    rest is ``rms_norm`` then ``F.linear``."""
+    tensors = (x, norm_weight, weight) if bias is None else (x, norm_weight, weight, bias)
+    return (all(t.__class__ in PLAIN_TENSORS and t.dtype == x.dtype and t.is_contiguous() for t in tensors)
+            and semantics in SEMANTICS and x.numel() > 0 and weight.numel() > 0
+            and not torch.is_autocast_enabled("cuda"))

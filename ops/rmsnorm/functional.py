@@ -7,11 +7,21 @@ from collections.abc import Sequence
 
 import torch
 
-from ops.common import add_residual, check_residual, constant, native_entry, native_takes_add
+from ops.common import add_residual, check_residual, constant, native_entry, native_takes_add, no_grad_to_come
 from ops.inputs import torch_answers
+from ops.launch import direct
 from ops.layernorm.autograd import add_norm
-from ops.rmsnorm.autograd import rms_norm_rows
-from ops.rmsnorm.checks import DEFAULT_EPS, check_call, classify, default_eps, native_takes
+from ops.layernorm_linear.launch import linear
+from ops.rmsnorm.autograd import RMSNormLinearFunction, rms_norm_rows
+from ops.rmsnorm.checks import (
+    DEFAULT_EPS,
+    check_call,
+    check_linear_call,
+    classify,
+    default_eps,
+    direct_takes,
+    native_takes,
+)
 from ops.rmsnorm.config import SEMANTICS
 from ops.rmsnorm.fwd_bwd import torch_rms_norm
 
@@ -107,3 +117,44 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     s = add_residual(x, residual, add_bias, residual_in_fp32)
     w = weight.float() if weight is not None and residual_in_fp32 else weight
     return rms_norm(s, s.shape[-1:], w, eps, semantics=semantics).to(x.dtype), s
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None, eps: float | None = None, *,
+                    semantics: str = "torch") -> torch.Tensor:
+    """Linear(RMSNorm(x)) over x's last dim, with autograd for every input (the call ``FusedRMSNormLinear`` makes).
+    Eager on a GPU it runs our RMSNorm launched directly and the Linear by cuBLASLt, one autograd node for both
+    (``RMSNormLinearFunction``); otherwise (the CPU, torch.compile, autocast, mixed dtypes) ``rms_norm``, then
+    ``F.linear``.
+
+    Args:
+        x: the input ``[..., K]``, float32, float16 or bfloat16 (float64 and the like by torch's ops).
+        norm_weight: the RMSNorm's ``[K]`` (x's dtype or float32), or None.
+        weight: the Linear's ``[N, K]``; bias: its ``[N]`` or None.
+        eps: the RMSNorm's; None: ``torch.finfo(x.dtype).eps``.
+        semantics: the RMSNorm's (``rms_norm``).
+
+    Shape:
+        x: ``[..., K]``; output: ``[..., N]``.
+
+    Returns:
+        Linear(RMSNorm(x)) in x's dtype (under CUDA autocast, what the torch modules give).
+
+    Raises:
+        TypeError, ValueError: named (x, norm_weight, weight, bias, eps, semantics).
+
+    Example:
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> y = rms_norm_linear(x, torch.ones(8), torch.randn(3, 8), torch.zeros(3))
+        >>> y.sum().backward()
+    """
+    check_linear_call(x, norm_weight, weight, bias, semantics, torch_answers(x, norm_weight, weight, bias))
+    eps = default_eps(eps, x.dtype)
+    if not (direct.launches(x) and direct_takes(x, norm_weight, weight, bias, semantics)):
+        return torch.nn.functional.linear(rms_norm(x, x.shape[-1:], norm_weight, eps, semantics=semantics),
+                                          weight, bias)
+    k, n = x.shape[-1], weight.shape[0]
+    if no_grad_to_come(x, norm_weight, weight, bias):
+        return linear(rms_norm(x, k, norm_weight, eps, semantics=semantics), weight, bias)
+    y = RMSNormLinearFunction.apply(x.view(-1, k), norm_weight, weight, bias, eps, semantics)
+    return y.view(*x.shape[:-1], n)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ops.rmsnorm.checks import check_semantics
-from ops.rmsnorm.functional import add_rms_norm, rms_norm
+from ops.rmsnorm.functional import add_rms_norm, rms_norm, rms_norm_linear
 
 
 class RMSNorm(nn.RMSNorm):
@@ -132,8 +132,7 @@ class AddRMSNorm(RMSNorm):
 
 class FusedRMSNormLinear(nn.Sequential):
     """Drop-in for ``nn.Sequential(nn.RMSNorm(K), nn.Linear(K, N))``: the same submodules (so its state dict loads),
-    the norm ours. This first version runs ``rms_norm``, then ``F.linear``; the LayerNorm+Linear op's fused routes
-    come next (issue 70).
+    the forward ``rms_norm_linear`` (eager on a GPU: our RMSNorm and cuBLASLt's Linear, one autograd node).
 
     Args:
         in_features, out_features: K and N.
@@ -164,7 +163,10 @@ class FusedRMSNormLinear(nn.Sequential):
                          nn.Linear(in_features, out_features, bias, **kw))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(self[0](x), self[1].weight, self[1].bias)
+        norm, lin = self[0], self[1]
+        if len(norm.normalized_shape) != 1:   # a norm over more dims than the Linear's (from_torch keeps it)
+            return nn.functional.linear(norm(x), lin.weight, lin.bias)
+        return rms_norm_linear(x, norm.weight, lin.weight, lin.bias, norm.eps, semantics=norm.semantics)
 
     @classmethod
     def from_torch(cls, seq: nn.Sequential) -> FusedRMSNormLinear:
