@@ -72,6 +72,8 @@ TORCH_LIBRARY(mojo_direct, m) {
   m.def("layernorm(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, int act) -> Tensor");
   m.def("set_rms_codes(int norm, int llama, int gemma) -> ()", &set_rms_codes);
+  m.def("rms_norm_linear(Tensor x, Tensor norm_weight, Tensor weight, Tensor? bias, float eps, int act) "
+        "-> Tensor");
   m.def("add_norm(Tensor x, Tensor residual, Tensor? add_bias, Tensor weight, Tensor bias, float eps, int act) "
         "-> Tensor[]");
   m.def("set_add_norm_plan(int rows, int h, ScalarType dtype, int act, bool bias, int device, int kernel, "
@@ -138,6 +140,7 @@ TORCH_LIBRARY(mojo_direct, m) {
 static void impl_entries(torch::Library& m) {
   m.impl("layernorm", &layernorm);
   m.impl("rms_norm", &rms_norm);
+  m.impl("rms_norm_linear", &rms_norm_linear);
   m.impl("add_norm", &add_norm);
   m.impl("layernorm_linear", &layernorm_linear);
 }

@@ -215,6 +215,7 @@ class NativeOps:
     layernorm_bwd_with_plan: object = None
     layernorm_linear: object = None
     rms_norm: object = None
+    rms_norm_linear: object = None
     add_norm: object = None
     layernorm_linear_with_stats: object = None
     linear: object = None         # the unfused route's Linear by cuBLASLt (y; torch's ops where it does not take it)
@@ -296,6 +297,7 @@ def load_native() -> NativeOps:
         # the overloads' own callables: no OpOverload.__call__ frame per call
         NATIVE.layernorm = getattr(ops.layernorm.default, "_op", ops.layernorm.default)
         NATIVE.rms_norm = getattr(ops.rms_norm.default, "_op", ops.rms_norm.default)
+        NATIVE.rms_norm_linear = getattr(ops.rms_norm_linear.default, "_op", ops.rms_norm_linear.default)
         NATIVE.add_norm = getattr(ops.add_norm.default, "_op", ops.add_norm.default)
         NATIVE.layernorm_with_stats = getattr(ops.layernorm_with_stats.default, "_op",
                                               ops.layernorm_with_stats.default)

@@ -36,6 +36,15 @@ def native_takes(x: object, normalized_shape: object, weight: object, eps: objec
     return len(shape) == 1 and shape[0] == x.shape[-1]
 
 
+def native_takes_linear(x: object, norm_weight: object, weight: object, bias: object, eps: object,
+                        semantics: object) -> bool:
+    """Whether an ``rms_norm_linear`` call's arguments fit the C++ entry's schema: plain tensors (a norm weight, not
+    None; a bias or None), a float eps or None, a known semantics. The entry checks the rest (``linear_accepts``)."""
+    return (x.__class__ in PLAIN_TENSORS and norm_weight.__class__ in PLAIN_TENSORS
+            and weight.__class__ in PLAIN_TENSORS and (bias is None or bias.__class__ in PLAIN_TENSORS)
+            and (eps is None or eps.__class__ is float) and semantics in SEMANTICS and x.ndim >= 1)
+
+
 def check_call(x: object, normalized_shape: object, weight: object, semantics: object,
                by_torch: bool = False, name: str = "weight") -> tuple[tuple[int, ...], int]:
     """The named checks of an ``rms_norm`` call: x a tensor of a dtype taken (torch's too where torch answers it),

@@ -21,6 +21,7 @@ from ops.rmsnorm.checks import (
     default_eps,
     direct_takes,
     native_takes,
+    native_takes_linear,
 )
 from ops.rmsnorm.config import SEMANTICS
 from ops.rmsnorm.fwd_bwd import torch_rms_norm
@@ -123,9 +124,9 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: t
                     bias: torch.Tensor | None = None, eps: float | None = None, *,
                     semantics: str = "torch") -> torch.Tensor:
     """Linear(RMSNorm(x)) over x's last dim, with autograd for every input (the call ``FusedRMSNormLinear`` makes).
-    Eager on a GPU it runs our RMSNorm launched directly and the Linear by cuBLASLt, one autograd node for both
-    (``RMSNormLinearFunction``); otherwise (the CPU, torch.compile, autocast, mixed dtypes) ``rms_norm``, then
-    ``F.linear``.
+    Eager on a GPU: our RMSNorm launched directly and the Linear by cuBLASLt, one autograd node for both (the C++
+    entry's, once the first call, ``RMSNormLinearFunction``, has handed it the plans); otherwise (the CPU,
+    torch.compile, autocast, mixed dtypes) ``rms_norm``, then ``F.linear``.
 
     Args:
         x: the input ``[..., K]``, float32, float16 or bfloat16 (float64 and the like by torch's ops).
@@ -148,6 +149,12 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: t
         >>> y = rms_norm_linear(x, torch.ones(8), torch.randn(3, 8), torch.zeros(3))
         >>> y.sum().backward()
     """
+    native = native_entry("rms_norm_linear")
+    if native is not None and native_takes_linear(x, norm_weight, weight, bias, eps, semantics):
+        y = native(x, norm_weight, weight, bias, DEFAULT_EPS.get(x.dtype, 0.0) if eps is None else eps,
+                   SEMANTICS[semantics])
+        if y is not None:   # None: a call the C++ entry does not take (no plan yet, or not linear_accepts')
+            return y
     check_linear_call(x, norm_weight, weight, bias, semantics, torch_answers(x, norm_weight, weight, bias))
     eps = default_eps(eps, x.dtype)
     if not (direct.launches(x) and direct_takes(x, norm_weight, weight, bias, semantics)):
@@ -156,5 +163,6 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor | None, weight: t
     k, n = x.shape[-1], weight.shape[0]
     if no_grad_to_come(x, norm_weight, weight, bias):
         return linear(rms_norm(x, k, norm_weight, eps, semantics=semantics), weight, bias)
-    y = RMSNormLinearFunction.apply(x.view(-1, k), norm_weight, weight, bias, eps, semantics)
-    return y.view(*x.shape[:-1], n)
+    if x.ndim == 2:
+        return RMSNormLinearFunction.apply(x, norm_weight, weight, bias, eps, semantics)
+    return RMSNormLinearFunction.apply(x.view(-1, k), norm_weight, weight, bias, eps, semantics).view(*x.shape[:-1], n)

@@ -81,3 +81,58 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& w, double eps, int64_t act) {
   if (!grad_to_come({&x, &w})) return ln_fwd(*plan, x, w, w, eps, nullptr, nullptr);
   return RMSNormFn::apply(x, w, eps, act, &*plan);
 }
+
+// ---------------------------------------------------------------- RMSNorm + Linear
+
+// Linear(RMSNorm(x)), one autograd node: our RMSNorm launched on its plan (its statistics in one buffer), then the
+// Linear by cuBLASLt; xn kept for dW. Backward: LinearBackward's dxn, dW and db, then the RMSNorm backward.
+struct RMSNormLinearFn : public torch::autograd::Function<RMSNormLinearFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& nw, const Tensor& w,
+                        const std::optional<Tensor>& bias, double eps, int64_t act, const FwdPlan* plan) {
+    Tensor stats = stats_for(x);
+    Tensor xn = ln_fwd(*plan, x, nw, nw, eps, stats.data_ptr(), stat_row(stats, 1));
+    ctx->save_for_backward({x, xn, nw, w, stats});
+    ctx->saved_data["bias"] = bias.has_value() && bias->defined();
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["act"] = act;
+    return linear_forward(xn, w, bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const int64_t act = ctx->saved_data["act"].toInt();
+    const bool bias_grad = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(3);
+    if (at::GradMode::is_enabled()) {   // create_graph: as layernorm.h's; db = dy's column sums
+      const Tensor y = at::linear(aten_rms_norm(s[0], s[2], ctx->saved_data["eps"].toDouble(), act), s[3]);
+      variable_list g = differentiable_grads(ctx, y, {s[0], s[2], s[3]}, grads[0]);
+      Tensor db = bias_grad ? grads[0].reshape({-1, grads[0].size(-1)}).sum(0) : Tensor();
+      return {g[0], g[1], g[2], db, Tensor(), Tensor(), Tensor()};
+    }
+    const Tensor dy = grads[0].contiguous();
+    c10::DeviceGuard guard(dy.device());
+    LinearBackward linear(dy, s[1], s[3], ctx->needs_input_grad(2), bias_grad);
+    const Tensor dxn = linear.input();
+    linear.weights();
+    auto plan = bwd_plan(dxn, s[0], s[2], s[2], {&s[4]}, act);
+    if (!plan) {
+      auto [dx, dnw] = rms_bwd_python(dxn, s[0], s[2], s[4], act);
+      return {dx, dnw, linear.dw, linear.db, Tensor(), Tensor(), Tensor()};
+    }
+    auto [dx, dnw, unused] = ln_bwd_run(*plan, dxn, s[0], s[2], s[2], s[4].data_ptr(), stat_row(s[4], 1));
+    return {dx, dnw, linear.dw, linear.db, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// Linear(RMSNorm(x)) with autograd (ops/rmsnorm/functional.py: rms_norm_linear; act: the semantics' code), or
+// undefined for a call the Python route takes (no RMSNorm plan yet, or inputs linear_accepts would not take).
+Tensor rms_norm_linear(const Tensor& x_in, const Tensor& nw, const Tensor& w, const std::optional<Tensor>& bias,
+                       double eps, int64_t act) {
+  if (!x_in.is_cuda() || !linear_accepts(x_in, nw, nw, w, bias, true)) return Tensor();
+  const Tensor x = dense(x_in, nw, nw);
+  auto plan = fwd_plan(x, nw, nw, eps, act);
+  if (!plan) return Tensor();
+  c10::DeviceGuard guard(x.device());
+  if (!grad_to_come({&x, &nw, &w}) && !(bias.has_value() && grad_to_come({&*bias})))
+    return linear_forward(ln_fwd(*plan, x, nw, nw, eps, nullptr, nullptr), w, bias);
+  return RMSNormLinearFn::apply(x, nw, w, bias, eps, act, &*plan);
+}
