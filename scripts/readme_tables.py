@@ -65,14 +65,21 @@ def per_call_table() -> list[str]:
 
 
 def rms_rows() -> list[str]:
-    """RMSNorm's and the add-and-norm's rows ([results/rmsnorm.md](results/rmsnorm.md)): forward and training step per
-    shape set, and the add and norm, ours / torch, with their GPU when it is not the others'."""
-    stamp, rows = read_table("bench_rmsnorm")
+    """RMSNorm's, the add-and-norm's and RMSNorm+Linear's rows ([results/rmsnorm.md](results/rmsnorm.md)): forward and
+    training step per shape set, and the add and norm, ours / torch, with their GPU when it is not the others'."""
+    return (ratio_rows("bench_rmsnorm", (("fwd", "RMSNorm forward"), ("train", "RMSNorm training step"),
+                                         ("add+rms_norm", "residual add + RMSNorm forward"),
+                                         ("add+layer_norm", "residual add + LayerNorm forward")))
+            + ratio_rows("bench_rmsnorm_linear", (("fwd", "RMSNorm+Linear forward"),
+                                                  ("train", "RMSNorm+Linear training step"))))
+
+
+def ratio_rows(table: str, kinds: tuple[tuple[str, str], ...]) -> list[str]:
+    """Per (kind, label): ours / torch pipelined over ``table``'s bfloat16 shapes (median, worst), GPU and commit."""
+    stamp, rows = read_table(table)
     gpu = stamp.split(";")[0].removeprefix("GPU: ")
     out = []
-    for kind, label in (("fwd", "RMSNorm forward"), ("train", "RMSNorm training step"),
-                        ("add+rms_norm", "residual add + RMSNorm forward"),
-                        ("add+layer_norm", "residual add + LayerNorm forward")):
+    for kind, label in kinds:
         v = [float(r["pipe_vs_torch"]) for r in rows
              if (r["kind"], r["impl"], r["dtype"]) == (kind, "ours", "bfloat16")]
         if v:
