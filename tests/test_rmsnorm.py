@@ -88,7 +88,7 @@ def test_within_one_ulp_of_the_module_it_stands_for(device: str, semantics: str,
     theirs = reference(h, eps=1e-6).to(device, torch.bfloat16)
     with torch.no_grad():
         theirs.weight.normal_(0.0 if semantics == "gemma" else 1.0, 0.3)
-    ours = RMSNorm.from_module(theirs)
+    ours = RMSNorm.from_module(theirs, None if semantics == "torch" else semantics)   # the copies here: named
     assert ours.semantics == semantics and ours.weight is theirs.weight
     x = _rows(64, h, device, torch.bfloat16)
     with torch.no_grad():
@@ -133,6 +133,8 @@ def test_answered_by_torch(device: str) -> None:
     (lambda: rms_norm(torch.ones(2, 8), 8, semantics="t5"), ValueError, "semantics"),
     (lambda: RMSNorm(8, semantics="t5"), ValueError, "semantics"),
     (lambda: RMSNorm.from_module(nn.LayerNorm(8)), TypeError, "m"),
+    (lambda: RMSNorm.from_module(LlamaRMSNorm(8)), TypeError, "m"),   # a copy is not taken unless named
+    (lambda: RMSNorm.from_module(nn.RMSNorm(8), "gemma"), TypeError, "semantics"),
     (lambda: rms_norm_linear(torch.ones(2, 8), torch.ones(7), torch.ones(3, 8)), ValueError, "norm_weight"),
     (lambda: rms_norm_linear(torch.ones(2, 8), torch.ones(8), torch.ones(3, 7)), ValueError, "weight"),
     (lambda: rms_norm_linear(torch.ones(2, 8), None, torch.ones(3, 8), torch.ones(4)), ValueError, "bias"),
@@ -233,7 +235,7 @@ def test_fused_rmsnorm_linear_is_the_sequential(device: str, semantics: str, nor
     dict keys, values and gradients as the pair's, to float64's distance."""
     torch.manual_seed(0)
     theirs = nn.Sequential(norm(48), nn.Linear(48, 24)).to(device)
-    ours = FusedRMSNormLinear.from_torch(theirs)
+    ours = FusedRMSNormLinear.from_torch(theirs, None if semantics == "torch" else semantics)
     assert ours[0].semantics == semantics and ours[1] is theirs[1] and ours[0].weight is theirs[0].weight
     assert ours.state_dict().keys() == theirs.state_dict().keys()
     x = _rows(6, 48, device, torch.float32).requires_grad_()
@@ -498,7 +500,7 @@ def test_add_norm_modules(device: str) -> None:
     x, r = _rows(4, 32, device, torch.float32), torch.randn(4, 32, device=device)
     for theirs, ours, call in (
             (nn.LayerNorm(32), AddLayerNorm.from_torch, lambda m: add_layer_norm(x, r, m.weight, m.bias, m.eps)),
-            (GemmaRMSNorm(32), AddRMSNorm.from_module,
+            (GemmaRMSNorm(32), lambda m: AddRMSNorm.from_module(m, semantics="gemma"),
              lambda m: add_rms_norm(x, r, m.weight, m.eps, semantics="gemma"))):
         theirs = theirs.to(device)
         m = ours(theirs)

@@ -20,3 +20,21 @@ def all_specs() -> list[KernelSpec]:
     norm, for each semantics; the column sums and the copy are LayerNorm's), for ``poe build-kernels`` and the CPU
     machine's compile check."""
     return list(ln_config.launch_specs(tuple(SEMANTICS.values()), ("fast",), tuple(SEMANTICS.values())))
+
+
+# Hugging Face's RMSNorm classes by (module, class name), each with its semantics and the attribute holding its eps,
+# read from the classes' own forwards: the Llama family casts x * rstd to x's dtype, then multiplies (Mistral, Qwen2,
+# Qwen3 and its per-head q_norm/k_norm, Phi-3 are copies); OLMo2 multiplies in float32 and casts once, which is
+# torch's; Gemma's multiply by 1 + weight in float32. Matched by isinstance against the class itself, where the model's
+# module is loaded (transformers is never imported for it).
+HF_RMSNORMS = {
+    ("transformers.models.llama.modeling_llama", "LlamaRMSNorm"): ("llama", "variance_epsilon"),
+    ("transformers.models.mistral.modeling_mistral", "MistralRMSNorm"): ("llama", "variance_epsilon"),
+    ("transformers.models.qwen2.modeling_qwen2", "Qwen2RMSNorm"): ("llama", "variance_epsilon"),
+    ("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm"): ("llama", "variance_epsilon"),
+    ("transformers.models.phi3.modeling_phi3", "Phi3RMSNorm"): ("llama", "variance_epsilon"),
+    ("transformers.models.olmo2.modeling_olmo2", "Olmo2RMSNorm"): ("torch", "variance_epsilon"),
+    ("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm"): ("gemma", "eps"),
+    ("transformers.models.gemma2.modeling_gemma2", "Gemma2RMSNorm"): ("gemma", "eps"),
+    ("transformers.models.gemma3.modeling_gemma3", "Gemma3RMSNorm"): ("gemma", "eps"),
+}

@@ -3,11 +3,26 @@ for (``from_module``)."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
 from ops.rmsnorm.checks import check_semantics
+from ops.rmsnorm.config import HF_RMSNORMS
 from ops.rmsnorm.functional import add_rms_norm, rms_norm, rms_norm_linear
+
+
+def known_rmsnorm(m: object) -> tuple[str, str] | None:
+    """(semantics, eps attribute) of a module of a known RMSNorm type: ``torch.nn.RMSNorm`` (ours among them) or a
+    class of ``HF_RMSNORMS`` whose module is loaded; None for any other."""
+    if isinstance(m, nn.RMSNorm):
+        return getattr(m, "semantics", "torch"), "eps"
+    for (module, name), known in HF_RMSNORMS.items():
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(m, cls):
+            return known
+    return None
 
 
 class RMSNorm(nn.RMSNorm):
@@ -44,26 +59,32 @@ class RMSNorm(nn.RMSNorm):
         return f"{super().extra_repr()}, semantics={self.semantics!r}"
 
     @classmethod
-    def from_module(cls, m: nn.Module) -> RMSNorm:
+    def from_module(cls, m: nn.Module, semantics: str | None = None) -> RMSNorm:
         """An ``RMSNorm`` computing what ``m`` computes, sharing its weight (the same parameter: an optimizer made
-        before keeps training it): ``torch.nn.RMSNorm`` ("torch"), a Gemma RMSNorm (its class name says Gemma:
-        ``x * (1 + weight)``, "gemma"), or a Llama-style one (a ``weight`` and a ``variance_epsilon``: Hugging Face's
-        LlamaRMSNorm, Qwen2's, Mistral's, ..., "llama").
+        before keeps training it): a ``torch.nn.RMSNorm`` ("torch"), or one of Hugging Face's RMSNorm classes
+        (``config.HF_RMSNORMS``: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo2, Gemma 1-3; recognized by type).
+        ``semantics`` names how another module with a ``weight`` and an eps (``eps`` or ``variance_epsilon``) computes
+        (a model's own copy of one of these), and is checked against a known type's.
 
         Raises:
-            TypeError: a module none of these is, named.
+            TypeError: a module of none of these types and no ``semantics``, or ``semantics`` not the type's, named.
         """
-        name = type(m).__name__
-        if isinstance(m, nn.RMSNorm):
-            semantics, shape, eps, weight = "torch", m.normalized_shape, m.eps, m.weight
-        elif "Gemma" in name and "RMSNorm" in name and isinstance(getattr(m, "weight", None), torch.Tensor):
-            semantics, shape, eps, weight = "gemma", tuple(m.weight.shape), m.eps, m.weight
-        elif isinstance(getattr(m, "weight", None), torch.Tensor) and hasattr(m, "variance_epsilon"):
-            semantics, shape, eps, weight = "llama", tuple(m.weight.shape), m.variance_epsilon, m.weight
-        else:
-            raise TypeError(f"m: {name} is not an RMSNorm this library knows (torch.nn.RMSNorm, a Llama-style or a "
-                            "Gemma RMSNorm)")
-        out = cls(shape, eps, elementwise_affine=weight is not None, device="meta", semantics=semantics)
+        known = known_rmsnorm(m)
+        if known is not None and semantics not in (None, known[0]):
+            raise TypeError(f"semantics: {type(m).__name__} computes {known[0]!r}, not {semantics!r}")
+        if known is None and semantics is not None:
+            eps_name = "variance_epsilon" if hasattr(m, "variance_epsilon") else "eps"
+            if not isinstance(getattr(m, "weight", None), torch.Tensor) or not hasattr(m, eps_name):
+                raise TypeError(f"m: {type(m).__name__} has no weight and eps (eps or variance_epsilon)")
+            known = (check_semantics(semantics), eps_name)
+        if known is None:
+            raise TypeError(f"m: {type(m).__name__} is not an RMSNorm this library knows (torch.nn.RMSNorm, "
+                            "ops.rmsnorm.config.HF_RMSNORMS); name its semantics to take it")
+        semantics, eps_name = known
+        weight = m.weight
+        shape = tuple(m.normalized_shape) if isinstance(m, nn.RMSNorm) else tuple(weight.shape)
+        out = cls(shape, getattr(m, eps_name), elementwise_affine=weight is not None, device="meta",
+                  semantics=semantics)
         out.weight = weight
         return out
 
@@ -109,13 +130,14 @@ class AddRMSNorm(RMSNorm):
         self.residual_in_fp32 = residual_in_fp32
 
     @classmethod
-    def from_module(cls, m: nn.Module, residual_in_fp32: bool = False) -> AddRMSNorm:
-        """The add and norm computing what ``m`` computes after the add, on its weight itself (``RMSNorm.from_module``).
+    def from_module(cls, m: nn.Module, residual_in_fp32: bool = False, semantics: str | None = None) -> AddRMSNorm:
+        """The add and norm computing what ``m`` computes after the add, on its weight itself (``RMSNorm.from_module``,
+        which ``semantics`` goes to).
 
         Raises:
-            TypeError: a module ``RMSNorm.from_module`` does not know, named.
+            TypeError: a module ``RMSNorm.from_module`` does not take, named.
         """
-        norm = RMSNorm.from_module(m)
+        norm = RMSNorm.from_module(m, semantics)
         out = cls(norm.normalized_shape, norm.eps, norm.weight is not None, device="meta", semantics=norm.semantics,
                   residual_in_fp32=residual_in_fp32)
         out.weight = norm.weight
@@ -169,9 +191,9 @@ class FusedRMSNormLinear(nn.Sequential):
         return rms_norm_linear(x, norm.weight, lin.weight, lin.bias, norm.eps, semantics=norm.semantics)
 
     @classmethod
-    def from_torch(cls, seq: nn.Sequential) -> FusedRMSNormLinear:
+    def from_torch(cls, seq: nn.Sequential, semantics: str | None = None) -> FusedRMSNormLinear:
         """The drop-in for ``seq`` = ``nn.Sequential(norm, nn.Linear)`` with ``norm`` one ``RMSNorm.from_module``
-        knows, sharing their parameters (the Linear itself, the norm's weight).
+        takes (``semantics`` goes to it), sharing their parameters (the Linear itself, the norm's weight).
 
         Raises:
             TypeError: ``seq`` is not such a pair, named.
@@ -179,7 +201,7 @@ class FusedRMSNormLinear(nn.Sequential):
         if not (isinstance(seq, nn.Sequential) and len(seq) == 2 and isinstance(seq[1], nn.Linear)):
             raise TypeError(f"seq: expected nn.Sequential(an RMSNorm, nn.Linear), got {type(seq).__name__}")
         try:
-            norm = RMSNorm.from_module(seq[0])
+            norm = RMSNorm.from_module(seq[0], semantics)
         except TypeError as e:
             raise TypeError(f"seq: its first module: {e}") from None
         out = cls.__new__(cls)
