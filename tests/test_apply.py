@@ -1,0 +1,108 @@
+"""``ops.apply_to``: a model's norms replaced in place by type, sharing their parameters, undone by the handle; tiny
+Hugging Face models (where ``transformers`` is installed: ``pip install -e .[hf]``) give the unpatched model's
+logits and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import ops
+from ops.layernorm import LayerNorm
+from ops.rmsnorm import RMSNorm
+from ops.tolerance import compare
+
+
+class OwnNorm(nn.Module):
+    """A norm class the library does not know: left alone and reported."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def test_plain_model_swapped_in_place_and_restored(device: str) -> None:
+    """nn.LayerNorm and nn.RMSNorm (one of them sitting in two places) become ours on the same parameters, with the
+    same state dict and outputs; a class it does not know is skipped and reported; remove() and the with block put
+    the very same modules back; norms=False changes nothing."""
+    torch.manual_seed(0)
+    shared = nn.RMSNorm(16, eps=1e-6)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), shared, nn.Linear(16, 16), shared, OwnNorm(16))
+    model = model.to(device)
+    originals, keys, params = list(model), model.state_dict().keys(), list(model.parameters())
+    x = torch.randn(4, 16, device=device)
+    want = model(x)
+    handle = ops.apply_to(model)
+    assert type(model[1]) is LayerNorm and type(model[2]) is RMSNorm and model[2] is model[4]
+    assert model[1].weight is originals[1].weight and model[2].weight is shared.weight
+    assert model.state_dict().keys() == keys and list(model.parameters()) == params
+    assert (m := compare(model(x), want, torch.float32, reduction=16)) is None, m
+    assert [r[0] for r in handle.report.replaced] == ["1", "2"]   # the shared norm once, by its first name
+    assert handle.report.skipped == [("5", "OwnNorm", "a class this library does not know")]
+    handle.remove()
+    assert list(model) == originals
+    with ops.apply_to(model) as again:
+        assert type(model[1]) is LayerNorm and "replaced 2" in str(again.report)
+    assert list(model) == originals
+    untouched = ops.apply_to(model, norms=False)
+    assert list(model) == originals and not untouched.report.replaced
+    with pytest.raises(TypeError, match="^model:"):
+        ops.apply_to("not a model")
+
+
+def _tiny(family: str) -> nn.Module:
+    """A two-layer random model of ``family`` from its config (seed 0), float32, eval mode."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    common = {"vocab_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    if family == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4,
+                                                                    vocab_size=128)).eval()
+    if family == "opt":
+        return transformers.OPTForCausalLM(transformers.OPTConfig(hidden_size=64, ffn_dim=128,
+                                                                  word_embed_proj_dim=64, **common)).eval()
+    config = getattr(transformers, f"{family}Config")(hidden_size=64, intermediate_size=128, num_key_value_heads=2,
+                                                      head_dim=16, **common)
+    return getattr(transformers, f"{family}ForCausalLM")(config).eval()
+
+
+HF_CASES = {   # family: the classes its norms must become (semantics), and one norm's qualified name
+    "Llama": ({"RMSNorm(semantics='llama')"}, "model.layers.0.input_layernorm"),
+    "Qwen3": ({"RMSNorm(semantics='llama')"}, "model.layers.1.self_attn.k_norm"),
+    "Gemma": ({"RMSNorm(semantics='gemma')"}, "model.norm"),
+    "Olmo2": ({"RMSNorm(semantics='torch')"}, "model.layers.0.post_feedforward_layernorm"),
+    "gpt2": ({"LayerNorm"}, "transformer.h.1.ln_2"),
+    "opt": ({"LayerNorm"}, "model.decoder.final_layer_norm"),
+}
+
+
+@pytest.mark.parametrize("family", list(HF_CASES))
+def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, family: str) -> None:
+    """A tiny Hugging Face model of each family: every norm replaced by the right class and semantics (none
+    skipped), the same state dict, logits and every parameter's gradient as the unpatched model's (float32), and
+    remove() gives the unpatched model back."""
+    model = _tiny(family).to(device)
+    ids = torch.randint(0, 128, (2, 8), device=device)
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        logits = model(ids).logits
+        logits.float().square().mean().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    want_logits, want_grads = run()
+    keys = model.state_dict().keys()
+    classes, one = HF_CASES[family]
+    with ops.apply_to(model) as handle:
+        assert {word for _, _, word in handle.report.replaced} == classes and not handle.report.skipped
+        assert one in {name for name, _, _ in handle.report.replaced}
+        assert model.state_dict().keys() == keys
+        logits, grads = run()
+    assert (m := compare(logits, want_logits, torch.float32, reduction=64)) is None, m
+    for (name, _), g, w in zip(model.named_parameters(), grads, want_grads, strict=True):
+        assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
+    assert not any(isinstance(m, (LayerNorm, RMSNorm)) for m in model.modules())
