@@ -29,6 +29,7 @@ FIELDS = ("table", "row", "case", "contender", "dtype", "shape", "metric", "valu
 # a table's family, by the start of its name: the first match
 FAMILIES = (("bench_layernorm_linear", "layernorm_linear"), ("bench_layernorm", "layernorm"),
             ("bench_rmsnorm", "rmsnorm"), ("bench_transformer", "transformer"), ("probe_captured_gemms", "transformer"),
+            ("bench_models", "transformer"),
             ("bench_dispatch", "host"), ("bench_launch", "host"), ("kernel_ab", "kernel_ab"))
 SHAPE_COLUMNS = ("M", "H", "K", "N", "tokens")   # size columns, joined into ``shape``
 META = ("_title", "_note", "_stamp", "_fields")

@@ -1,0 +1,177 @@
+"""Hugging Face models, patched by ``ops.apply_to`` against the same model unpatched, end to end (issue 71).
+
+Each model is built from its real config's sizes with random weights (seed 0), bf16, on the GPU: a Llama-shaped one
+(12 layers, hidden 1024), Qwen2.5-0.5B-shaped, GPT-2 small, OPT-125m (8x512 tokens each), ViT-base (32 images) and
+BERT-base (8x512 tokens). Contenders, each a copy of the same weights: "hf" the model as Hugging Face builds it,
+"hf:again" a second copy of it (the run's noise floor), "ours" after ``ops.apply_to`` (its norms replaced; the report
+says which), and "liger:rms_norm" where Liger-Kernel has the model (its RMSNorm on that instance alone: its RoPE and
+SwiGLU patches replace module-level functions, which would change "hf" too). Before timing, every contender's logits
+are compared with a float32 copy's: none may be further from them than 1.5x "hf"'s own bf16 distance. Phases, eager:
+"infer" (a forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step);
+pipelined time per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its
+ratio to "hf"'s (paired per round), and host time per call. Writes results/transformer.{csv,md} (table bench_models).
+
+    python scripts/bench_models.py                       (needs a CUDA GPU and transformers: pip install -e .[hf])
+    python scripts/bench_models.py --models llama,gpt2   (some models, printed and written)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import ops  # noqa: E402
+from ops.bench import reports  # noqa: E402
+from ops.bench.timing import paired_ratio, pipelined_runs  # noqa: E402
+
+OUT = ROOT / "results"
+FIELDS = ("model", "phase", "impl", "tokens", "ms", "vs_hf", "host_ms", "rel_err", "patched")
+TOKENS = (8, 512)
+IMAGES = 32
+
+
+def configs(transformers: object) -> dict[str, tuple[Callable[[], nn.Module], str]]:
+    """Per model: how to build it (random weights) and its input kind ("ids" or "pixels")."""
+    t = transformers
+    return {
+        "llama": (lambda: t.LlamaForCausalLM(t.LlamaConfig(hidden_size=1024, intermediate_size=2816,
+                                                            num_hidden_layers=12, num_attention_heads=16,
+                                                            num_key_value_heads=16, vocab_size=32000)), "ids"),
+        "qwen2": (lambda: t.Qwen2ForCausalLM(t.Qwen2Config(hidden_size=896, intermediate_size=4864,
+                                                            num_hidden_layers=24, num_attention_heads=14,
+                                                            num_key_value_heads=2, vocab_size=151936,
+                                                            tie_word_embeddings=True)), "ids"),
+        "gpt2": (lambda: t.GPT2LMHeadModel(t.GPT2Config()), "ids"),
+        "opt": (lambda: t.OPTForCausalLM(t.OPTConfig()), "ids"),
+        "vit": (lambda: t.ViTForImageClassification(t.ViTConfig()), "pixels"),
+        "bert": (lambda: t.BertForMaskedLM(t.BertConfig()), "ids"),
+    }
+
+
+def liger_patch(name: str) -> Callable[[nn.Module], None] | None:
+    """Liger-Kernel's RMSNorm on one instance of ``name``, or None where Liger is missing or has no such model."""
+    try:
+        import liger_kernel.transformers as lk
+    except ImportError:
+        return None
+    apply = {"llama": getattr(lk, "apply_liger_kernel_to_llama", None),
+             "qwen2": getattr(lk, "apply_liger_kernel_to_qwen2", None)}.get(name)
+    if apply is None:
+        return None
+    return lambda m: apply(rope=False, swiglu=False, cross_entropy=False, fused_linear_cross_entropy=False,
+                           rms_norm=True, model=m)
+
+
+def logits_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    return out.logits
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
+
+
+def contenders(name: str, build: Callable[[], nn.Module]) -> tuple[dict[str, nn.Module], dict[str, str]]:
+    """The contenders' models (bf16, on the GPU, the same weights) and what each patch did."""
+    torch.manual_seed(0)
+    base = build().eval()
+    models = {"hf": base, "hf:again": copy.deepcopy(base), "ours": copy.deepcopy(base)}
+    patched = {"hf": "", "hf:again": ""}
+    handle = ops.apply_to(models["ours"])
+    patched["ours"] = f"{len(handle.report.replaced)} norms replaced, {len(handle.report.skipped)} skipped"
+    if (patch := liger_patch(name)) is not None:
+        models["liger:rms_norm"] = copy.deepcopy(base)
+        patch(models["liger:rms_norm"])
+        patched["liger:rms_norm"] = "Liger's RMSNorm on this instance"
+    return {k: m.to("cuda", torch.bfloat16) for k, m in models.items()}, patched
+
+
+def checked(name: str, models: dict[str, nn.Module], ref: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """Each contender's logits' distance from the float32 model's (relative to its largest); fail loudly where one is
+    further than 1.5x the unpatched bf16 model's."""
+    with torch.no_grad():
+        want = logits_of(ref, x.float() if x.is_floating_point() else x)
+        errs = {k: rel_err(logits_of(m, x), want) for k, m in models.items()}
+    if any(e > 1.5 * errs["hf"] + 1e-3 for e in errs.values()):
+        raise SystemExit(f"{name}: logits too far from float32's: {errs}")
+    return errs
+
+
+def calls(models: dict[str, nn.Module], x: torch.Tensor, phase: str) -> dict[str, Callable[[], object]]:
+    """Each contender's timed call of ``phase``."""
+    out = {}
+    for k, m in models.items():
+        if phase == "infer":
+            def infer(m: nn.Module = m) -> object:
+                with torch.no_grad():
+                    return logits_of(m, x)
+            out[k] = infer
+        else:
+            opt = torch.optim.SGD(m.parameters(), lr=1e-6)
+
+            def step(m: nn.Module = m, opt: torch.optim.Optimizer = opt) -> object:
+                loss = logits_of(m, x).float().square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return loss
+            out[k] = step
+    return out
+
+
+def bench(name: str, build: Callable[[], nn.Module], kind: str) -> list[dict]:
+    models, patched = contenders(name, build)
+    torch.manual_seed(1)
+    x = (torch.randint(0, 1000, TOKENS, device="cuda") if kind == "ids"
+         else torch.randn(IMAGES, 3, 224, 224, device="cuda", dtype=torch.bfloat16))
+    ref = copy.deepcopy(models["hf"]).float()
+    errs = checked(name, models, ref, x)
+    del ref
+    rows = []
+    for phase in ("infer", "train"):
+        fns = calls(models, x, phase)
+        for fn in fns.values():   # warm: the first calls load kernels and plans
+            fn(), fn()
+        runs = pipelined_runs(fns, calls=3 if phase == "train" else 5, repeats=7)
+        tokens = x.shape[0] * (x.shape[1] if kind == "ids" else 1)
+        for impl, r in runs.items():
+            rows.append({"model": name, "phase": phase, "impl": impl, "tokens": tokens,
+                         "ms": round(r.pipelined_us / 1e3, 3), "vs_hf": round(paired_ratio(r, runs["hf"]), 3),
+                         "host_ms": round(r.host_us / 1e3, 3), "rel_err": round(errs[impl], 5),
+                         "patched": patched[impl]})
+        print(f"{name} {phase}: " + " | ".join(f"{r['impl']} {r['ms']} ms ({r['vs_hf']})"
+                                              for r in rows[-len(runs):]), flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="llama,qwen2,gpt2,opt,vit,bert")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_models needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import transformers
+
+    table = configs(transformers)
+    rows = [r for name in args.models.split(",") for r in bench(name, *table[name])]
+    stamp = (f"GPU: {reports.gpu_name()}; commit {reports.commit()}; transformers {transformers.__version__}; "
+             f"bf16, eager")
+    reports.print_rows(rows, FIELDS)
+    reports.write_report(OUT / "bench_models", rows, FIELDS, stamp,
+                         "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",
+                         __doc__.split("\n\n")[1].replace("\n", " "))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
