@@ -141,7 +141,7 @@ def bench(name: str, build: Callable[[], nn.Module], kind: str) -> list[dict]:
         fns = calls(models, x, phase)
         for fn in fns.values():   # warm: the first calls load kernels and plans
             fn(), fn()
-        runs = pipelined_runs(fns, calls=3 if phase == "train" else 5, repeats=7)
+        runs = pipelined_runs(fns, calls=3 if phase == "train" else 5, repeats=7, device=x.device)
         tokens = x.shape[0] * (x.shape[1] if kind == "ids" else 1)
         for impl, r in runs.items():
             rows.append({"model": name, "phase": phase, "impl": impl, "tokens": tokens,
@@ -163,13 +163,15 @@ def main() -> int:
     import transformers
 
     table = configs(transformers)
-    rows = [r for name in args.models.split(",") for r in bench(name, *table[name])]
     stamp = (f"GPU: {reports.gpu_name()}; commit {reports.commit()}; transformers {transformers.__version__}; "
              f"bf16, eager")
+    rows: list[dict] = []
+    for name in args.models.split(","):   # written after each model: a run cut short keeps what it measured
+        rows += bench(name, *table[name])
+        reports.write_report(OUT / "bench_models", rows, FIELDS, stamp,
+                             "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",
+                             __doc__.split("\n\n")[1].replace("\n", " "))
     reports.print_rows(rows, FIELDS)
-    reports.write_report(OUT / "bench_models", rows, FIELDS, stamp,
-                         "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",
-                         __doc__.split("\n\n")[1].replace("\n", " "))
     return 0
 
 
