@@ -172,6 +172,18 @@ def add_norm_check(norm: str, rows: Rows, copy: dict[tuple[str, str], dict[str, 
     return worst(70, f"residual add + {norm} forward device time / 2 copies', 16384x4096", 186 / 180.4, stamp, cases)
 
 
+MODEL_LIMITS = {"llama": 0.92, "qwen2": 0.92, "gpt2": 0.95, "opt": 0.95, "vit": 0.95, "bert": 0.95}   # issue 71's
+
+
+def models_checks(stamp: str, rows: Rows) -> list[Check]:
+    """Issue 71's eager targets (scripts/bench_models.py): ours / the unpatched Hugging Face model per model and phase
+    (inference, training step), paired per round: Llama- and Qwen2.5-0.5B-shaped <= 0.92, the others <= 0.95."""
+    return [worst(71, f"{model} eager {phase} / unpatched Hugging Face model's", limit, stamp,
+                  [(float(r["vs_hf"]), "", f"{model} {phase} {r['tokens']} tokens") for r in rows
+                   if (r["model"], r["phase"], r["impl"]) == (model, phase, "ours")])
+            for model, limit in MODEL_LIMITS.items() for phase in ("infer", "train")]
+
+
 TRANSFORMER_LIMITS = {("eager", "infer"): 1.0, ("eager", "train"): 1.0, ("cuda_graph", "train"): 0.95,
                       ("compile", "infer"): 1.0, ("compile", "train"): 1.0}
 
@@ -294,7 +306,8 @@ def checks(rev: str, band: float) -> list[Check]:
             + layernorm_linear_checks(*read_table("bench_layernorm_linear"))
             + rmsnorm_checks(*read_table("bench_rmsnorm"))
             + rmsnorm_linear_checks(*read_table("bench_rmsnorm_linear"))
-            + transformer_checks(*read_table("bench_transformer")) + [device_time_check(rev, band), suite_check()])
+            + transformer_checks(*read_table("bench_transformer"))
+            + models_checks(*read_table("bench_models")) + [device_time_check(rev, band), suite_check()])
 
 
 def table(found: list[Check]) -> str:

@@ -34,6 +34,23 @@ def transformer_table() -> list[str]:
     return out
 
 
+def models_table() -> list[str]:
+    """Hugging Face models after ``ops.apply_to`` (its norms swapped), ours / the unpatched model, eager, per model."""
+    stamp, rows = read_table("bench_models")
+    if not rows:
+        return []
+    ratio = {(r["model"], r["phase"], r["impl"]): r["vs_hf"] for r in rows}
+    parts = stamp.split(";")
+    out = ["Hugging Face models after `ops.apply_to(model)` (norms swapped), bf16 eager, ours / the unpatched model,",
+           f"pipelined time per call ([results/transformer.md](results/transformer.md); {parts[0].removeprefix('GPU: ')},"
+           f"{parts[1]},{parts[2]}):", "",
+           "| model | inference | training step | Liger's RMSNorm: inference | training step |", "|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        out.append(f"| {model} | " + " | ".join(ratio.get((model, phase, impl), "-") for impl in ("ours", "liger:rms_norm")
+                                                for phase in ("infer", "train")) + " |")
+    return out
+
+
 def per_call_table() -> list[str]:
     ln_stamp, ln = read_table("bench_layernorm")
     lnl_stamp, lnl = read_table("bench_layernorm_linear")
@@ -89,7 +106,7 @@ def ratio_rows(table: str, kinds: tuple[tuple[str, str], ...]) -> list[str]:
 
 
 def render() -> str:
-    return "\n".join([BEGIN, "", *transformer_table(), "", *per_call_table(), "", END])
+    return "\n".join([BEGIN, "", *transformer_table(), "", *models_table(), "", *per_call_table(), "", END])
 
 
 def main() -> int:
