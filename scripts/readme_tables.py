@@ -40,14 +40,16 @@ def models_table() -> list[str]:
     if not rows:
         return []
     ratio = {(r["model"], r["phase"], r["impl"]): r["vs_hf"] for r in rows}
-    parts = stamp.split(";")
+    gpu, commit, version = (part.strip() for part in stamp.split(";")[:3])
     out = ["Hugging Face models after `ops.apply_to(model)` (norms swapped), bf16 eager, ours / the unpatched model,",
-           f"pipelined time per call ([results/transformer.md](results/transformer.md); {parts[0].removeprefix('GPU: ')},"
-           f"{parts[1]},{parts[2]}):", "",
-           "| model | inference | training step | Liger's RMSNorm: inference | training step |", "|---|---|---|---|---|"]
+           f"pipelined time per call ([results/transformer.md](results/transformer.md); "
+           f"{gpu.removeprefix('GPU: ')}, {commit}, {version}):", "",
+           "| model | inference | training step | Liger's RMSNorm: inference | training step |",
+           "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows):
-        out.append(f"| {model} | " + " | ".join(ratio.get((model, phase, impl), "-") for impl in ("ours", "liger:rms_norm")
-                                                for phase in ("infer", "train")) + " |")
+        cells = [ratio.get((model, phase, impl), "-") for impl in ("ours", "liger:rms_norm")
+                 for phase in ("infer", "train")]
+        out.append(f"| {model} | " + " | ".join(cells) + " |")
     return out
 
 
