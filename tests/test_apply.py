@@ -106,3 +106,48 @@ def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, fami
     for (name, _), g, w in zip(model.named_parameters(), grads, want_grads, strict=True):
         assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
     assert not any(isinstance(m, (LayerNorm, RMSNorm)) for m in model.modules())
+
+
+def test_generate_checkpointing_and_checkpoints_work_as_before(tmp_path: object) -> None:
+    """On a patched tiny Llama (CPU): greedy ``generate()`` with its KV cache gives the unpatched model's tokens;
+    gradient checkpointing gives the same gradients; an optimizer made before the patch trains the same parameters;
+    ``save_pretrained`` of the patched model loads into an unpatched one with the same logits."""
+    transformers = pytest.importorskip("transformers")
+    model = _tiny("Llama")
+    ids = torch.randint(0, 128, (1, 5))
+    want_tokens = model.generate(ids, max_new_tokens=6, do_sample=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = ops.apply_to(model)
+    assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), want_tokens)
+    model.train()
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:   # activation_checkpointing_enable from transformers 5.2x, the older name before
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        model.zero_grad()
+        model(ids).logits.square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for g, w in zip(*grads, strict=True):
+        torch.testing.assert_close(g, w)
+    norm = model.model.norm
+    before = norm.weight.detach().clone()
+    opt.step()   # made before apply_to: it holds the norm's parameter itself
+    assert not torch.equal(norm.weight, before)
+    model.eval()
+    model.save_pretrained(tmp_path)
+    plain = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert not any(isinstance(m, RMSNorm) for m in plain.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits, rtol=1e-4, atol=1e-4)
+    handle.remove()
+
+
+def test_compiled_patched_model_gives_the_same_logits() -> None:
+    """torch.compile(fullgraph=True) of a patched tiny Qwen3 (CPU; our norms are custom ops with fakes, traced into the
+    one graph): the eager patched model's logits."""
+    model = _tiny("Qwen3")
+    ids = torch.randint(0, 128, (2, 8))
+    with ops.apply_to(model), torch.no_grad():
+        want = model(ids).logits
+        got = torch.compile(model, fullgraph=True)(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
