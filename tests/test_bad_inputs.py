@@ -204,11 +204,33 @@ RMS_ENTRIES: dict[str, Callable[..., object]] = {
 }
 
 
+def _rms_linear_args() -> dict[str, object]:
+    torch.manual_seed(0)
+    return {"x": torch.randn(4, K), "norm_weight": torch.randn(K), "weight": torch.randn(N, K), "bias": torch.randn(N),
+            "eps": 1e-6}
+
+
+# RMSNorm+Linear: RMSNorm's cases on the norm's weight (named norm_weight), LayerNorm+Linear's on the Linear's
+RMS_LINEAR_CASES = ([(f"norm_{c[0]}", "norm_weight", c[2], c[3], "norm_weight") for c in RMS_CASES
+                     if c[1] == "weight"]
+                    + [c for c in LNL_CASES if c[1] in ("x", "weight", "bias", "eps") and c[0] != "eps-grad-tensor"]
+                    + [("semantics", "semantics", "t5", ValueError, "semantics")])
+RMS_LINEAR_ENTRIES: dict[str, Callable[..., object]] = {
+    "rms_norm_linear": lambda x, norm_weight, weight, bias, eps, semantics="torch": R.rms_norm_linear(
+        x, norm_weight, weight, bias, eps, semantics=semantics),
+    "rms_norm_linear-grad": lambda x, norm_weight, weight, bias, eps, semantics="torch": R.rms_norm_linear(
+        x.requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point() and x.layout == torch.strided
+        else x, norm_weight, weight, bias, eps, semantics=semantics),
+}
+
+
 @pytest.mark.parametrize("entry,make_args,arg,value,err,name",
                          _every_entry(LN_ENTRIES, _ln_args, LN_CASES, "layernorm_fwd", "weight")
                          + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES, "layernorm_linear_fwd", "ln_weight")
                          + [pytest.param(RMS_ENTRIES[e], _rms_args, *c[1:], id=f"{e}-{c[0]}")
-                            for e in RMS_ENTRIES for c in RMS_CASES])
+                            for e in RMS_ENTRIES for c in RMS_CASES]
+                         + [pytest.param(RMS_LINEAR_ENTRIES[e], _rms_linear_args, *c[1:], id=f"{e}-{c[0]}")
+                            for e in RMS_LINEAR_ENTRIES for c in RMS_LINEAR_CASES])
 def test_bad_input(entry: Callable[..., object], make_args: Callable[[], dict[str, object]], arg: str, value: object,
                    err: type[Exception], name: str) -> None:
     args = make_args() | {arg: value}
