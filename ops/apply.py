@@ -5,37 +5,60 @@ What it replaces: ``nn.LayerNorm`` (by our ``LayerNorm``), ``nn.RMSNorm`` and Hu
 (``ops.rmsnorm.config.HF_RMSNORMS``: Llama, Mistral, Qwen2, Qwen3 with its per-head ``q_norm``/``k_norm``, Phi-3,
 OLMo2, Gemma 1-3) by our ``RMSNorm`` with the class's semantics. Each replacement shares the original's parameters
 (the same ``Parameter`` objects, so tied weights stay tied and an optimizer made before keeps training them) and has
-its ``state_dict`` keys. Nothing global is patched: two models in one process can differ. Fusing the residual add
-before a norm and the projections after it into the model's blocks is not built yet (issue 71).
+its ``state_dict`` keys. With ``residual=True`` the decoder layers of ``FUSED_LAYERS`` (Llama, Mistral, Qwen2, Qwen3)
+also run their second residual add and ``post_attention_layernorm`` as one ``add_rms_norm`` (an instance's own
+``forward``; the same values, since the add is the same rounded sum). Nothing global is patched: two models in one
+process can differ. Fusing the projections after a norm into it is not built yet (issue 71).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import re
+import sys
+import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from types import TracebackType
 
+import torch
 from torch import nn
 
 from ops.layernorm import LayerNorm
 from ops.layernorm.module import AddLayerNorm
-from ops.rmsnorm import RMSNorm
+from ops.rmsnorm import RMSNorm, add_rms_norm
 from ops.rmsnorm.module import AddRMSNorm, known_rmsnorm
 
 OURS = (LayerNorm, AddLayerNorm, RMSNorm, AddRMSNorm)   # already this library's: left as they are
+
+# Hugging Face's decoder layers whose forward is input_layernorm, self_attn (given the layer's own arguments), the
+# residual add, post_attention_layernorm, mlp and the residual add, by (module, class), with the digest
+# ``forward_digest`` reads from that forward: a transformers version whose layer reads otherwise is not fused (and
+# says so in the report), never run differently.
+FUSED_LAYERS = {
+    ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer"): "a32bec294a26a7a2",
+    ("transformers.models.mistral.modeling_mistral", "MistralDecoderLayer"): "a32bec294a26a7a2",
+    ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer"): "a32bec294a26a7a2",
+    ("transformers.models.qwen3.modeling_qwen3", "Qwen3DecoderLayer"): "a32bec294a26a7a2",
+}
 
 
 @dataclass
 class Report:
     """What ``apply_to`` did, by each module's qualified name in the model: ``replaced`` (name, original class,
-    replacement, with an RMSNorm's semantics) and ``skipped`` (name, class, why) for modules that look like norms
-    (a class name with "Norm") it left alone."""
+    replacement, with an RMSNorm's semantics), ``fused`` (name, class, what runs as one) and ``skipped`` (name, class,
+    why) for modules that look like norms (a class name with "Norm") or decoder layers it left alone."""
 
     replaced: list[tuple[str, str, str]] = field(default_factory=list)
+    fused: list[tuple[str, str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"replaced {len(self.replaced)}, skipped {len(self.skipped)}"]
+        lines = [f"replaced {len(self.replaced)}, fused {len(self.fused)}, skipped {len(self.skipped)}"]
         lines += [f"  replaced {name}: {old} -> {new}" for name, old, new in self.replaced]
+        lines += [f"  fused {name}: {cls}: {what}" for name, cls, what in self.fused]
         lines += [f"  skipped {name}: {cls} ({why})" for name, cls, why in self.skipped]
         return "\n".join(lines)
 
@@ -44,15 +67,16 @@ class PatchHandle:
     """Undoes an ``apply_to``: ``remove()`` puts every original module back (also on leaving a ``with`` block).
     ``report`` says what was replaced and what was skipped."""
 
-    def __init__(self, swaps: list[tuple[nn.Module, str, nn.Module]], report: Report) -> None:
-        self._swaps = swaps
+    def __init__(self, undo: list[Callable[[], None]], report: Report) -> None:
+        self._undo = undo
         self.report = report
 
     def remove(self) -> None:
-        """Put the original modules back, in the reverse order of the swaps (a second call does nothing)."""
-        for parent, name, original in reversed(self._swaps):
-            setattr(parent, name, original)
-        self._swaps = []
+        """Put the original modules and forwards back, in the reverse order of the changes (a second call does
+        nothing)."""
+        for step in reversed(self._undo):
+            step()
+        self._undo = []
 
     def __enter__(self) -> PatchHandle:
         return self
@@ -79,16 +103,18 @@ def replacement(m: nn.Module) -> tuple[nn.Module | None, str]:
     return new.train(m.training), word
 
 
-def apply_to(model: nn.Module, *, norms: bool = True) -> PatchHandle:
-    """Replace ``model``'s norms with this library's, in place (see the module docstring for which).
+def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True) -> PatchHandle:
+    """Replace ``model``'s norms with this library's, in place, and fuse the residual adds before them where it knows
+    the block (see the module docstring for which).
 
     Args:
         model: any ``nn.Module``; its submodules are swapped where they sit (every place a shared norm sits).
         norms: replace the norms (False: change nothing, report only).
+        residual: with ``norms``, run a known decoder layer's residual add and the norm after it as one.
 
     Returns:
         A ``PatchHandle``: ``handle.remove()`` (or leaving ``with apply_to(model) as handle:``) restores the model;
-        ``handle.report`` lists what was replaced and what was skipped and why.
+        ``handle.report`` lists what was replaced, what was fused, and what was skipped and why.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, named.
@@ -102,7 +128,16 @@ def apply_to(model: nn.Module, *, norms: bool = True) -> PatchHandle:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
-    report, swaps, made = Report(), [], {}
+    report, undo = Report(), []
+    swap_norms(model, norms, report, undo)
+    if norms and residual:
+        fuse_layers(model, report, undo)
+    return PatchHandle(undo, report)
+
+
+def swap_norms(model: nn.Module, norms: bool, report: Report, undo: list[Callable[[], None]]) -> None:
+    """``apply_to``'s norms: each module ``replacement`` knows swapped where it sits (one replacement per module)."""
+    made: dict[int, nn.Module | None] = {}
     for qualified, child in list(model.named_modules(remove_duplicate=False)):   # every place a module sits
         if not qualified:
             continue
@@ -116,6 +151,50 @@ def apply_to(model: nn.Module, *, norms: bool = True) -> PatchHandle:
                 report.skipped.append((qualified, type(child).__name__, "norms=False" if new is not None else word))
         if made[id(child)] is not None and norms:
             parent = model.get_submodule(parent_name)
-            swaps.append((parent, attr, child))
+            undo.append(lambda parent=parent, attr=attr, child=child: setattr(parent, attr, child))
             setattr(parent, attr, made[id(child)])
-    return PatchHandle(swaps, report)
+
+
+def fuse_layers(model: nn.Module, report: Report, undo: list[Callable[[], None]]) -> None:
+    """``apply_to``'s residual fusion: each decoder layer of ``FUSED_LAYERS`` whose forward is the one known and whose
+    ``post_attention_layernorm`` is ours gets ``fused_layer_forward`` as its own forward."""
+    for qualified, layer in model.named_modules():
+        known = next((digest for (module, name), digest in FUSED_LAYERS.items()
+                      if isinstance(layer, getattr(sys.modules.get(module), name, ()))), None)
+        if known is None:
+            continue
+        if forward_digest(type(layer)) != known:
+            report.skipped.append((qualified, type(layer).__name__, "its forward is not the one the fusion knows"))
+        elif not isinstance(getattr(layer, "post_attention_layernorm", None), RMSNorm):
+            report.skipped.append((qualified, type(layer).__name__, "its post_attention_layernorm is not ours"))
+        else:
+            layer.forward = types.MethodType(fused_layer_forward, layer)
+            undo.append(lambda layer=layer: delattr(layer, "forward"))
+            report.fused.append((qualified, type(layer).__name__, "residual add + post_attention_layernorm"))
+
+
+@cache
+def forward_digest(cls: type) -> str:
+    """A digest of ``cls.forward`` from its first ``residual = hidden_states`` on, comments, whitespace and arguments
+    passed on under their own names (``x=x``) left out; '' where its source cannot be read."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return ""
+    start = source.find("residual = hidden_states")
+    body = re.sub(r"\s+", "", re.sub(r"\b(\w+)=\1\b,?", "", re.sub(r"#[^\n]*", "", source[start:])))
+    return hashlib.sha256(body.encode()).hexdigest()[:16] if start >= 0 else ""
+
+
+def fused_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    """A ``FUSED_LAYERS`` layer's forward with its second residual add and norm as one ``add_rms_norm`` (s = attention
+    + residual, rounded as the layer's own add; y = the norm of s): the layer's arguments go to ``self_attn`` as its
+    own forward passes them."""
+    if args:   # positional arguments after hidden_states: named as the layer's own forward names them
+        bound = inspect.signature(type(self).forward).bind(self, hidden_states, *args, **kwargs)
+        kwargs = {k: v for k, v in bound.arguments.items() if k not in ("self", "hidden_states", "kwargs")}
+        kwargs |= bound.arguments.get("kwargs", {})
+    attention, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    norm = self.post_attention_layernorm
+    y, s = add_rms_norm(attention, hidden_states, norm.weight, norm.eps, semantics=norm.semantics)
+    return s + self.mlp(y)

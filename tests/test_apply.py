@@ -70,21 +70,23 @@ def _tiny(family: str) -> nn.Module:
     return getattr(transformers, f"{family}ForCausalLM")(config).eval()
 
 
-HF_CASES = {   # family: the classes its norms must become (semantics), and one norm's qualified name
-    "Llama": ({"RMSNorm(semantics='llama')"}, "model.layers.0.input_layernorm"),
-    "Qwen3": ({"RMSNorm(semantics='llama')"}, "model.layers.1.self_attn.k_norm"),
-    "Gemma": ({"RMSNorm(semantics='gemma')"}, "model.norm"),
-    "Olmo2": ({"RMSNorm(semantics='torch')"}, "model.layers.0.post_feedforward_layernorm"),
-    "gpt2": ({"LayerNorm"}, "transformer.h.1.ln_2"),
-    "opt": ({"LayerNorm"}, "model.decoder.final_layer_norm"),
+HF_CASES = {   # family: the classes its norms must become (semantics), one norm's qualified name, layers fused
+    "Llama": ({"RMSNorm(semantics='llama')"}, "model.layers.0.input_layernorm", 2),
+    "Mistral": ({"RMSNorm(semantics='llama')"}, "model.layers.1.post_attention_layernorm", 2),
+    "Qwen2": ({"RMSNorm(semantics='llama')"}, "model.norm", 2),
+    "Qwen3": ({"RMSNorm(semantics='llama')"}, "model.layers.1.self_attn.k_norm", 2),
+    "Gemma": ({"RMSNorm(semantics='gemma')"}, "model.norm", 0),
+    "Olmo2": ({"RMSNorm(semantics='torch')"}, "model.layers.0.post_feedforward_layernorm", 0),
+    "gpt2": ({"LayerNorm"}, "transformer.h.1.ln_2", 0),
+    "opt": ({"LayerNorm"}, "model.decoder.final_layer_norm", 0),
 }
 
 
 @pytest.mark.parametrize("family", list(HF_CASES))
 def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, family: str) -> None:
     """A tiny Hugging Face model of each family: every norm replaced by the right class and semantics (none
-    skipped), the same state dict, logits and every parameter's gradient as the unpatched model's (float32), and
-    remove() gives the unpatched model back."""
+    skipped), the Llama-family layers' residual add and norm fused, the same state dict, logits and every parameter's
+    gradient as the unpatched model's (float32), and remove() gives the unpatched model back (no forward of ours)."""
     model = _tiny(family).to(device)
     ids = torch.randint(0, 128, (2, 8), device=device)
 
@@ -96,16 +98,16 @@ def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, fami
 
     want_logits, want_grads = run()
     keys = model.state_dict().keys()
-    classes, one = HF_CASES[family]
+    classes, one, fused = HF_CASES[family]
     with ops.apply_to(model) as handle:
         assert {word for _, _, word in handle.report.replaced} == classes and not handle.report.skipped
-        assert one in {name for name, _, _ in handle.report.replaced}
+        assert one in {name for name, _, _ in handle.report.replaced} and len(handle.report.fused) == fused
         assert model.state_dict().keys() == keys
         logits, grads = run()
     assert (m := compare(logits, want_logits, torch.float32, reduction=64)) is None, m
     for (name, _), g, w in zip(model.named_parameters(), grads, want_grads, strict=True):
         assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
-    assert not any(isinstance(m, (LayerNorm, RMSNorm)) for m in model.modules())
+    assert not any(isinstance(m, (LayerNorm, RMSNorm)) or "forward" in vars(m) for m in model.modules())
 
 
 def test_generate_checkpointing_and_checkpoints_work_as_before(tmp_path: object) -> None:
@@ -151,3 +153,29 @@ def test_compiled_patched_model_gives_the_same_logits() -> None:
         want = model(ids).logits
         got = torch.compile(model, fullgraph=True)(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_layer_takes_positional_arguments_and_skips_a_forward_it_does_not_know() -> None:
+    """A fused Llama layer called with its arguments by position gives the unfused layer's output; a subclass whose
+    forward differs is not fused, and the report says why."""
+    transformers = pytest.importorskip("transformers")
+    model = _tiny("Llama")
+    layer = model.model.layers[0]
+    h = torch.randn(1, 5, 64)
+    position_ids = torch.arange(5)[None]
+    rope = model.model.rotary_emb(h, position_ids=position_ids)
+    with torch.no_grad():
+        want = layer(h, None, position_ids, None, False, rope)
+        with ops.apply_to(model) as handle:
+            assert "forward" in vars(layer) and handle.report.fused[0][0] == "model.layers.0"
+            got = layer(h, None, position_ids, None, False, rope)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    class OwnLayer(transformers.models.llama.modeling_llama.LlamaDecoderLayer):
+        def forward(self, hidden_states: torch.Tensor, **kwargs: object) -> torch.Tensor:
+            return hidden_states
+
+    model.model.layers[1] = OwnLayer(model.config, 1)
+    with ops.apply_to(model) as handle:
+        assert ("model.layers.1", "OwnLayer", "its forward is not the one the fusion knows") in handle.report.skipped
+        assert [name for name, _, _ in handle.report.fused] == ["model.layers.0"]
