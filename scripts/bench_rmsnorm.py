@@ -39,7 +39,13 @@ from bench_layernorm import ROTATE_BYTES, copy_gbps, row  # noqa: E402
 
 from ops.bench import reports, timing  # noqa: E402
 from ops.layernorm import add_layer_norm  # noqa: E402
-from ops.reference import layernorm_ref, rmsnorm_grads_ref, rmsnorm_linear_ref, rmsnorm_ref  # noqa: E402
+from ops.reference import (  # noqa: E402
+    layernorm_ref,
+    rmsnorm_grads_ref,
+    rmsnorm_linear_grads_ref,
+    rmsnorm_linear_ref,
+    rmsnorm_ref,
+)
 from ops.rmsnorm import add_rms_norm, rms_norm, rms_norm_linear  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
 
@@ -210,8 +216,8 @@ def linear_doc() -> str:
     noise of the ratios), "torch.compile" the pair compiled (forward), "ours" ``rms_norm_linear`` (what
     ``FusedRMSNormLinear`` runs). Liger-Kernel has no RMSNorm+Linear op. Columns as bench_layernorm_linear's:
     pipelined time per call first (its ratio to torch's), host time, device time, TFLOP/s (2*M*N*K per forward), the
-    memory a call allocates at its peak, CUPTI kernel time. Every contender is checked against float64 first. TF32
-    off."""
+    memory a call allocates at its peak, CUPTI kernel time. Every contender is checked against float64 first (the
+    training step's four gradients too). TF32 off."""
     return linear_doc.__doc__.replace("\n    ", " ")
 
 
@@ -242,6 +248,12 @@ def bench_linear(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...]) -
                  for name, fn in fwd.items()]
         steps = {name: train_step(fn) for name, fn in fwd.items() if name != "torch.compile"}
         plain = [tuple(t.detach() for t in s) for s in sets[:4]]
+        want_grads = rmsnorm_linear_grads_ref(x, g, w, bias, dy, EPS)
+        for name, step in steps.items():
+            for what, got, ref in zip(("dx", "dnorm_weight", "dweight", "dbias"), step(*plain[0]), want_grads,
+                                      strict=True):
+                if (bad := compare(got, ref, dtype, reduction=max(m, n * k), cond=10.0)) is not None:
+                    raise SystemExit(f"rms_norm+linear {name} {what} is wrong at {m}x{k}x{n} {dtype}: {bad}")
         times = timing.side_by_side([(name, fn, plain) for name, fn in steps.items()], iters, kernels=True)
         rows += [lnl_bench.row("train", name, plain[0], times[name], times["torch"], lnl_bench.peak_mb(fn, plain[0]))
                  for name, fn in steps.items()]
