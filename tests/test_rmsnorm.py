@@ -207,25 +207,25 @@ def test_ops_pass_torch_opcheck(device: str) -> None:
 
 
 def test_compiles_fullgraph_with_dynamic_shapes(device: str) -> None:
-    """torch.compile(fullgraph=True, dynamic=True) of the module: one graph for two batch sizes (no recompile), and
-    inductor's compiled values and gradients are eager's."""
+    """torch.compile(fullgraph=True, dynamic=True) of RMSNorm and FusedRMSNormLinear: one graph for two batch sizes (no
+    recompile), and inductor's compiled values and gradients are eager's."""
     import torch._dynamo.testing
 
     torch._dynamo.reset()
-    m = RMSNorm(32, eps=1e-6, semantics="gemma").to(device)
-    counter = torch._dynamo.testing.CompileCounter()
-    traced = torch.compile(m, fullgraph=True, dynamic=True, backend=counter)
-    for rows in (3, 7):
-        traced(torch.randn(rows, 32, device=device))
-    assert counter.frame_count == 1
-    x = torch.randn(5, 32, device=device, requires_grad=True)
-    compiled = torch.compile(m, fullgraph=True)
-    y, want = compiled(x), m(x)
-    torch.testing.assert_close(y, want)
-    g = torch.autograd.grad(y.square().sum(), (x, m.weight))
-    g_want = torch.autograd.grad(want.square().sum(), (x, m.weight))
-    for a, b in zip(g, g_want, strict=True):
-        torch.testing.assert_close(a, b)
+    for m in (RMSNorm(32, eps=1e-6, semantics="gemma").to(device), FusedRMSNormLinear(32, 16, 1e-6).to(device)):
+        counter = torch._dynamo.testing.CompileCounter()
+        traced = torch.compile(m, fullgraph=True, dynamic=True, backend=counter)
+        for rows in (3, 7):
+            traced(torch.randn(rows, 32, device=device))
+        assert counter.frame_count == 1
+        x = torch.randn(5, 32, device=device, requires_grad=True)
+        compiled = torch.compile(m, fullgraph=True)
+        y, want = compiled(x), m(x)
+        torch.testing.assert_close(y, want)
+        g = torch.autograd.grad(y.square().sum(), (x, *m.parameters()))
+        g_want = torch.autograd.grad(want.square().sum(), (x, *m.parameters()))
+        for a, b in zip(g, g_want, strict=True):
+            torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("semantics,norm", [("torch", lambda k: nn.RMSNorm(k, eps=1e-6)),
