@@ -9,17 +9,23 @@ SwiGLU patches replace module-level functions, which would change "hf" too). Bef
 are compared with a float32 copy's: none may be further from them than 1.5x "hf"'s own bf16 distance. Phases, eager:
 "infer" (a forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step);
 pipelined time per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its
-ratio to "hf"'s (paired per round), and host time per call. Writes results/transformer.{csv,md} (table bench_models).
+ratio to "hf"'s (paired per round), and host time per call. Mode "compile": the same phases of ``torch.compile(model)``
+("hf" and "ours" alone: compiling takes minutes). Mode "generate": ``generate()`` of 128 new tokens, greedy, after a
+32-token prompt, at batch 1 and 8 (phases "generate1", "generate8"; ms per call, median of 3; vs_hf below 1 is more
+tokens per second). Writes results/transformer.{csv,md} (table bench_models; a run of some modes keeps the others').
 
     python scripts/bench_models.py                       (needs a CUDA GPU and transformers: pip install -e .[hf])
     python scripts/bench_models.py --models llama,gpt2   (some models, printed and written)
+    python scripts/bench_models.py --modes compile,generate --models llama,qwen2
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,9 +40,11 @@ from ops.bench import reports  # noqa: E402
 from ops.bench.timing import paired_ratio, pipelined_runs  # noqa: E402
 
 OUT = ROOT / "results"
-FIELDS = ("model", "phase", "impl", "tokens", "ms", "vs_hf", "host_ms", "rel_err", "patched")
+FIELDS = ("model", "mode", "phase", "impl", "tokens", "ms", "vs_hf", "host_ms", "rel_err", "patched")
+MODES = ("eager", "compile", "generate")
 TOKENS = (8, 512)
 IMAGES = 32
+PROMPT, NEW_TOKENS, GENERATE_BATCHES = 32, 128, (1, 8)
 
 
 def configs(transformers: object) -> dict[str, tuple[Callable[[], nn.Module], str]]:
@@ -128,7 +136,8 @@ def calls(models: dict[str, nn.Module], x: torch.Tensor, phase: str) -> dict[str
     return out
 
 
-def bench(name: str, build: Callable[[], nn.Module], kind: str) -> list[dict]:
+def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str) -> list[dict]:
+    """The rows of one model in one mode: its contenders checked against float32, then timed."""
     models, patched = contenders(name, build)
     torch.manual_seed(1)
     x = (torch.randint(0, 1000, TOKENS, device="cuda") if kind == "ids"
@@ -136,41 +145,79 @@ def bench(name: str, build: Callable[[], nn.Module], kind: str) -> list[dict]:
     ref = copy.deepcopy(models["hf"]).float()
     errs = checked(name, models, ref, x)
     del ref
+    if mode == "generate":
+        return generated(name, models, patched, errs) if kind == "ids" else []
+    if mode == "compile":
+        models = {k: torch.compile(models[k]) for k in ("hf", "ours")}
     rows = []
     for phase in ("infer", "train"):
         fns = calls(models, x, phase)
-        for fn in fns.values():   # warm: the first calls load kernels and plans
+        for fn in fns.values():   # warm: the first calls load kernels and plans (and compile)
             fn(), fn()
         runs = pipelined_runs(fns, calls=3 if phase == "train" else 5, repeats=7, device=x.device)
         tokens = x.shape[0] * (x.shape[1] if kind == "ids" else 1)
         for impl, r in runs.items():
-            rows.append({"model": name, "phase": phase, "impl": impl, "tokens": tokens,
+            rows.append({"model": name, "mode": mode, "phase": phase, "impl": impl, "tokens": tokens,
                          "ms": round(r.pipelined_us / 1e3, 3), "vs_hf": round(paired_ratio(r, runs["hf"]), 3),
                          "host_ms": round(r.host_us / 1e3, 3), "rel_err": round(errs[impl], 5),
                          "patched": patched[impl]})
-        print(f"{name} {phase}: " + " | ".join(f"{r['impl']} {r['ms']} ms ({r['vs_hf']})"
-                                              for r in rows[-len(runs):]), flush=True)
+        print(f"{name} {mode} {phase}: " + " | ".join(f"{r['impl']} {r['ms']} ms ({r['vs_hf']})"
+                                                     for r in rows[-len(runs):]), flush=True)
+    return rows
+
+
+def generated(name: str, models: dict[str, nn.Module], patched: dict[str, str], errs: dict[str, float]) -> list[dict]:
+    """Mode "generate": each contender's ``generate()`` of NEW_TOKENS greedy tokens per batch, ms per call (median of
+    3, the contenders' runs interleaved), vs_hf its ratio to "hf"'s median."""
+    rows = []
+    for batch in GENERATE_BATCHES:
+        ids = torch.randint(0, 1000, (batch, PROMPT), device="cuda")
+
+        def run(m: nn.Module, ids: torch.Tensor = ids) -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = m.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0)
+            torch.cuda.synchronize()
+            assert out.shape[1] == PROMPT + NEW_TOKENS
+            return (time.perf_counter() - start) * 1e3
+        for m in models.values():
+            m.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)   # warm
+        times: dict[str, list[float]] = {k: [] for k in models}
+        for _ in range(3):
+            for k, m in models.items():
+                times[k].append(run(m))
+        ms = {k: statistics.median(v) for k, v in times.items()}
+        rows += [{"model": name, "mode": "generate", "phase": f"generate{batch}", "impl": k,
+                  "tokens": batch * NEW_TOKENS, "ms": round(v, 2), "vs_hf": round(v / ms["hf"], 3), "host_ms": "",
+                  "rel_err": round(errs[k], 5), "patched": patched[k]} for k, v in ms.items()]
+        print(f"{name} generate batch {batch}: " + " | ".join(f"{k} {v:.1f} ms" for k, v in ms.items()), flush=True)
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="llama,qwen2,gpt2,opt,vit,bert")
+    parser.add_argument("--modes", default="eager", help=f"comma-separated, of {','.join(MODES)}")
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"--modes: {sorted(unknown)} not of {list(MODES)}")
     if not torch.cuda.is_available():
         print("bench_models needs a CUDA GPU", file=sys.stderr)
         return 2
     import transformers
 
     table = configs(transformers)
-    stamp = (f"GPU: {reports.gpu_name()}; commit {reports.commit()}; transformers {transformers.__version__}; "
-             f"bf16, eager")
+    stamp = f"GPU: {reports.gpu_name()}; commit {reports.commit()}; transformers {transformers.__version__}; bf16"
     rows: list[dict] = []
-    for name in args.models.split(","):   # written after each model: a run cut short keeps what it measured
-        rows += bench(name, *table[name])
-        reports.write_report(OUT / "bench_models", rows, FIELDS, stamp,
-                             "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",
-                             __doc__.split("\n\n")[1].replace("\n", " "))
+    for mode in modes:
+        for name in args.models.split(","):   # written after each model: a run cut short keeps what it measured
+            rows += bench(name, *table[name], mode)
+            kept, kept_stamp = reports.appended("bench_models", ",".join(modes), rows, "mode")
+            reports.write_report(OUT / "bench_models", kept, FIELDS, stamp + kept_stamp,
+                                 "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",
+                                 __doc__.split("\n\n")[1].replace("\n", " "))
     reports.print_rows(rows, FIELDS)
     return 0
 

@@ -39,14 +39,14 @@ def models_table() -> list[str]:
     stamp, rows = read_table("bench_models")
     if not rows:
         return []
-    ratio = {(r["model"], r["phase"], r["impl"]): r["vs_hf"] for r in rows}
+    ratio = {(r["model"], r["phase"], r["impl"]): r["vs_hf"] for r in rows if r.get("mode", "eager") == "eager"}
     gpu, commit, version = (part.strip() for part in stamp.split(";")[:3])
     out = ["Hugging Face models after `ops.apply_to(model)` (norms swapped), bf16 eager, ours / the unpatched model,",
            f"pipelined time per call ([results/transformer.md](results/transformer.md); "
            f"{gpu.removeprefix('GPU: ')}, {commit}, {version}):", "",
            "| model | inference | training step | Liger's RMSNorm: inference | training step |",
            "|---|---|---|---|---|"]
-    for model in dict.fromkeys(r["model"] for r in rows):
+    for model in dict.fromkeys(r["model"] for r in rows if r.get("mode", "eager") == "eager"):
         cells = [ratio.get((model, phase, impl), "-") for impl in ("ours", "liger:rms_norm")
                  for phase in ("infer", "train")]
         out.append(f"| {model} | " + " | ".join(cells) + " |")
