@@ -20,6 +20,8 @@
 #               (table bench_rmsnorm)
 #   rmsnorm-linear  RMSNorm+Linear benchmark (torch, torch.compile, ours) -> rmsnorm.{csv,md}
 #               (table bench_rmsnorm_linear)
+#   models      Hugging Face models patched by ops.apply_to, eager, compile and generate -> transformer.{csv,md}
+#               (table bench_models; needs transformers)
 #   layernorm-bwd-sweep  the LayerNorm backward's row groups x register configurations -> layernorm.* (bench_layernorm_bwd_sweep)
 #   layernorm-linear  LayerNorm+Linear benchmark -> layernorm_linear.{csv,md,png} (table bench_layernorm_linear)
 #   layernorm-linear:D1,D2  the same for those dtypes only, appended likewise
@@ -115,6 +117,9 @@ building, %.0f s waiting for another process\n", n, d, h, w}' "$OPS_COMPILE_LOG"
     rmsnorm-linear)
       run bench_rmsnorm_linear_log python scripts/bench_rmsnorm.py --linear --dtypes bfloat16
       [ "$out" = results ] || cp results/rmsnorm.* "$out"/ ;;
+    models)
+      run bench_models_log python scripts/bench_models.py --modes eager,compile,generate
+      [ "$out" = results ] || cp results/transformer.* "$out"/ ;;
     layernorm-bwd-sweep)
       run bench_layernorm_bwd_sweep_log python scripts/bench_layernorm.py --bwd-sweep --dtypes bfloat16,float32
       [ "$out" = results ] || cp results/layernorm.* "$out"/ ;;
