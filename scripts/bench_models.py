@@ -42,6 +42,8 @@ from ops.bench.timing import paired_ratio, pipelined_runs  # noqa: E402
 OUT = ROOT / "results"
 FIELDS = ("model", "mode", "phase", "impl", "tokens", "ms", "vs_hf", "host_ms", "rel_err", "patched")
 MODES = ("eager", "compile", "generate")
+MODE_MODELS = {"eager": ("llama", "qwen2", "gpt2", "opt", "vit", "bert"), "compile": ("llama", "qwen2"),
+               "generate": ("llama", "gpt2")}   # each mode's models without --models: issue 71's targets
 TOKENS = (8, 512)
 IMAGES = 32
 PROMPT, NEW_TOKENS, GENERATE_BATCHES = 32, 128, (1, 8)
@@ -197,7 +199,7 @@ def generated(name: str, models: dict[str, nn.Module], patched: dict[str, str], 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="llama,qwen2,gpt2,opt,vit,bert")
+    parser.add_argument("--models", help="comma-separated (default: each mode's MODE_MODELS)")
     parser.add_argument("--modes", default="eager", help=f"comma-separated, of {','.join(MODES)}")
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -212,7 +214,7 @@ def main() -> int:
     stamp = f"GPU: {reports.gpu_name()}; commit {reports.commit()}; transformers {transformers.__version__}; bf16"
     rows: list[dict] = []
     for mode in modes:
-        for name in args.models.split(","):   # written after each model: a run cut short keeps what it measured
+        for name in args.models.split(",") if args.models else MODE_MODELS[mode]:   # written after each model
             rows += bench(name, *table[name], mode)
             kept, kept_stamp = reports.appended("bench_models", ",".join(modes), rows, "mode")
             reports.write_report(OUT / "bench_models", kept, FIELDS, stamp + kept_stamp,
