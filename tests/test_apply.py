@@ -70,6 +70,14 @@ def _tiny(family: str) -> nn.Module:
     return getattr(transformers, f"{family}ForCausalLM")(config).eval()
 
 
+def _digest_known(model: nn.Module) -> bool:
+    """Whether the installed transformers' decoder layer forward is the one apply_to's fusion reproduces."""
+    from ops.apply import FUSED_LAYERS, forward_digest
+
+    layer = model.model.layers[0]
+    return forward_digest(type(layer)) in FUSED_LAYERS.values()
+
+
 HF_CASES = {   # family: the classes its norms must become (semantics), one norm's qualified name, layers fused
     "Llama": ({"RMSNorm(semantics='llama')"}, "model.layers.0.input_layernorm", 2),
     "Mistral": ({"RMSNorm(semantics='llama')"}, "model.layers.1.post_attention_layernorm", 2),
@@ -99,9 +107,12 @@ def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, fami
     want_logits, want_grads = run()
     keys = model.state_dict().keys()
     classes, one, fused = HF_CASES[family]
+    if fused and not _digest_known(model):   # a transformers whose layer forward changed: reported, not fused
+        fused = 0
     with ops.apply_to(model) as handle:
-        assert {word for _, _, word in handle.report.replaced} == classes and not handle.report.skipped
-        assert one in {name for name, _, _ in handle.report.replaced} and len(handle.report.fused) == fused
+        assert {word for _, _, word in handle.report.replaced} == classes and len(handle.report.fused) == fused
+        assert all("forward" in why for _, _, why in handle.report.skipped), handle.report.skipped
+        assert one in {name for name, _, _ in handle.report.replaced}
         assert model.state_dict().keys() == keys
         logits, grads = run()
     assert (m := compare(logits, want_logits, torch.float32, reduction=64)) is None, m
@@ -160,6 +171,8 @@ def test_fused_layer_takes_positional_arguments_and_skips_a_forward_it_does_not_
     forward differs is not fused, and the report says why."""
     transformers = pytest.importorskip("transformers")
     model = _tiny("Llama")
+    if not _digest_known(model):
+        pytest.skip("this transformers' LlamaDecoderLayer.forward is not the one the fusion reproduces")
     layer = model.model.layers[0]
     h = torch.randn(1, 5, 64)
     position_ids = torch.arange(5)[None]
