@@ -97,7 +97,9 @@ def contenders(name: str, build: Callable[[], nn.Module]) -> tuple[dict[str, nn.
     models = {"hf": base, "hf:again": copy.deepcopy(base), "ours": copy.deepcopy(base)}
     patched = {"hf": "", "hf:again": ""}
     handle = ops.apply_to(models["ours"])
-    patched["ours"] = f"{len(handle.report.replaced)} norms replaced, {len(handle.report.skipped)} skipped"
+    report = handle.report
+    patched["ours"] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} layers fused, "
+                       f"{len(report.skipped)} skipped")
     if (patch := liger_patch(name)) is not None:
         models["liger:rms_norm"] = copy.deepcopy(base)
         patch(models["liger:rms_norm"])
