@@ -3,9 +3,10 @@
 Each model is built from its real config's sizes with random weights (seed 0), bf16, on the GPU: a Llama-shaped one
 (12 layers, hidden 1024), Qwen2.5-0.5B-shaped, GPT-2 small, OPT-125m (8x512 tokens each), ViT-base (32 images) and
 BERT-base (8x512 tokens). Contenders, each a copy of the same weights: "hf" the model as Hugging Face builds it,
-"hf:again" a second copy of it (the run's noise floor), "ours" after ``ops.apply_to`` (its norms replaced; the report
-says which), and "liger:rms_norm" where Liger-Kernel has the model (its RMSNorm on that instance alone: its RoPE and
-SwiGLU patches replace module-level functions, which would change "hf" too). Before timing, every contender's logits
+"hf:again" a second copy of it (the run's noise floor), "ours" after ``ops.apply_to`` (its norms replaced, the
+Llama-family layers' residual add fused; the report says which), and "liger:rms_norm" where Liger-Kernel has the
+model (its RMSNorm on that instance alone: its RoPE and SwiGLU patches replace module-level functions, which would
+change "hf" too). Before timing, every contender's logits
 are compared with a float32 copy's: none may be further from them than 1.5x "hf"'s own bf16 distance. Phases, eager:
 "infer" (a forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step);
 pipelined time per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its
