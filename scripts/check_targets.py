@@ -187,7 +187,7 @@ def models_checks(stamp: str, rows: Rows) -> list[Check]:
     >= 1.15x (batch 8)."""
     def check(model: str, mode: str, phase: str, limit: float) -> Check:
         return worst(71, f"{model} {mode} {phase} / unpatched Hugging Face model's", round(limit, 3), stamp,
-                     [(float(r["vs_hf"]), mode, f"{model} {mode} {phase} {r['tokens']} tokens") for r in rows
+                     [(float(r["vs_hf"]), mode, f"{model} {mode} {phase}, {r['tokens']} per call") for r in rows
                       if (r["model"], r.get("mode") or "eager", r["phase"], r["impl"]) == (model, mode, phase, "ours")])
     out = [check(model, "eager", phase, limit) for model, limit in MODEL_LIMITS.items() for phase in ("infer", "train")]
     for (mode, phase), limit in MODEL_MODE_LIMITS.items():
