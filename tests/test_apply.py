@@ -36,7 +36,9 @@ def test_plain_model_swapped_in_place_and_restored(device: str) -> None:
     originals, keys, params = list(model), model.state_dict().keys(), list(model.parameters())
     x = torch.randn(4, 16, device=device)
     want = model(x)
+    other = nn.Sequential(nn.LayerNorm(16), nn.RMSNorm(16))   # another model in the process: left as it is
     handle = ops.apply_to(model)
+    assert type(other[0]) is nn.LayerNorm and type(other[1]) is nn.RMSNorm and type(nn.LayerNorm(4)) is nn.LayerNorm
     assert type(model[1]) is LayerNorm and type(model[2]) is RMSNorm and model[2] is model[4]
     assert model[1].weight is originals[1].weight and model[2].weight is shared.weight
     assert model.state_dict().keys() == keys and list(model.parameters()) == params
