@@ -72,24 +72,31 @@ def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
     return runs
 
 
-def stamp_commit(stamp: str, key: str | Collection[str]) -> str:
-    """The commit of the run that wrote the rows of ``key`` (a dtype, mode or kind; or several of one row's
-    values) in a report stamped ``stamp`` ('?' if none says)."""
+def run_stamp(stamp: str, key: str | Collection[str]) -> str | None:
+    """The own stamp of the newest run that wrote the rows of ``key`` (a dtype, mode or kind; or several of one row's
+    values, any of which its label may name) in a report stamped ``stamp``; None if no run did."""
     keys = {key} if isinstance(key, str) else set(key)
-    for labels, own in stamp_runs(stamp):
-        if labels is None or labels & keys:
-            found = re.search(r"commit (\w+)", own)
-            return found.group(1) if found else "?"
-    return "?"
+    return next((own for labels, own in stamp_runs(stamp) if labels is None or labels & keys), None)
+
+
+def stamp_commit(stamp: str, key: str | Collection[str]) -> str:
+    """The commit of the run that wrote the rows of ``key`` (``run_stamp``) in a report stamped ``stamp`` ('?' if
+    none says)."""
+    return _commit_in(run_stamp(stamp, key) or "")
+
+
+def _commit_in(text: str) -> str:
+    found = re.search(r"commit (\w+)", text)
+    return found.group(1) if found else "?"
 
 
 def _run_of(stamp: str, row: dict) -> tuple[str, str]:
     """The GPU and commit of the run that wrote ``row`` of a table stamped ``stamp``: the newest run whose label
     names one of the row's values (its dtype, mode or kind, whichever column the report was rerun by)."""
-    values = {str(v) for v in row.values()}
-    own = next((s for keys, s in stamp_runs(stamp) if keys is None or keys & values), stamp)
-    gpu, commit = re.search(r"GPU: ([^;(]+)", own), re.search(r"commit (\w+)", own)
-    return (gpu.group(1).strip() if gpu else "?"), (commit.group(1) if commit else "?")
+    own = run_stamp(stamp, [str(v) for v in row.values()])
+    own = stamp if own is None else own
+    gpu = re.search(r"GPU: ([^;(]+)", own)
+    return (gpu.group(1).strip() if gpu else "?"), _commit_in(own)
 
 
 def melt(table: str, rows: Sequence[dict], fields: Sequence[str], stamp: str, title: str, note: str,
