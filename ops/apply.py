@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
-import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
+from ops.common import loaded_class_entry
 from ops.layernorm import LayerNorm
 from ops.layernorm.module import AddLayerNorm
 from ops.rmsnorm import RMSNorm, add_rms_norm
@@ -159,8 +159,7 @@ def fuse_layers(model: nn.Module, report: Report, undo: list[Callable[[], None]]
     """``apply_to``'s residual fusion: each decoder layer of ``FUSED_LAYERS`` whose forward is the one known and whose
     ``post_attention_layernorm`` is ours gets ``fused_layer_forward`` as its own forward."""
     for qualified, layer in model.named_modules():
-        known = next((digest for (module, name), digest in FUSED_LAYERS.items()
-                      if isinstance(layer, getattr(sys.modules.get(module), name, ()))), None)
+        known = loaded_class_entry(layer, FUSED_LAYERS)
         if known is None:
             continue
         if forward_digest(type(layer)) != known:

@@ -3,9 +3,10 @@ create_graph case, constants standing in for absent parameters, and the modules'
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import NoReturn, TypeVar
 
 import torch
 from torch import nn
@@ -158,3 +159,16 @@ def native_takes_add(x: object, residual: object, add_bias: object, weight: obje
     entry checks the rest (shapes, dtypes, layouts, devices)."""
     return (x.__class__ in PLAIN_TENSORS and residual.__class__ in PLAIN_TENSORS and eps.__class__ is float
             and x.ndim >= 1 and all(t is None or t.__class__ in PLAIN_TENSORS for t in (add_bias, weight, bias)))
+
+
+Entry = TypeVar("Entry")
+
+
+def loaded_class_entry(obj: object, table: Mapping[tuple[str, str], Entry]) -> Entry | None:
+    """The entry of ``table`` (keyed by a class's (module, name)) whose class ``obj`` is an instance of, among the
+    classes whose module is loaded (a class of a library never imported here, such as transformers'); None if none."""
+    for (module, name), entry in table.items():
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(obj, cls):
+            return entry
+    return None

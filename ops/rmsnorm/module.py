@@ -3,11 +3,10 @@ for (``from_module``)."""
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
+from ops.common import loaded_class_entry
 from ops.rmsnorm.checks import check_semantics
 from ops.rmsnorm.config import HF_RMSNORMS
 from ops.rmsnorm.functional import add_rms_norm, rms_norm, rms_norm_linear
@@ -18,11 +17,7 @@ def known_rmsnorm(m: object) -> tuple[str, str] | None:
     class of ``HF_RMSNORMS`` whose module is loaded; None for any other."""
     if isinstance(m, nn.RMSNorm):
         return getattr(m, "semantics", "torch"), "eps"
-    for (module, name), known in HF_RMSNORMS.items():
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(m, cls):
-            return known
-    return None
+    return loaded_class_entry(m, HF_RMSNORMS)
 
 
 class RMSNorm(nn.RMSNorm):
