@@ -168,6 +168,15 @@ def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: t
     return layernorm(x2, weight, bias, eps, activation, variant).reshape(x.shape)
 
 
+def unit_affine(x: torch.Tensor, weight: torch.Tensor | None,
+                bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of an add-and-norm call, an absent one as the kept constant 1 or 0 [x's last dim] of x's dtype
+    on x's device."""
+    h = x.shape[-1]
+    return (constant(1.0, h, x.dtype, x.device) if weight is None else weight,
+            constant(0.0, h, x.dtype, x.device) if bias is None else bias)
+
+
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
                    bias: torch.Tensor | None = None, eps: float = 1e-5, *, add_bias: torch.Tensor | None = None,
                    residual_in_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,16 +206,13 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     """
     native = native_entry("add_norm")
     if native is not None and not residual_in_fp32 and native_takes_add(x, residual, add_bias, weight, bias, eps):
-        h = x.shape[-1]
-        out = native(x, residual, add_bias, constant(1.0, h, x.dtype, x.device) if weight is None else weight,
-                     constant(0.0, h, x.dtype, x.device) if bias is None else bias, eps, ACTIVATIONS["none"])
+        out = native(x, residual, add_bias, *unit_affine(x, weight, bias), eps, ACTIVATIONS["none"])
         if out:   # empty: a call the C++ entry does not take (add_norm_plan, ops/launch/native/add_norm.h)
             return out[0], out[1]
     check_residual(x, residual, add_bias)
     if not residual_in_fp32:   # the one-pass kernel, where it takes the call
         h = x.shape[-1]
-        w = constant(1.0, h, x.dtype, x.device) if weight is None else weight
-        b = constant(0.0, h, x.dtype, x.device) if bias is None else bias
+        w, b = unit_affine(x, weight, bias)
         e = as_eps(eps)
         out = add_norm(x, residual, add_bias, w, b, float(e), ACTIVATIONS["none"],
                        lambda s: torch.nn.functional.layer_norm(s, (h,), w, b, e))

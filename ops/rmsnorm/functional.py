@@ -64,9 +64,15 @@ def rms_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: tor
     eps = default_eps(eps, x.dtype)
     if classify(x, weight, by_torch) == "torch":
         return torch_rms_norm(x, shape, weight, eps, semantics)
-    w = constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device) if weight is None else weight.reshape(h)
+    w = unit_weight(x, h, semantics) if weight is None else weight.reshape(h)
     y = rms_norm_rows(x.reshape(-1, h).contiguous(), w, eps, semantics)
     return y.view(x.shape)
+
+
+def unit_weight(x: torch.Tensor, h: int, semantics: str) -> torch.Tensor:
+    """The weight a call without one normalizes by: [h] of x's dtype on x's device that multiplies by 1 under
+    ``semantics`` (Gemma's 1 + weight: zeros), a kept constant (``constant``)."""
+    return constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
@@ -100,8 +106,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     native = native_entry("add_norm")
     if (native is not None and not residual_in_fp32 and semantics in SEMANTICS
             and native_takes_add(x, residual, add_bias, weight, None, 1.0 if eps is None else eps)):
-        h = x.shape[-1]
-        w = constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device) if weight is None else weight
+        w = unit_weight(x, x.shape[-1], semantics) if weight is None else weight
         out = native(x, residual, add_bias, w, w, DEFAULT_EPS.get(x.dtype, 0.0) if eps is None else eps,
                      SEMANTICS[semantics])
         if out:   # empty: a call the C++ entry does not take (add_norm_plan, ops/launch/native/add_norm.h)
@@ -110,7 +115,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     eps = default_eps(eps, x.dtype)
     if not residual_in_fp32 and semantics in SEMANTICS:   # the one-pass kernel, where it takes the call
         h = x.shape[-1]
-        w = constant(0.0 if semantics == "gemma" else 1.0, h, x.dtype, x.device) if weight is None else weight
+        w = unit_weight(x, h, semantics) if weight is None else weight
         out = add_norm(x, residual, add_bias, w, w, eps, SEMANTICS[semantics],
                        lambda s: torch_rms_norm(s, (h,), w, eps, semantics))
         if out is not None:
