@@ -11,22 +11,22 @@ are compared with a float32 copy's: none may be further from them than 1.5x "hf"
 "infer" (a forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step);
 pipelined time per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its
 ratio to "hf"'s (paired per round), and host time per call. Mode "compile": the same phases of ``torch.compile(model)``
-("hf" and "ours" alone: compiling takes minutes). Mode "generate": ``generate()`` of 128 new tokens, greedy, after a
-32-token prompt, at batch 1 and 8 (phases "generate1", "generate8"; ms per call, median of 3; vs_hf below 1 is more
-tokens per second). Writes results/transformer.{csv,md} (table bench_models; a run of some modes keeps the others').
+("hf" and "ours" alone, and "ours:compiled_ops" with --ab-compiled-rmsnorm: compiling takes minutes). Mode
+"generate": ``generate()`` of 128 new tokens, greedy, after a 32-token prompt, at batch 1 and 8 (phases "generate1",
+"generate8"; ms per call, median of 5 rounds in rotated order, vs_hf paired per round; below 1 is more tokens per
+second). Writes results/transformer.{csv,md} (table bench_models; a run of some modes keeps the others').
 
     python scripts/bench_models.py                       (needs a CUDA GPU and transformers: pip install -e .[hf])
     python scripts/bench_models.py --models llama,gpt2   (some models, printed and written)
     python scripts/bench_models.py --modes compile,generate --models llama,qwen2
+    python scripts/bench_models.py --modes compile --ab-compiled-rmsnorm llama
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from torch import nn  # noqa: E402
 import ops  # noqa: E402
 from ops.bench import reports  # noqa: E402
 from ops.bench.timing import paired_ratio, pipelined_runs  # noqa: E402
+from ops.rmsnorm import config as rmsnorm_config  # noqa: E402
 
 OUT = ROOT / "results"
 FIELDS = ("model", "mode", "phase", "impl", "tokens", "ms", "vs_hf", "host_ms", "rel_err", "patched")
@@ -47,7 +48,9 @@ MODE_MODELS = {"eager": ("llama", "qwen2", "gpt2", "opt", "vit", "bert"), "compi
                "generate": ("llama", "gpt2")}   # each mode's models without --models: issue 71's targets
 TOKENS = (8, 512)
 IMAGES = 32
-PROMPT, NEW_TOKENS, GENERATE_BATCHES = 32, 128, (1, 8)
+# --ab-compiled-rmsnorm: the patched model compiled with COMPILED_RMSNORM "ours" (our ops in the graph), beside "ours"
+AB_CONTENDER = "ours:compiled_ops"
+PROMPT, NEW_TOKENS, GENERATE_BATCHES, GENERATE_ROUNDS = 32, 128, (1, 8), 5
 
 
 def configs(transformers: object) -> dict[str, tuple[Callable[[], nn.Module], str]]:
@@ -91,16 +94,19 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
-def contenders(name: str, build: Callable[[], nn.Module]) -> tuple[dict[str, nn.Module], dict[str, str]]:
-    """The contenders' models (bf16, on the GPU, the same weights) and what each patch did."""
+def contenders(name: str, build: Callable[[], nn.Module],
+               ab: bool = False) -> tuple[dict[str, nn.Module], dict[str, str]]:
+    """The contenders' models (bf16, on the GPU, the same weights) and what each patch did; ``ab``: also AB_CONTENDER,
+    patched alike."""
     torch.manual_seed(0)
     base = build().eval()
     models = {"hf": base, "hf:again": copy.deepcopy(base), "ours": copy.deepcopy(base)}
     patched = {"hf": "", "hf:again": ""}
-    handle = ops.apply_to(models["ours"])
-    report = handle.report
-    patched["ours"] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} layers fused, "
-                       f"{len(report.skipped)} skipped")
+    for impl in ("ours", AB_CONTENDER) if ab else ("ours",):
+        models[impl] = copy.deepcopy(base)
+        report = ops.apply_to(models[impl]).report
+        patched[impl] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} layers fused, "
+                         f"{len(report.skipped)} skipped")
     if (patch := liger_patch(name)) is not None:
         models["liger:rms_norm"] = copy.deepcopy(base)
         patch(models["liger:rms_norm"])
@@ -141,9 +147,11 @@ def calls(models: dict[str, nn.Module], x: torch.Tensor, phase: str) -> dict[str
     return out
 
 
-def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str) -> list[dict]:
-    """The rows of one model in one mode: its contenders checked against float32, then timed."""
-    models, patched = contenders(name, build)
+def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str, ab: bool = False) -> list[dict]:
+    """The rows of one model in one mode: its contenders checked against float32, then timed; ``ab`` (mode "compile"):
+    AB_CONTENDER too."""
+    ab = ab and mode == "compile"
+    models, patched = contenders(name, build, ab)
     torch.manual_seed(1)
     x = (torch.randint(0, 1000, TOKENS, device="cuda") if kind == "ids"
          else torch.randn(IMAGES, 3, 224, 224, device="cuda", dtype=torch.bfloat16))
@@ -153,10 +161,12 @@ def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str) -> li
     if mode == "generate":
         return generated(name, models, patched, errs) if kind == "ids" else []
     if mode == "compile":
-        models = {k: torch.compile(models[k]) for k in ("hf", "ours")}
+        models = {k: torch.compile(m) for k, m in models.items() if k in ("hf", "ours", AB_CONTENDER)}
     rows = []
     for phase in ("infer", "train"):
         fns = calls(models, x, phase)
+        if AB_CONTENDER in fns:
+            fns[AB_CONTENDER] = with_compiled_rmsnorm("ours", fns[AB_CONTENDER])
         for fn in fns.values():   # warm: the first calls load kernels and plans (and compile)
             fn(), fn()
         runs = pipelined_runs(fns, calls=3 if phase == "train" else 5, repeats=7, device=x.device)
@@ -171,32 +181,39 @@ def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str) -> li
     return rows
 
 
+def with_compiled_rmsnorm(form: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with ``COMPILED_RMSNORM`` set to ``form`` (what its compiled graph traces, at every compile)."""
+    def call() -> object:
+        before, rmsnorm_config.COMPILED_RMSNORM = rmsnorm_config.COMPILED_RMSNORM, form
+        try:
+            return fn()
+        finally:
+            rmsnorm_config.COMPILED_RMSNORM = before
+    return call
+
+
 def generated(name: str, models: dict[str, nn.Module], patched: dict[str, str], errs: dict[str, float]) -> list[dict]:
-    """Mode "generate": each contender's ``generate()`` of NEW_TOKENS greedy tokens per batch, ms per call (median of
-    3, the contenders' runs interleaved), vs_hf its ratio to "hf"'s median."""
+    """Mode "generate": each contender's ``generate()`` of NEW_TOKENS greedy tokens per batch, ms per call: after one
+    warm call of the full length each, GENERATE_ROUNDS rounds with the contenders' order rotated (``pipelined_runs``,
+    one call a run), medians, and vs_hf paired per round."""
     rows = []
     for batch in GENERATE_BATCHES:
         ids = torch.randint(0, 1000, (batch, PROMPT), device="cuda")
 
-        def run(m: nn.Module, ids: torch.Tensor = ids) -> float:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
+        def run(m: nn.Module, ids: torch.Tensor = ids) -> None:
             out = m.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                              pad_token_id=0)
-            torch.cuda.synchronize()
             assert out.shape[1] == PROMPT + NEW_TOKENS
-            return (time.perf_counter() - start) * 1e3
-        for m in models.values():
-            m.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)   # warm
-        times: dict[str, list[float]] = {k: [] for k in models}
-        for _ in range(3):
-            for k, m in models.items():
-                times[k].append(run(m))
-        ms = {k: statistics.median(v) for k, v in times.items()}
+        fns = {k: (lambda m=m: run(m)) for k, m in models.items()}
+        for fn in fns.values():   # warm, at the timed length: the KV cache's sizes, the kernels' first calls
+            fn()
+        runs = pipelined_runs(fns, calls=1, repeats=GENERATE_ROUNDS)
         rows += [{"model": name, "mode": "generate", "phase": f"generate{batch}", "impl": k,
-                  "tokens": batch * NEW_TOKENS, "ms": round(v, 2), "vs_hf": round(v / ms["hf"], 3), "host_ms": "",
-                  "rel_err": round(errs[k], 5), "patched": patched[k]} for k, v in ms.items()]
-        print(f"{name} generate batch {batch}: " + " | ".join(f"{k} {v:.1f} ms" for k, v in ms.items()), flush=True)
+                  "tokens": batch * NEW_TOKENS, "ms": round(r.pipelined_us / 1e3, 2),
+                  "vs_hf": round(paired_ratio(r, runs["hf"]), 3), "host_ms": "", "rel_err": round(errs[k], 5),
+                  "patched": patched[k]} for k, r in runs.items()]
+        print(f"{name} generate batch {batch}: " + " | ".join(f"{r['impl']} {r['ms']} ms ({r['vs_hf']})"
+                                                            for r in rows[-len(runs):]), flush=True)
     return rows
 
 
@@ -204,6 +221,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", help="comma-separated (default: each mode's MODE_MODELS)")
     parser.add_argument("--modes", default="eager", help=f"comma-separated, of {','.join(MODES)}")
+    parser.add_argument("--ab-compiled-rmsnorm", default="", metavar="MODELS",
+                        help=f"mode compile, for these models (comma-separated): also {AB_CONTENDER}, compiled with "
+                             "COMPILED_RMSNORM 'ours'")
     args = parser.parse_args()
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
@@ -218,7 +238,7 @@ def main() -> int:
     rows: list[dict] = []
     for mode in modes:
         for name in args.models.split(",") if args.models else MODE_MODELS[mode]:   # written after each model
-            rows += bench(name, *table[name], mode)
+            rows += bench(name, *table[name], mode, name in args.ab_compiled_rmsnorm.split(","))
             kept, kept_stamp = reports.appended("bench_models", ",".join(modes), rows, "mode")
             reports.write_report(OUT / "bench_models", kept, FIELDS, stamp + kept_stamp,
                                  "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",

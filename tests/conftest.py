@@ -9,6 +9,7 @@ import torch
 
 from ops.launch import bridge, direct
 from ops.layernorm import config as layernorm_config
+from ops.rmsnorm import config as rmsnorm_config
 
 HAS_GPU = torch.cuda.is_available()
 DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]
@@ -58,6 +59,13 @@ def device(request: pytest.FixtureRequest) -> str:
 def compiled_layernorm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each choice of who runs the default LayerNorm under torch.compile (layernorm_config.COMPILED_LAYERNORM)."""
     monkeypatch.setattr(layernorm_config, "COMPILED_LAYERNORM", request.param)
+    return request.param
+
+
+@pytest.fixture(params=["inductor", "ours"])
+def compiled_rmsnorm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each choice of who runs RMSNorm under torch.compile (rmsnorm_config.COMPILED_RMSNORM)."""
+    monkeypatch.setattr(rmsnorm_config, "COMPILED_RMSNORM", request.param)
     return request.param
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import recording_backend
 from torch import nn
 
 from ops.reference import rmsnorm_grads_ref, rmsnorm_linear_grads_ref, rmsnorm_linear_ref, rmsnorm_ref
@@ -206,9 +207,10 @@ def test_ops_pass_torch_opcheck(device: str) -> None:
                                                                 rstd, "llama"))
 
 
-def test_compiles_fullgraph_with_dynamic_shapes(device: str) -> None:
+def test_compiles_fullgraph_with_dynamic_shapes(device: str, compiled_rmsnorm: str) -> None:
     """torch.compile(fullgraph=True, dynamic=True) of RMSNorm and FusedRMSNormLinear: one graph for two batch sizes (no
-    recompile), and inductor's compiled values and gradients are eager's."""
+    recompile); the forward and backward graphs hold our ops or torch's, as COMPILED_RMSNORM says; inductor's compiled
+    values and gradients are eager's."""
     import torch._dynamo.testing
 
     torch._dynamo.reset()
@@ -219,6 +221,10 @@ def test_compiles_fullgraph_with_dynamic_shapes(device: str) -> None:
             traced(torch.randn(rows, 32, device=device))
         assert counter.frame_count == 1
         x = torch.randn(5, 32, device=device, requires_grad=True)
+        backend, codes = recording_backend()
+        torch.compile(m, fullgraph=True, backend=backend)(x).sum().backward()
+        assert [("mojo.rms_norm" in c, "rsqrt" in c) for c in codes] == [(compiled_rmsnorm == "ours",
+                                                                          compiled_rmsnorm == "inductor")] * 2, codes
         compiled = torch.compile(m, fullgraph=True)
         y, want = compiled(x), m(x)
         torch.testing.assert_close(y, want)
@@ -549,7 +555,7 @@ def test_gpu_cpp_backward_before_python_made_its_plan(norm: str) -> None:
 
 
 @pytest.mark.parametrize("norm", ["add_rms_norm", "add_layer_norm"])
-def test_add_norm_compiles_fullgraph(device: str, norm: str) -> None:
+def test_add_norm_compiles_fullgraph(device: str, norm: str, compiled_rmsnorm: str) -> None:
     """torch.compile(fullgraph=True) of add_rms_norm / add_layer_norm (the traced form adds, then runs the norm's
     op): y, s and the gradients are eager's."""
     from ops.layernorm import add_layer_norm

@@ -8,6 +8,7 @@ import torch
 from ops.inputs import DTYPES, PLAIN_TENSORS, TORCH_TAKES, as_eps, check_tensor
 from ops.layernorm.checks import normalized_size
 from ops.layernorm_linear.checks import check_linear
+from ops.rmsnorm import config
 from ops.rmsnorm.config import SEMANTICS
 
 
@@ -67,12 +68,19 @@ def check_call(x: object, normalized_shape: object, weight: object, semantics: o
 def classify(x: torch.Tensor, weight: torch.Tensor | None, by_torch: bool) -> str:
     """Which route takes an ``rms_norm`` call whose arguments passed ``check_call``: "torch" (torch's ops: what
     ``torch_answers`` sends there, ``by_torch``; an empty x; a weight of another dtype than x's, whose product the
-    modules take in float32; CUDA autocast, whose policy for the op torch applies), or "kernels" (our kernels;
-    a strided x is copied once)."""
+    modules take in float32; CUDA autocast, whose policy for the op torch applies; torch.compile's tracing, where
+    ``config.COMPILED_RMSNORM`` is "inductor"), or "kernels" (our kernels; a strided x is copied once)."""
     if (by_torch or x.numel() == 0 or (weight is not None and weight.dtype != x.dtype)
-            or (x.is_cuda and torch.is_autocast_enabled("cuda"))):
+            or (x.is_cuda and torch.is_autocast_enabled("cuda")) or compiled_by_inductor()):
         return "torch"
     return "kernels"
+
+
+def compiled_by_inductor() -> bool:
+    """Whether torch.compile is tracing and hands RMSNorm to inductor (``config.COMPILED_RMSNORM``)."""
+    if config.COMPILED_RMSNORM not in config.COMPILED_FORMS:
+        raise ValueError(f"COMPILED_RMSNORM: expected one of {config.COMPILED_FORMS}, got {config.COMPILED_RMSNORM!r}")
+    return torch.compiler.is_compiling() and config.COMPILED_RMSNORM == "inductor"
 
 
 def check_linear_call(x: object, norm_weight: object, weight: object, bias: object, semantics: object,

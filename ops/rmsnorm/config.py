@@ -14,6 +14,12 @@ K = comptime("layernorm")   # the kernels' own constants: the one source of each
 # rounded to x's dtype, then times the weight), "gemma" GemmaRMSNorm (x * rstd * (1 + weight) in fp32)
 SEMANTICS = {"torch": K["NORM_RMS"], "llama": K["NORM_RMS"] | K["RMS_LLAMA"], "gemma": K["NORM_RMS"] | K["RMS_GEMMA"]}
 
+# Under torch.compile, who runs RMSNorm (and the add before it, and the norm of RMSNorm+Linear): "inductor" (the
+# semantics' own torch ops, which inductor fuses with their neighbours) or "ours" (our ops, called through Python in
+# the compiled graph); "ours" cost 1.4-1.7x the compiled unpatched model's time (docs/tuning.md)
+COMPILED_RMSNORM = "inductor"
+COMPILED_FORMS = ("inductor", "ours")
+
 
 def all_specs() -> list[KernelSpec]:
     """Every instantiation an RMSNorm launches on an sm_90 GPU (LayerNorm's choices of kernel and the one-pass add and
