@@ -7,12 +7,16 @@ OLMo2, Gemma 1-3) by our ``RMSNorm`` with the class's semantics. Each replacemen
 (the same ``Parameter`` objects, so tied weights stay tied and an optimizer made before keeps training them) and has
 its ``state_dict`` keys. With ``residual=True`` the decoder layers of ``FUSED_LAYERS`` (Llama, Mistral, Qwen2, Qwen3)
 also run their second residual add and ``post_attention_layernorm`` as one ``add_rms_norm`` (an instance's own
-``forward``; the same values, since the add is the same rounded sum). Nothing global is patched: two models in one
-process can differ. Fusing the projections after a norm into it is not built yet (issue 71).
+``forward``; the same values, since the add is the same rounded sum). With ``projections=True`` the blocks of
+``FUSED_MLPS`` (GPT-2's) run their MLP's norm, first projection and GELU as one ``layernorm_linear_gelu`` (the norm's
+own forward then passes its input through: the MLP's applies it). Nothing global is patched: two models in one
+process can differ. The other projections after a norm (Llama's q/k/v and gate/up, OPT's fc1, ViT's, BERT's) are not
+fused yet (issue 71).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import re
@@ -28,6 +32,7 @@ from torch import nn
 from ops.common import loaded_class_entry
 from ops.layernorm import LayerNorm
 from ops.layernorm.module import AddLayerNorm
+from ops.layernorm_linear import layernorm_linear_gelu
 from ops.rmsnorm import RMSNorm, add_rms_norm
 from ops.rmsnorm.module import AddRMSNorm, known_rmsnorm
 
@@ -43,6 +48,18 @@ FUSED_LAYERS = {
     ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer"): "a32bec294a26a7a2",
     ("transformers.models.qwen3.modeling_qwen3", "Qwen3DecoderLayer"): "a32bec294a26a7a2",
 }
+
+
+# Hugging Face's blocks whose norm before the MLP feeds the MLP alone, and whose MLP is a Conv1D (its weight stored
+# [K, N]), GELU's tanh form ("gelu_new"), a Conv1D and dropout, by (module, class): the digests of the block's forward
+# and of its MLP's (``forward_digest``), and the MLP's norm, projection and activation attributes with the
+# activation classes that are GELU's tanh form.
+FUSED_MLPS = {
+    ("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): ("a464301d3b835ef8", "3b3ccd7e357e4f06", "ln_2"),
+}
+MLP_START = "hidden_states = self.c_fc"   # where the digest of a FUSED_MLPS block's MLP forward starts
+TANH_GELUS = {("transformers.activations", "NewGELUActivation"): True,
+              ("transformers.activations", "GELUTanh"): True}
 
 
 @dataclass
@@ -103,7 +120,7 @@ def replacement(m: nn.Module) -> tuple[nn.Module | None, str]:
     return new.train(m.training), word
 
 
-def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True) -> PatchHandle:
+def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True, projections: bool = True) -> PatchHandle:
     """Replace ``model``'s norms with this library's, in place, and fuse the residual adds before them where it knows
     the block (see the module docstring for which).
 
@@ -111,6 +128,7 @@ def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True) -> 
         model: any ``nn.Module``; its submodules are swapped where they sit (every place a shared norm sits).
         norms: replace the norms (False: change nothing, report only).
         residual: with ``norms``, run a known decoder layer's residual add and the norm after it as one.
+        projections: with ``norms``, run a known block's MLP norm, first projection and GELU as one op.
 
     Returns:
         A ``PatchHandle``: ``handle.remove()`` (or leaving ``with apply_to(model) as handle:``) restores the model;
@@ -132,6 +150,8 @@ def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True) -> 
     swap_norms(model, norms, report, undo)
     if norms and residual:
         fuse_layers(model, report, undo)
+    if norms and projections:
+        fuse_mlps(model, report, undo)
     return PatchHandle(undo, report)
 
 
@@ -173,14 +193,14 @@ def fuse_layers(model: nn.Module, report: Report, undo: list[Callable[[], None]]
 
 
 @cache
-def forward_digest(cls: type) -> str:
-    """A digest of ``cls.forward`` from its first ``residual = hidden_states`` on, comments, whitespace and arguments
-    passed on under their own names (``x=x``) left out; '' where its source cannot be read."""
+def forward_digest(cls: type, start_at: str = "residual = hidden_states") -> str:
+    """A digest of ``cls.forward`` from its first ``start_at`` on, comments, whitespace and arguments passed on under
+    their own names (``x=x``) left out; '' where its source cannot be read or has no ``start_at``."""
     try:
         source = inspect.getsource(cls.forward)
     except (OSError, TypeError):
         return ""
-    start = source.find("residual = hidden_states")
+    start = source.find(start_at)
     body = re.sub(r"\s+", "", re.sub(r"\b(\w+)=\1\b,?", "", re.sub(r"#[^\n]*", "", source[start:])))
     return hashlib.sha256(body.encode()).hexdigest()[:16] if start >= 0 else ""
 
@@ -197,3 +217,44 @@ def fused_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: obj
     norm = self.post_attention_layernorm
     y, s = add_rms_norm(attention, hidden_states, norm.weight, norm.eps, semantics=norm.semantics)
     return s + self.mlp(y)
+
+
+def fuse_mlps(model: nn.Module, report: Report, undo: list[Callable[[], None]]) -> None:
+    """``apply_to``'s projection fusion: each block of ``FUSED_MLPS`` whose forwards are the ones known, whose norm
+    is our LayerNorm and whose activation is GELU's tanh form gets ``fused_mlp_forward`` as its MLP's forward, and
+    its norm passes its input through."""
+    for qualified, block in model.named_modules():
+        known = loaded_class_entry(block, FUSED_MLPS)
+        if known is None:
+            continue
+        block_digest, mlp_digest, norm_name = known
+        norm, mlp = getattr(block, norm_name, None), getattr(block, "mlp", None)
+        why = ("its forward is not the one the fusion knows" if forward_digest(type(block)) != block_digest
+               else "its MLP's forward is not the one the fusion knows"
+               if mlp is None or forward_digest(type(mlp), MLP_START) != mlp_digest
+               else f"its {norm_name} is not ours, with a weight and a bias"
+               if type(norm) is not LayerNorm or norm.weight is None or norm.bias is None
+               else "its MLP's activation is not GELU's tanh form" if not loaded_class_entry(mlp.act, TANH_GELUS)
+               else "")
+        if why:
+            report.skipped.append((qualified, type(block).__name__, why))
+            continue
+        mlp.forward = functools.partial(fused_mlp_forward, mlp, norm, type(mlp.c_fc), type(mlp.act))
+        norm.forward = types.MethodType(passthrough, norm)
+        undo.append(lambda mlp=mlp, norm=norm: (delattr(mlp, "forward"), delattr(norm, "forward")))
+        report.fused.append((qualified, type(block).__name__, f"{norm_name} + mlp.c_fc + GELU"))
+
+
+def passthrough(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A fused norm's forward: its input as it is (the op after it applies the norm)."""
+    return x
+
+
+def fused_mlp_forward(mlp: nn.Module, norm: LayerNorm, conv: type, act: type, x: torch.Tensor) -> torch.Tensor:
+    """A ``FUSED_MLPS`` MLP's forward on the block's un-normalized x: norm, c_fc and GELU by ``layernorm_linear_gelu``
+    (c_fc's [K, N] weight as its transpose), then c_proj and dropout. A c_fc or activation that is no longer the
+    one fused (a PEFT adapter put in its place since) runs as the unfused MLP instead, never without it."""
+    if type(mlp.c_fc) is not conv or type(mlp.act) is not act:
+        return type(mlp).forward(mlp, type(norm).forward(norm, x))
+    h = layernorm_linear_gelu(x, norm.weight, norm.bias, mlp.c_fc.weight.mT, mlp.c_fc.bias, norm.eps)
+    return mlp.dropout(mlp.c_proj(h))

@@ -17,6 +17,12 @@ def layernorm_linear_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tenso
     return layernorm_ref(x, gamma, beta, eps) @ weight.double().T + bias.double()
 
 
+def layernorm_linear_gelu_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
+                              bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """gelu(Linear(LayerNorm(x)), approximate="tanh") in float64 (``layernorm_linear_gelu``'s)."""
+    return gelu_ref(layernorm_linear_ref(x, gamma, beta, weight, bias, eps), "gelu_tanh")
+
+
 def gelu_ref(z: torch.Tensor, activation: str) -> torch.Tensor:
     """The activation by name ("none", "gelu" erf form, "gelu_tanh") in z's dtype."""
     if activation == "none":

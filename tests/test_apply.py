@@ -73,21 +73,26 @@ def _tiny(family: str) -> nn.Module:
 
 
 def _digest_known(model: nn.Module) -> bool:
-    """Whether the installed transformers' decoder layer forward is the one apply_to's fusion reproduces."""
-    from ops.apply import FUSED_LAYERS, forward_digest
+    """Whether the installed transformers' decoder layer (GPT-2: block and MLP) forward is the one apply_to's fusion
+    reproduces."""
+    from ops.apply import FUSED_LAYERS, FUSED_MLPS, MLP_START, forward_digest
 
+    if hasattr(model, "transformer"):
+        block = model.transformer.h[0]
+        known = {(a, b) for a, b, _ in FUSED_MLPS.values()}
+        return (forward_digest(type(block)), forward_digest(type(block.mlp), MLP_START)) in known
     layer = model.model.layers[0]
     return forward_digest(type(layer)) in FUSED_LAYERS.values()
 
 
-HF_CASES = {   # family: the classes its norms must become (semantics), one norm's qualified name, layers fused
+HF_CASES = {   # family: the classes its norms must become (semantics), one norm's qualified name, blocks fused
     "Llama": ({"RMSNorm(semantics='llama')"}, "model.layers.0.input_layernorm", 2),
     "Mistral": ({"RMSNorm(semantics='llama')"}, "model.layers.1.post_attention_layernorm", 2),
     "Qwen2": ({"RMSNorm(semantics='llama')"}, "model.norm", 2),
     "Qwen3": ({"RMSNorm(semantics='llama')"}, "model.layers.1.self_attn.k_norm", 2),
     "Gemma": ({"RMSNorm(semantics='gemma')"}, "model.norm", 0),
     "Olmo2": ({"RMSNorm(semantics='torch')"}, "model.layers.0.post_feedforward_layernorm", 0),
-    "gpt2": ({"LayerNorm"}, "transformer.h.1.ln_2", 0),
+    "gpt2": ({"LayerNorm"}, "transformer.h.1.ln_2", 2),
     "opt": ({"LayerNorm"}, "model.decoder.final_layer_norm", 0),
 }
 
@@ -95,7 +100,8 @@ HF_CASES = {   # family: the classes its norms must become (semantics), one norm
 @pytest.mark.parametrize("family", list(HF_CASES))
 def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, family: str) -> None:
     """A tiny Hugging Face model of each family: every norm replaced by the right class and semantics (none
-    skipped), the Llama-family layers' residual add and norm fused, the same state dict, logits and every parameter's
+    skipped), the Llama-family layers' residual add and norm fused (GPT-2's MLP norm, c_fc and GELU), the same state
+    dict, logits and every parameter's
     gradient as the unpatched model's (float32), and remove() gives the unpatched model back (no forward of ours)."""
     model = _tiny(family).to(device)
     ids = torch.randint(0, 128, (2, 8), device=device)
@@ -227,3 +233,38 @@ def test_training_converges_as_the_unpatched_model(family: str) -> None:
     spread = (base - other).abs().max()
     assert (ours - base).abs().max() <= spread, ((ours - base).abs().max(), spread)
     assert ours[-1] < 0.5 * ours[0]   # it learned the fixed batch
+
+
+class Adapted(nn.Module):
+    """A module put in place of a projection after the patch, as a PEFT LoRA adapter is: the projection plus a
+    low-rank term."""
+
+    def __init__(self, base: nn.Module, k: int, n: int) -> None:
+        super().__init__()
+        self.base, self.down, self.up = base, nn.Linear(k, 2, bias=False), nn.Linear(2, n, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.up(self.down(x))
+
+
+def test_fused_gpt2_mlp_runs_unfused_once_its_projection_is_adapted() -> None:
+    """GPT-2's MLP fused (ln_2, c_fc and GELU as one op) gives the unpatched logits; an adapter put in place of c_fc
+    afterwards (as PEFT does) is run, through the unfused MLP, with the same logits as the unpatched model with it."""
+    model = _tiny("gpt2")
+    if not _digest_known(model):
+        pytest.skip("the installed transformers' GPT-2 block is not the one the fusion knows")
+    ids = torch.randint(0, 128, (2, 8))
+    with torch.no_grad():
+        want = model(ids).logits
+        handle = ops.apply_to(model)
+        assert [what for _, _, what in handle.report.fused] == ["ln_2 + mlp.c_fc + GELU"] * 2
+        fused = model(ids).logits
+        assert (m := compare(fused, want, torch.float32, reduction=64)) is None, m
+        mlp = model.transformer.h[1].mlp
+        mlp.c_fc = Adapted(mlp.c_fc, 64, 256)
+        nn.init.normal_(mlp.c_fc.up.weight)
+        got = model(ids).logits
+        handle.remove()
+        want = model(ids).logits
+    assert (m := compare(got, want, torch.float32, reduction=64)) is None, m
+    assert (got - fused).abs().max() > 1e-3   # the adapter was run

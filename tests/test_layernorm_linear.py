@@ -11,8 +11,15 @@ from layernorm_linear_helpers import check_forward, make
 from torch import nn
 
 from ops import layernorm_linear as LL
+from ops.launch import direct
 from ops.layernorm_linear import config as LLC
-from ops.reference import layernorm_linear_grads_ref, layernorm_linear_ref, layernorm_ref, layernorm_stats_ref
+from ops.reference import (
+    layernorm_linear_gelu_ref,
+    layernorm_linear_grads_ref,
+    layernorm_linear_ref,
+    layernorm_ref,
+    layernorm_stats_ref,
+)
 from ops.tolerance import compare, compare_named
 
 # (leading dims..., K, N): K and N off the 16/64 tiles, 1-element edges, a 2-D batch.
@@ -321,3 +328,32 @@ def test_weight_update(device: str, algo: str, dtype: torch.dtype, way: str) -> 
         assert (bad := compare(y, ref, dtype, reduction=k)) is None, f"autograd forward, {where}: {bad}"
         got = torch.autograd.grad(y, (xl, m[0].weight, m[0].bias, weight, m[1].bias), dy)
     check_grads(got, x, g, b, w, bias, dy, where=where)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_layernorm_linear_gelu_values_and_gradients(device: str, dtype: torch.dtype, transposed: bool) -> None:
+    """layernorm_linear_gelu (a GPU's C++ op, else layernorm_linear then GELU) and the C++ op itself, with a [N, K]
+    weight and with the transpose of a [K, N] one (GPT-2's Conv1D): values and all five gradients against float64
+    autograd of the reference, rows with a large mean among them, on outputs poisoned first."""
+    torch.manual_seed(0)
+    rows, k, n = 37, 96, 136
+    x = (torch.randn(rows, k) + torch.where(torch.arange(rows) % 5 == 0, 40.0, 0.0)[:, None]).to(device, dtype)
+    g, b = (1 + 0.1 * torch.randn(k)).to(device, dtype), (0.1 * torch.randn(k)).to(device, dtype)
+    w = (torch.randn(k, n) / k**0.5).mT if transposed else torch.randn(n, k) / k**0.5
+    w = w.to(device, dtype)
+    bias = (0.1 * torch.randn(n)).to(device, dtype)
+    dy = torch.randn(rows, n, device=device, dtype=dtype)
+    leaves = [t.detach().requires_grad_() for t in (x, g, b, w, bias)]
+    ref = layernorm_linear_gelu_ref(*(t.double() for t in leaves))
+    want = torch.autograd.grad(ref, leaves, dy.double())
+    fns = [LL.layernorm_linear_gelu]
+    if direct.load_native().ops is not None:
+        fns.append(lambda *t: torch.ops.mojo_direct.traced_layernorm_linear(*t, 1e-5, 1))
+    for fn in fns:
+        y = fn(*leaves)
+        assert y.dtype == dtype and (m := compare(y, ref, dtype, reduction=k)) is None, m
+        got = torch.autograd.grad(y, leaves, dy)
+        for name, a, r in zip(("dx", "dln_weight", "dln_bias", "dweight", "dbias"), got, want, strict=True):
+            cond = float(layernorm_stats_ref(x)[1].max()) if name == "dx" else 4.0
+            assert (m := compare(a, r, dtype, reduction=max(rows, n), cond=cond)) is None, f"{name}: {m}"

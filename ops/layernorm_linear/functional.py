@@ -17,9 +17,17 @@ from ops.inputs import (
 from ops.launch import direct
 from ops.layernorm import functional as ln_functional
 from ops.layernorm import launch as ln_launch
+from ops.layernorm.checks import valid as ln_valid
 from ops.layernorm_linear.algo import autograd_algo, check_algo, pick_algo, remember_algo
 from ops.layernorm_linear.autograd import LayerNormLinearFunction
-from ops.layernorm_linear.checks import adapted_fwd, check_linear, classify, empty_result, native_takes
+from ops.layernorm_linear.checks import (
+    adapted_fwd,
+    check_linear,
+    classify,
+    empty_result,
+    native_takes,
+    valid_linear,
+)
 from ops.layernorm_linear.config import ALGO_IDS
 from ops.layernorm_linear.fwd_bwd import layernorm_linear_fwd
 from ops.layernorm_linear.launch import linear
@@ -153,3 +161,48 @@ def module_forward(x: torch.Tensor, normalized_shape: tuple[int, ...], ln_weight
         ln_weight = constant(1.0, k, dtype, device) if ln_weight is None else ln_weight
         ln_bias = constant(0.0, k, dtype, device) if ln_bias is None else ln_bias
     return layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, algo)
+
+
+GELU_TANH = 1   # traced_layernorm_linear's act code: GELU's tanh form, in the GEMM's epilogue
+
+
+def layernorm_linear_gelu(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """gelu(Linear(LayerNorm(x)), approximate="tanh") with autograd for all five inputs: a pre-norm MLP's first half
+    (GPT-2's ``ln_2``, ``mlp.c_fc`` and its "gelu_new", which is GELU's tanh form). Eager on a GPU one C++ op each
+    way (our LayerNorm, then one GEMM with GELU in its epilogue; torch's GEMM and GELU where cuBLASLt does not take
+    the weight as it is, such as a transposed one); otherwise ``layernorm_linear``, then ``F.gelu``.
+
+    Args:
+        x: the input ``[..., K]``, float32, float16 or bfloat16 (float64 and the like by torch's ops).
+        ln_weight, ln_bias: the LayerNorm's gamma and beta ``[K]``.
+        weight: the Linear's ``[N, K]``, or the transpose of a contiguous ``[K, N]`` (``conv1d.weight.mT`` of GPT-2's
+            ``Conv1D``); bias: its ``[N]`` or None.
+        eps: the LayerNorm's.
+
+    Shape:
+        x: ``[..., K]``; output: ``[..., N]``.
+
+    Returns:
+        The activation in x's dtype.
+
+    Raises:
+        TypeError, ValueError: as ``layernorm_linear`` (named).
+
+    Example:
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> y = layernorm_linear_gelu(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), torch.zeros(3))
+        >>> y.sum().backward()
+    """
+    if direct.launches(x) and _direct_takes(x, ln_weight, ln_bias, weight, bias, eps):
+        return torch.ops.mojo_direct.traced_layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, GELU_TANH)
+    return torch.nn.functional.gelu(layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps), approximate="tanh")
+
+
+def _direct_takes(x: torch.Tensor, ln_weight: object, ln_bias: object, weight: object, bias: object,
+                  eps: object) -> bool:
+    """Whether ``layernorm_linear_gelu``'s C++ op takes these as they are: the C++ ops loaded, no autocast, tensors
+    ``classify`` would send to the kernels (the weight also transposed), a float eps."""
+    return (direct.load_native().ops is not None and not torch.is_autocast_enabled("cuda")
+            and eps.__class__ is float and not torch_answers(x, ln_weight, ln_bias, weight, bias)
+            and ln_valid(x, ln_weight, ln_bias) and valid_linear(x, weight, bias, transposed=True))
