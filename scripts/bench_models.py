@@ -4,17 +4,17 @@ Each model is built from its real config's sizes with random weights (seed 0), b
 (12 layers, hidden 1024), Qwen2.5-0.5B-shaped, GPT-2 small, OPT-125m (8x512 tokens each), ViT-base (32 images) and
 BERT-base (8x512 tokens). Contenders, each a copy of the same weights: "hf" the model as Hugging Face builds it,
 "hf:again" a second copy of it (the run's noise floor), "ours" after ``ops.apply_to`` (its norms replaced, the
-Llama-family layers' residual add fused; the report says which), and "liger:rms_norm" where Liger-Kernel has the
-model (its RMSNorm on that instance alone: its RoPE and SwiGLU patches replace module-level functions, which would
-change "hf" too). Before timing, every contender's logits
-are compared with a float32 copy's: none may be further from them than 1.5x "hf"'s own bf16 distance. Phases, eager:
-"infer" (a forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step);
-pipelined time per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its
-ratio to "hf"'s (paired per round), and host time per call. Mode "compile": the same phases of ``torch.compile(model)``
-("hf" and "ours" alone, and "ours:compiled_ops" with --ab-compiled-rmsnorm: compiling takes minutes). Mode
-"generate": ``generate()`` of 128 new tokens, greedy, after a 32-token prompt, at batch 1 and 8 (phases "generate1",
-"generate8"; ms per call, median of 5 rounds in rotated order, vs_hf paired per round; below 1 is more tokens per
-second). Writes results/transformer.{csv,md} (table bench_models; a run of some modes keeps the others').
+Llama-family layers' residual add and GPT-2's MLP norm, c_fc and GELU fused; the report says which), and
+"liger:rms_norm" where Liger-Kernel has the model (its RMSNorm on that instance alone: its RoPE and SwiGLU patches
+replace module-level functions, which would change "hf" too). Before timing, every contender's logits are compared
+with a float32 copy's: none may be further from them than 1.5x "hf"'s own bf16 distance. Phases, eager: "infer" (a
+forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step); pipelined time
+per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its ratio to "hf"'s
+(paired per round), and host time per call. Mode "compile": the same phases of ``torch.compile(model)`` ("hf" and
+"ours" alone, and "ours:compiled_ops" with --ab-compiled-rmsnorm: compiling takes minutes). Mode "generate":
+``generate()`` of 128 new tokens, greedy, after a 32-token prompt, at batch 1 and 8 (phases "generate1", "generate8";
+ms per call, median of 5 rounds in rotated order, vs_hf paired per round; below 1 is more tokens per second). Writes
+results/transformer.{csv,md} (table bench_models; a run of some modes keeps the others').
 
     python scripts/bench_models.py                       (needs a CUDA GPU and transformers: pip install -e .[hf])
     python scripts/bench_models.py --models llama,gpt2   (some models, printed and written)

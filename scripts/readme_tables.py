@@ -35,13 +35,14 @@ def transformer_table() -> list[str]:
 
 
 def models_table() -> list[str]:
-    """Hugging Face models after ``ops.apply_to`` (its norms swapped), ours / the unpatched model, eager, per model."""
+    """Hugging Face models after ``ops.apply_to`` (its defaults), ours / the unpatched model, eager, per model."""
     stamp, rows = read_table("bench_models")
     if not rows:
         return []
     ratio = {(r["model"], r["phase"], r["impl"]): r["vs_hf"] for r in rows if r.get("mode", "eager") == "eager"}
     gpu, commit, version = (part.strip() for part in stamp.split(";")[:3])
-    out = ["Hugging Face models after `ops.apply_to(model)` (norms swapped), bf16 eager, ours / the unpatched model,",
+    out = ["Hugging Face models after `ops.apply_to(model)` (norms swapped, known blocks fused), bf16 eager, "
+           "ours / the unpatched model,",
            f"pipelined time per call ([results/transformer.md](results/transformer.md); "
            f"{gpu.removeprefix('GPU: ')}, {commit}, {version}):", "",
            "| model | inference | training step | Liger's RMSNorm: inference | training step |",

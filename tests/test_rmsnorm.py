@@ -223,8 +223,9 @@ def test_compiles_fullgraph_with_dynamic_shapes(device: str, compiled_rmsnorm: s
         x = torch.randn(5, 32, device=device, requires_grad=True)
         backend, codes = recording_backend()
         torch.compile(m, fullgraph=True, backend=backend)(x).sum().backward()
-        assert [("mojo.rms_norm" in c, "rsqrt" in c) for c in codes] == [(compiled_rmsnorm == "ours",
-                                                                          compiled_rmsnorm == "inductor")] * 2, codes
+        torchs = ("rsqrt", "_fused_rms_norm")   # torch's RMSNorm, decomposed (the CPU) or fused (CUDA)
+        assert [("mojo.rms_norm" in c, any(op in c for op in torchs)) for c in codes] == [
+            (compiled_rmsnorm == "ours", compiled_rmsnorm == "inductor")] * 2, codes
         compiled = torch.compile(m, fullgraph=True)
         y, want = compiled(x), m(x)
         torch.testing.assert_close(y, want)
