@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import ops
+from ops.common import loaded_class_entry
 from ops.layernorm import LayerNorm
 from ops.rmsnorm import RMSNorm
 from ops.tolerance import compare
@@ -67,22 +68,34 @@ def _tiny(family: str) -> nn.Module:
     if family == "opt":
         return transformers.OPTForCausalLM(transformers.OPTConfig(hidden_size=64, ffn_dim=128,
                                                                   word_embed_proj_dim=64, **common)).eval()
+    if family == "bert":
+        return transformers.BertForMaskedLM(transformers.BertConfig(hidden_size=64, intermediate_size=128,
+                                                                    **common)).eval()
+    if family == "vit":
+        return transformers.ViTForImageClassification(transformers.ViTConfig(
+            hidden_size=64, intermediate_size=128, image_size=32, patch_size=8, num_labels=128,
+            **{k: v for k, v in common.items() if k != "vocab_size"})).eval()
     config = getattr(transformers, f"{family}Config")(hidden_size=64, intermediate_size=128, num_key_value_heads=2,
                                                       head_dim=16, **common)
     return getattr(transformers, f"{family}ForCausalLM")(config).eval()
 
 
 def _digest_known(model: nn.Module) -> bool:
-    """Whether the installed transformers' decoder layer (GPT-2: block and MLP) forward is the one apply_to's fusion
-    reproduces."""
-    from ops.apply import FUSED_LAYERS, FUSED_MLPS, MLP_START, forward_digest
+    """Whether the installed transformers' blocks read as the ones apply_to's fusion of this family reproduces."""
+    from ops.hf_blocks import FUSIONS
 
-    if hasattr(model, "transformer"):
-        block = model.transformer.h[0]
-        known = {(a, b) for a, b, _ in FUSED_MLPS.values()}
-        return (forward_digest(type(block)), forward_digest(type(block.mlp), MLP_START)) in known
-    layer = model.model.layers[0]
-    return forward_digest(type(layer)) in FUSED_LAYERS.values()
+    for block in model.modules():
+        fusion = loaded_class_entry(block, FUSIONS)
+        if fusion is not None:
+            return "forward is not" not in fusion.why_not(block)
+    return False
+
+
+def _inputs(family: str, device: str) -> torch.Tensor:
+    """A batch of two for ``_tiny(family)``: 8 token ids, or ViT's 32x32 images."""
+    if family == "vit":
+        return torch.randn(2, 3, 32, 32, device=device)
+    return torch.randint(0, 128, (2, 8), device=device)
 
 
 HF_CASES = {   # family: the classes its norms must become (semantics), one norm's qualified name, blocks fused
@@ -93,18 +106,20 @@ HF_CASES = {   # family: the classes its norms must become (semantics), one norm
     "Gemma": ({"RMSNorm(semantics='gemma')"}, "model.norm", 0),
     "Olmo2": ({"RMSNorm(semantics='torch')"}, "model.layers.0.post_feedforward_layernorm", 0),
     "gpt2": ({"LayerNorm"}, "transformer.h.1.ln_2", 2),
-    "opt": ({"LayerNorm"}, "model.decoder.final_layer_norm", 0),
+    "opt": ({"LayerNorm"}, "model.decoder.final_layer_norm", 2),
+    "vit": ({"LayerNorm"}, "vit.layers.1.layernorm_after", 2),
+    "bert": ({"LayerNorm"}, "bert.encoder.layer.0.attention.output.LayerNorm", 4),
 }
 
 
 @pytest.mark.parametrize("family", list(HF_CASES))
 def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, family: str) -> None:
     """A tiny Hugging Face model of each family: every norm replaced by the right class and semantics (none
-    skipped), the Llama-family layers' residual add and norm fused (GPT-2's MLP norm, c_fc and GELU), the same state
-    dict, logits and every parameter's
-    gradient as the unpatched model's (float32), and remove() gives the unpatched model back (no forward of ours)."""
+    skipped), its blocks fused as ``FUSIONS`` says (a residual add and its norm; GPT-2's MLP norm, c_fc and GELU),
+    the same state dict, logits and every parameter's gradient as the unpatched model's (float32), and remove() gives
+    the unpatched model back (no forward of ours)."""
     model = _tiny(family).to(device)
-    ids = torch.randint(0, 128, (2, 8), device=device)
+    ids = _inputs(family, device)
 
     def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()
