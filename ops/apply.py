@@ -89,8 +89,8 @@ def replacement(m: nn.Module) -> tuple[nn.Module | None, str]:
 
 
 def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True, projections: bool = True) -> PatchHandle:
-    """Replace ``model``'s norms with this library's, in place, and fuse the residual adds before them where it knows
-    the block (see the module docstring for which).
+    """Replace ``model``'s norms with this library's, in place, and fuse the adds and projections around them in the
+    blocks it knows (see the module docstring for which).
 
     Args:
         model: any ``nn.Module``; its submodules are swapped where they sit (every place a shared norm sits).

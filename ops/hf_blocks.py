@@ -139,7 +139,15 @@ TANH_GELUS = {("transformers.activations", "NewGELUActivation"): True,
               ("transformers.activations", "GELUTanh"): True}
 
 
+CONV1D = ("transformers.pytorch_utils", "Conv1D")   # GPT-2's projection class, whose weight is read directly
+
+
 def gpt2_refusal(block: nn.Module) -> str:
+    """Why GPT-2's MLP is not fused: its c_fc is not exactly transformers' Conv1D (a PEFT adapter, a subclass: the
+    fused op would read the base weight alone), or its activation is not GELU's tanh form."""
+    conv = type(block.mlp.c_fc)
+    if (conv.__module__, conv.__qualname__) != CONV1D:
+        return f"its mlp.c_fc is {conv.__name__}, not the Conv1D the fusion reads"
     return "" if loaded_class_entry(block.mlp.act, TANH_GELUS) else "its MLP's activation is not GELU's tanh form"
 
 

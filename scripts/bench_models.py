@@ -105,7 +105,7 @@ def contenders(name: str, build: Callable[[], nn.Module],
     for impl in ("ours", AB_CONTENDER) if ab else ("ours",):
         models[impl] = copy.deepcopy(base)
         report = ops.apply_to(models[impl]).report
-        patched[impl] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} layers fused, "
+        patched[impl] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} blocks fused, "
                          f"{len(report.skipped)} skipped")
     if (patch := liger_patch(name)) is not None:
         models["liger:rms_norm"] = copy.deepcopy(base)

@@ -264,11 +264,18 @@ class Adapted(nn.Module):
 
 def test_fused_gpt2_mlp_runs_unfused_once_its_projection_is_adapted() -> None:
     """GPT-2's MLP fused (ln_2, c_fc and GELU as one op) gives the unpatched logits; an adapter put in place of c_fc
-    afterwards (as PEFT does) is run, through the unfused MLP, with the same logits as the unpatched model with it."""
+    afterwards (as PEFT does) is run, through the unfused MLP, with the same logits as the unpatched model with it;
+    a block whose c_fc was adapted before is not fused (reported)."""
     model = _tiny("gpt2")
     if not _digest_known(model):
         pytest.skip("the installed transformers' GPT-2 block is not the one the fusion knows")
     ids = torch.randint(0, 128, (2, 8))
+    before = _tiny("gpt2")
+    before.transformer.h[0].mlp.c_fc = Adapted(before.transformer.h[0].mlp.c_fc, 64, 256)
+    with ops.apply_to(before) as handle:
+        assert [name for name, _, _ in handle.report.fused] == ["transformer.h.1"]
+        assert handle.report.skipped == [("transformer.h.0", "GPT2Block",
+                                          "its mlp.c_fc is Adapted, not the Conv1D the fusion reads")]
     with torch.no_grad():
         want = model(ids).logits
         handle = ops.apply_to(model)
