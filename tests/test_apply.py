@@ -290,3 +290,36 @@ def test_fused_gpt2_mlp_runs_unfused_once_its_projection_is_adapted() -> None:
         want = model(ids).logits
     assert (m := compare(got, want, torch.float32, reduction=64)) is None, m
     assert (got - fused).abs().max() > 1e-3   # the adapter was run
+
+
+@pytest.mark.parametrize("order", ["adapter_first", "patch_first"])
+def test_peft_lora_adapters_are_run_before_or_after_the_patch(order: str) -> None:
+    """PEFT LoRA adapters on GPT-2's c_fc (its fused projection) and on a tiny Llama's q_proj/v_proj, added before or
+    after apply_to: the patched model gives the unpatched adapted model's logits and the adapters' gradients, and
+    GPT-2's MLP with an adapter on c_fc is never run fused without it."""
+    peft = pytest.importorskip("peft")
+    for family, targets, fan_in_fan_out in (("gpt2", ["c_fc"], True), ("Llama", ["q_proj", "v_proj"], False)):
+        model = _tiny(family)
+        ids = _inputs(family, "cpu")
+        config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=fan_in_fan_out,
+                                 init_lora_weights=False)
+        handle = ops.apply_to(model) if order == "patch_first" else None
+        model = peft.get_peft_model(model, config)
+        if handle is None:
+            handle = ops.apply_to(model)
+            if family == "gpt2":
+                assert not handle.report.fused and len(handle.report.skipped) == 2, handle.report
+
+        def run(model: nn.Module = model, ids: torch.Tensor = ids) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            model.zero_grad()
+            logits = model(ids).logits
+            logits.square().mean().backward()
+            return logits.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+        got, got_grads = run()
+        handle.remove()
+        want, want_grads = run()
+        assert (m := compare(got, want, torch.float32, reduction=64)) is None, f"{family}: {m}"
+        assert len(got_grads) == 2 * len(targets) * 2   # lora_A and lora_B of each target in each of two layers
+        for g, w in zip(got_grads, want_grads, strict=True):
+            assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{family}: {m}"
