@@ -174,6 +174,14 @@ LNL_ENTRIES: dict[str, Callable[..., object]] = {
 }
 
 
+LNL_GELU_ENTRIES: dict[str, Callable[..., object]] = {
+    "layernorm_linear_gelu": LL.layernorm_linear_gelu,
+    "layernorm_linear_gelu-grad": lambda x, ln_weight, **kw: LL.layernorm_linear_gelu(
+        x, ln_weight.requires_grad_() if isinstance(ln_weight, torch.Tensor) and ln_weight.is_floating_point()
+        else ln_weight, **kw),
+}
+
+
 def _every_entry(entries: dict[str, Callable[..., object]], make_args: Callable[[], dict[str, object]],
                  cases: list[tuple], kernel_entry: str, ln_weight: str) -> list:
     """Each case of an op's table on each of its entries, and X_KERNEL_CASES on ``kernel_entry`` or
@@ -227,6 +235,7 @@ RMS_LINEAR_ENTRIES: dict[str, Callable[..., object]] = {
 @pytest.mark.parametrize("entry,make_args,arg,value,err,name",
                          _every_entry(LN_ENTRIES, _ln_args, LN_CASES, "layernorm_fwd", "weight")
                          + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES, "layernorm_linear_fwd", "ln_weight")
+                         + _every_entry(LNL_GELU_ENTRIES, _lnl_args, LNL_CASES, "", "ln_weight")
                          + [pytest.param(RMS_ENTRIES[e], _rms_args, *c[1:], id=f"{e}-{c[0]}")
                             for e in RMS_ENTRIES for c in RMS_CASES]
                          + [pytest.param(RMS_LINEAR_ENTRIES[e], _rms_linear_args, *c[1:], id=f"{e}-{c[0]}")

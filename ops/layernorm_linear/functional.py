@@ -11,6 +11,7 @@ from ops.common import (
     no_grad_to_come,
 )
 from ops.inputs import (
+    PLAIN_TENSORS,
     as_eps,
     torch_answers,
 )
@@ -194,7 +195,7 @@ def layernorm_linear_gelu(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: tor
         >>> y = layernorm_linear_gelu(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), torch.zeros(3))
         >>> y.sum().backward()
     """
-    if direct.launches(x) and _direct_takes(x, ln_weight, ln_bias, weight, bias, eps):
+    if x.__class__ in PLAIN_TENSORS and direct.launches(x) and _direct_takes(x, ln_weight, ln_bias, weight, bias, eps):
         return torch.ops.mojo_direct.traced_layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, GELU_TANH)
     return torch.nn.functional.gelu(layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps), approximate="tanh")
 
