@@ -34,7 +34,7 @@ OURS = (LayerNorm, AddLayerNorm, RMSNorm, AddRMSNorm)   # already this library's
 class Report:
     """What ``apply_to`` did, by each module's qualified name in the model: ``replaced`` (name, original class,
     replacement, with an RMSNorm's semantics), ``fused`` (name, class, what runs as one) and ``skipped`` (name, class,
-    why) for modules that look like norms (a class name with "Norm") or decoder layers it left alone."""
+    why) for modules that look like norms (a class name with "Norm") or blocks of ``FUSIONS`` it left alone."""
 
     replaced: list[tuple[str, str, str]] = field(default_factory=list)
     fused: list[tuple[str, str, str]] = field(default_factory=list)

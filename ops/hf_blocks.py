@@ -174,8 +174,8 @@ class Fusion:
     def why_not(self, block: nn.Module) -> str:
         """Why this block is not fused ('' if it is to be)."""
         for attr, start, digest in self.digests:
-            part = block.get_submodule(attr) if attr else block
-            if forward_digest(type(part), start) != digest:
+            part = getattr(block, attr, None) if attr else block
+            if part is None or forward_digest(type(part), start) != digest:
                 return f"its {attr + ' ' if attr else ''}forward is not the one the fusion knows"
         norm = getattr(block, self.norm, None)
         if type(norm) is not self.norm_type or norm.weight is None or getattr(norm, "bias", False) is None:
