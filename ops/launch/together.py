@@ -125,7 +125,7 @@ class _Plan:
     def compile_here(self, build: progress.building) -> int | MojoCompileError:
         """Compile the module in this process (MAX builds graphs in its context's thread), save it, keep it."""
         session = bridge.session(self.device)
-        module = _module(self.names, self.todo, self.device)
+        module = module_of(self.names, self.todo, self.device)
         try:
             compiled = build.run(lambda: session.compile(module, custom_extensions=self.libraries))
         except RuntimeError as e:
@@ -170,7 +170,7 @@ def _save(compiled: Any, path: Path) -> None:
             f.unlink(missing_ok=True)
 
 
-def _module(names: Sequence[str], calls: Calls, device: torch.device) -> Any:
+def module_of(names: Sequence[str], calls: Calls, device: torch.device) -> Any:
     """A ``max.graph.Module`` holding one graph per (op, input dtypes), each named by ``names``."""
     from max.graph import Module
 
@@ -213,7 +213,7 @@ class _Worker:
 def _worker_main() -> int:
     names, calls, device, libraries, saved = pickle.loads(sys.stdin.buffer.read())
     device = torch.device(device)
-    module = _module(names, calls, device)
+    module = module_of(names, calls, device)
     try:
         compiled = bridge.session(device).compile(module, custom_extensions=libraries)
     except RuntimeError as e:
