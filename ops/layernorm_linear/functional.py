@@ -195,15 +195,17 @@ def layernorm_linear_gelu(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: tor
         >>> y = layernorm_linear_gelu(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), torch.zeros(3))
         >>> y.sum().backward()
     """
-    if x.__class__ in PLAIN_TENSORS and direct.launches(x) and _direct_takes(x, ln_weight, ln_bias, weight, bias, eps):
-        return torch.ops.mojo_direct.traced_layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, GELU_TANH)
+    launches = x.__class__ in PLAIN_TENSORS and direct.launches(x)
+    entry = direct.load_native().traced_layernorm_linear if launches else None
+    if entry is not None and _direct_takes(x, ln_weight, ln_bias, weight, bias, eps):
+        return entry(x, ln_weight, ln_bias, weight, bias, eps, GELU_TANH)
     return torch.nn.functional.gelu(layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps), approximate="tanh")
 
 
 def _direct_takes(x: torch.Tensor, ln_weight: object, ln_bias: object, weight: object, bias: object,
                   eps: object) -> bool:
-    """Whether ``layernorm_linear_gelu``'s C++ op takes these as they are: the C++ ops loaded, no autocast, tensors
-    ``classify`` would send to the kernels (the weight also transposed), a float eps."""
-    return (direct.load_native().ops is not None and not torch.is_autocast_enabled("cuda")
-            and eps.__class__ is float and not torch_answers(x, ln_weight, ln_bias, weight, bias)
+    """Whether ``layernorm_linear_gelu``'s C++ op takes these as they are: no autocast, tensors ``classify`` would
+    send to the kernels (the weight also transposed), a float eps."""
+    return (not torch.is_autocast_enabled("cuda") and eps.__class__ is float
+            and not torch_answers(x, ln_weight, ln_bias, weight, bias)
             and ln_valid(x, ln_weight, ln_bias) and valid_linear(x, weight, bias, transposed=True))
