@@ -555,13 +555,17 @@ def test_gpu_cpp_backward_before_python_made_its_plan(norm: str) -> None:
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("norm", ["add_rms_norm", "add_layer_norm"])
-def test_add_norm_compiles_fullgraph(device: str, norm: str, compiled_rmsnorm: str) -> None:
-    """torch.compile(fullgraph=True) of add_rms_norm / add_layer_norm (the traced form adds, then runs the norm's
-    op): y, s and the gradients are eager's."""
+@pytest.mark.parametrize("norm,form", [("add_rms_norm", "inductor"), ("add_rms_norm", "ours"),
+                                       ("add_layer_norm", None)])
+def test_add_norm_compiles_fullgraph(device: str, norm: str, form: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile(fullgraph=True) of add_rms_norm (under each COMPILED_RMSNORM) / add_layer_norm (the traced form
+    adds, then runs the norm): y, s and the gradients are eager's."""
     from ops.layernorm import add_layer_norm
     from ops.rmsnorm import add_rms_norm
+    from ops.rmsnorm import config as rmsnorm_config
 
+    if form is not None:
+        monkeypatch.setattr(rmsnorm_config, "COMPILED_RMSNORM", form)
     torch._dynamo.reset()
     torch.manual_seed(0)
     x, r = (torch.randn(6, 64, device=device, requires_grad=True) for _ in range(2))
