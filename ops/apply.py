@@ -7,10 +7,10 @@ What it replaces: ``nn.LayerNorm`` (by our ``LayerNorm``), ``nn.RMSNorm`` and Hu
 OLMo2, Gemma 1-3) by our ``RMSNorm`` with the class's semantics. Each replacement shares the original's parameters
 (the same ``Parameter`` objects, so tied weights stay tied and an optimizer made before keeps training them) and has
 its ``state_dict`` keys. Then the blocks of ``ops.hf_blocks.FUSIONS`` get fused forwards of their own instance
-(``residual=True``: a residual add and the norm after it as one op, in Llama, Mistral, Qwen2, Qwen3, ViT, OPT and
-BERT; ``projections=True``: GPT-2's MLP norm, first projection and GELU as one op). Nothing global is patched: two
-models in one process can differ. The other projections after a norm (Llama's q/k/v and gate/up, OPT's fc1, ViT's,
-BERT's) are not fused yet (issue 71).
+(``projections=True``: a pre-norm MLP's norm, first projection and activation as one op, in GPT-2, ViT and OPT;
+``residual=True``: a residual add and the norm after it as one op, in Llama, Mistral, Qwen2, Qwen3 and BERT, and in
+ViT and OPT where their projections are not fused). Nothing global is patched: two models in one process can differ.
+The other projections after a norm (Llama's q/k/v and gate/up, BERT's) are not fused yet (issue 71).
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True, pro
         model: any ``nn.Module``; its submodules are swapped where they sit (every place a shared norm sits).
         norms: replace the norms (False: change nothing, report only).
         residual: with ``norms``, run a known block's residual add and the norm after it as one op.
-        projections: with ``norms``, run a known block's norm and the projection after it (and its GELU) as one op.
+        projections: with ``norms``, run a known block's norm, the projection after it and its activation as one op
+            (preferred to ``residual`` where a block has both around one norm).
 
     Returns:
         A ``PatchHandle``: ``handle.remove()`` (or leaving ``with apply_to(model) as handle:``) restores the model;
@@ -143,14 +144,18 @@ def swap_norms(model: nn.Module, norms: bool, report: Report, undo: list[Callabl
 
 
 def fuse_blocks(model: nn.Module, kinds: set[str], report: Report, undo: list[Callable[[], None]]) -> None:
-    """``apply_to``'s fusions: each block of ``FUSIONS`` whose kind is asked for gets its fused forwards, unless
-    ``Fusion.why_not`` says why not (reported)."""
+    """``apply_to``'s fusions: each block of ``FUSIONS`` gets the fused forwards of its first fusion whose kind is
+    asked for and which ``Fusion.why_not`` takes; where none does, the reasons are reported."""
     for qualified, block in model.named_modules():
-        fusion = loaded_class_entry(block, FUSIONS)
-        if fusion is None or fusion.kind not in kinds:
-            continue
-        if why := fusion.why_not(block):
-            report.skipped.append((qualified, type(block).__name__, why))
-            continue
-        undo.extend(fusion.install(block))
-        report.fused.append((qualified, type(block).__name__, fusion.what))
+        fusions = [f for f in loaded_class_entry(block, FUSIONS) or () if f.kind in kinds]
+        reasons = []
+        for fusion in fusions:
+            if why := fusion.why_not(block):
+                reasons.append(why)
+                continue
+            undo.extend(fusion.install(block))
+            report.fused.append((qualified, type(block).__name__, fusion.what))
+            break
+        else:
+            if reasons:
+                report.skipped.append((qualified, type(block).__name__, "; ".join(dict.fromkeys(reasons))))

@@ -1,14 +1,21 @@
 """The Hugging Face blocks whose adds and projections around a norm ``apply_to`` fuses, and how (``FUSIONS``).
 
-Each entry names a block class by (module, class), the digests of the forwards it reproduces (``forward_digest``:
-a transformers version whose forward reads otherwise is skipped and reported, never run differently), the norm it
-fuses (which ``apply_to`` must have made ours first) and the forward it installs on that instance:
+Each entry names a block class by (module, class) and its fusions in the order ``apply_to`` prefers them; each fusion
+has the digests of the forwards it reproduces (``forward_digest``: a transformers version whose forward reads
+otherwise is skipped and reported, never run differently), the norm it fuses (which ``apply_to`` must have made ours
+first) and the forwards it installs on that instance:
 
+* "projections": a pre-norm MLP's norm, first projection and activation as one ``layernorm_linear_act``: GPT-2's
+  ``ln_2``, ``mlp.c_fc`` (a ``Conv1D``, its weight read transposed) and "gelu_new" (GELU's tanh form); ViT's
+  ``layernorm_after``, ``mlp.fc1`` and GELU; OPT's ``final_layer_norm``, ``fc1`` and ReLU. The residual add before
+  the norm stays the block's own.
 * "residual": a pre-norm block's residual add and the norm after it as one ``add_rms_norm`` / ``add_layer_norm``
-  (Llama, Mistral, Qwen2, Qwen3, ViT, OPT), and BERT's post-norm ``dense + dropout + add + LayerNorm``. The sum is
-  the same rounded add as the block's own, so the values are the unfused block's.
-* "projections": GPT-2's MLP norm, ``c_fc`` and GELU (its "gelu_new" is GELU's tanh form) as one
-  ``layernorm_linear_gelu``; the norm's own forward then passes its input through.
+  (Llama, Mistral, Qwen2, Qwen3; ViT and OPT with ``projections=False``), and BERT's post-norm
+  ``dense + dropout + add + LayerNorm``. The sum is the same rounded add as the block's own, so the values are the
+  unfused block's.
+
+A fused projection whose Linear or activation is no longer the one fused (a PEFT adapter put in its place after the
+patch) runs as the unfused modules at that call, never without them.
 """
 
 from __future__ import annotations
@@ -25,9 +32,8 @@ from functools import cache
 import torch
 from torch import nn
 
-from ops.common import loaded_class_entry
 from ops.layernorm import LayerNorm, add_layer_norm
-from ops.layernorm_linear import layernorm_linear_gelu
+from ops.layernorm_linear import layernorm_linear_act
 from ops.rmsnorm import RMSNorm, add_rms_norm
 
 Undo = Callable[[], None]
@@ -46,12 +52,18 @@ def forward_digest(cls: type, start_at: str = "residual = hidden_states") -> str
     return hashlib.sha256(body.encode()).hexdigest()[:16] if start >= 0 else ""
 
 
+@cache
+def forward_signature(cls: type) -> inspect.Signature:
+    """``cls.forward``'s signature, read once per class (``inspect.signature`` costs tens of microseconds a call)."""
+    return inspect.signature(cls.forward)
+
+
 def named_arguments(self: nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict) -> dict:
     """A fused forward's arguments after ``hidden_states`` by the names the class's own forward gives them (a caller
     may pass them by position)."""
     if not args:
         return kwargs
-    bound = inspect.signature(type(self).forward).bind(self, hidden_states, *args, **kwargs)
+    bound = forward_signature(type(self)).bind(self, hidden_states, *args, **kwargs)
     named = {k: v for k, v in bound.arguments.items() if k not in ("self", "hidden_states", "kwargs")}
     return named | bound.arguments.get("kwargs", {})
 
@@ -69,28 +81,60 @@ def llama_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: obj
     return s + self.mlp(y)
 
 
-def vit_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-    """A ViT layer with its first residual add and ``layernorm_after`` as one ``add_layer_norm``."""
+def vit_attention(self: nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    """A ViT layer's first half up to its residual add: the attention's output after dropout."""
     kwargs = named_arguments(self, hidden_states, args, kwargs)
     attention, _ = self.attention(self.layernorm_before(hidden_states), kwargs.pop("attention_mask", None), **kwargs)
+    return self.dropout(attention)
+
+
+def vit_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    """A ViT layer with its first residual add and ``layernorm_after`` as one ``add_layer_norm``."""
     norm = self.layernorm_after
-    y, s = add_layer_norm(self.dropout(attention), hidden_states, norm.weight, norm.bias, norm.eps)
+    y, s = add_layer_norm(vit_attention(self, hidden_states, args, kwargs), hidden_states, norm.weight, norm.bias,
+                          norm.eps)
     return self.dropout(self.mlp(y)) + s
 
 
-def opt_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-    """An OPT decoder layer that norms before (``do_layer_norm_before``, checked when fused) with its first residual
-    add and ``final_layer_norm`` as one ``add_layer_norm``."""
+def vit_projection_forward(self: nn.Module, hidden_states: torch.Tensor, *args: object,
+                           **kwargs: object) -> torch.Tensor:
+    """A ViT layer with ``layernorm_after``, ``mlp.fc1`` and its activation as one ``layernorm_linear_act``."""
+    s = vit_attention(self, hidden_states, args, kwargs) + hidden_states
+    mlp = self.mlp
+    return self.dropout(mlp.fc2(norm_projection(self.layernorm_after, mlp.fc1, mlp.activation_fn, s))) + s
+
+
+def opt_attention(self: nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    """An OPT decoder layer's first half up to its residual add (it norms before: ``do_layer_norm_before``, checked
+    when fused): the attention's output after dropout."""
     kwargs = named_arguments(self, hidden_states, args, kwargs)
     kwargs.pop("use_cache", None)   # the layer's own forward takes it and passes it on to nothing
     attention, _ = self.self_attn(hidden_states=self.self_attn_layer_norm(hidden_states), **kwargs)
-    attention = nn.functional.dropout(attention, p=self.dropout, training=self.training)
+    return nn.functional.dropout(attention, p=self.dropout, training=self.training)
+
+
+def opt_mlp(self: nn.Module, s: torch.Tensor, h: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """An OPT decoder layer's last part from the residual sum s and ``fc1``'s activated output h, both [rows, H]:
+    ``fc2``, dropout and the second residual add, in the layer's shape."""
+    out = nn.functional.dropout(self.fc2(h), p=self.dropout, training=self.training)
+    return (s + out).view(shape)
+
+
+def opt_layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    """An OPT decoder layer with its first residual add and ``final_layer_norm`` as one ``add_layer_norm``."""
     norm = self.final_layer_norm
-    y, s = add_layer_norm(attention, hidden_states, norm.weight, norm.bias, norm.eps)
+    y, s = add_layer_norm(opt_attention(self, hidden_states, args, kwargs), hidden_states, norm.weight, norm.bias,
+                          norm.eps)
     h = hidden_states.size(-1)
-    out = self.fc2(self.activation_fn(self.fc1(y.reshape(-1, h))))
-    out = nn.functional.dropout(out, p=self.dropout, training=self.training)
-    return (s.reshape(-1, h) + out).view(hidden_states.shape)
+    return opt_mlp(self, s.reshape(-1, h), self.activation_fn(self.fc1(y.reshape(-1, h))), hidden_states.shape)
+
+
+def opt_projection_forward(self: nn.Module, hidden_states: torch.Tensor, *args: object,
+                           **kwargs: object) -> torch.Tensor:
+    """An OPT decoder layer with ``final_layer_norm``, ``fc1`` and its activation as one ``layernorm_linear_act``."""
+    s = (hidden_states + opt_attention(self, hidden_states, args, kwargs)).reshape(-1, hidden_states.size(-1))
+    h = norm_projection(self.final_layer_norm, self.fc1, self.activation_fn, s)
+    return opt_mlp(self, s, h, hidden_states.shape)
 
 
 def post_norm_forward(self: nn.Module, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
@@ -106,14 +150,33 @@ def passthrough(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def gpt2_mlp_forward(mlp: nn.Module, norm: LayerNorm, conv: type, act: type, x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's MLP on the block's un-normalized x: the norm, ``c_fc`` and GELU by ``layernorm_linear_gelu`` (c_fc's
-    [K, N] weight as its transpose), then ``c_proj`` and dropout. A ``c_fc`` or activation that is no longer the one
-    fused (a PEFT adapter put in its place since) runs as the unfused MLP instead, never without it."""
-    if type(mlp.c_fc) is not conv or type(mlp.act) is not act:
-        return type(mlp).forward(mlp, type(norm).forward(norm, x))
-    h = layernorm_linear_gelu(x, norm.weight, norm.bias, mlp.c_fc.weight.mT, mlp.c_fc.bias, norm.eps)
-    return mlp.dropout(mlp.c_proj(h))
+# the activation modules ``layernorm_linear_act`` computes, by (module, class): its activation's name
+ACTIVATIONS = {("transformers.activations", "GELUActivation"): "gelu",
+               ("transformers.activations", "NewGELUActivation"): "gelu_tanh",   # "gelu_new"
+               ("transformers.activations", "GELUTanh"): "gelu_tanh",
+               ("torch.nn.modules.activation", "ReLU"): "relu"}
+# the projection classes a fusion reads the weight of: nn.Linear's [N, K], and GPT-2's Conv1D's [K, N] transposed
+PROJECTIONS = {("torch.nn.modules.linear", "Linear"): False, ("transformers.pytorch_utils", "Conv1D"): True}
+
+
+def class_key(obj: object) -> tuple[str, str]:
+    return type(obj).__module__, type(obj).__qualname__
+
+
+def norm_projection(norm: LayerNorm, linear: nn.Module, act: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """act(linear(norm(x))) as one ``layernorm_linear_act`` where linear is exactly a class of ``PROJECTIONS`` and
+    act one of ``ACTIVATIONS``; else the three modules (a PEFT adapter put in linear's place since the patch)."""
+    transposed, name = PROJECTIONS.get(class_key(linear)), ACTIVATIONS.get(class_key(act))
+    if transposed is None or name is None:
+        return act(linear(type(norm).forward(norm, x)))
+    weight = linear.weight.mT if transposed else linear.weight
+    return layernorm_linear_act(x, norm.weight, norm.bias, weight, linear.bias, norm.eps, activation=name)
+
+
+def gpt2_mlp_forward(mlp: nn.Module, norm: LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's MLP on the block's un-normalized x (its ``ln_2`` passes x through): the norm, ``c_fc`` and GELU by
+    ``norm_projection``, then ``c_proj`` and dropout."""
+    return mlp.dropout(mlp.c_proj(norm_projection(norm, mlp.c_fc, mlp.act, x)))
 
 
 # ---------------------------------------------------------------- installing them
@@ -129,30 +192,29 @@ def own_forward(forward: Callable[..., torch.Tensor]) -> Callable[[nn.Module], l
 def install_gpt2_mlp(block: nn.Module) -> list[Undo]:
     """GPT-2's fused MLP forward on its ``mlp``, and ``ln_2`` passing its input through."""
     mlp, norm = block.mlp, block.ln_2
-    mlp.forward = functools.partial(gpt2_mlp_forward, mlp, norm, type(mlp.c_fc), type(mlp.act))
+    mlp.forward = functools.partial(gpt2_mlp_forward, mlp, norm)
     norm.forward = types.MethodType(passthrough, norm)
     return [lambda: delattr(mlp, "forward"), lambda: delattr(norm, "forward")]
 
 
-# the activation classes that are GELU's tanh form, by (module, class)
-TANH_GELUS = {("transformers.activations", "NewGELUActivation"): True,
-              ("transformers.activations", "GELUTanh"): True}
-
-
-CONV1D = ("transformers.pytorch_utils", "Conv1D")   # GPT-2's projection class, whose weight is read directly
-
-
-def gpt2_refusal(block: nn.Module) -> str:
-    """Why GPT-2's MLP is not fused: its c_fc is not exactly transformers' Conv1D (a PEFT adapter, a subclass: the
-    fused op would read the base weight alone), or its activation is not GELU's tanh form."""
-    conv = type(block.mlp.c_fc)
-    if (conv.__module__, conv.__qualname__) != CONV1D:
-        return f"its mlp.c_fc is {conv.__name__}, not the Conv1D the fusion reads"
-    return "" if loaded_class_entry(block.mlp.act, TANH_GELUS) else "its MLP's activation is not GELU's tanh form"
+def projection_refusal(linear: str, act: str) -> Callable[[nn.Module], str]:
+    """Why a block's projection ``linear`` and activation ``act`` (attribute paths) are not fused: the projection is
+    not exactly a class of ``PROJECTIONS`` (a PEFT adapter, a subclass: the fused op would read the base weight
+    alone), or the activation not one of ``ACTIVATIONS``."""
+    def refusal(block: nn.Module) -> str:
+        proj, fn = block.get_submodule(linear), block.get_submodule(act)
+        if class_key(proj) not in PROJECTIONS:
+            return f"its {linear} is {type(proj).__name__}, not a projection the fusion reads"
+        return "" if class_key(fn) in ACTIVATIONS else f"its {act} is {type(fn).__name__}, not one it computes"
+    return refusal
 
 
 def opt_refusal(block: nn.Module) -> str:
     return "" if block.do_layer_norm_before else "it norms after (do_layer_norm_before is False)"
+
+
+def opt_projection_refusal(block: nn.Module) -> str:
+    return opt_refusal(block) or projection_refusal("fc1", "activation_fn")(block)
 
 
 @dataclass(frozen=True)
@@ -184,24 +246,31 @@ class Fusion:
 
 
 RESIDUAL = "residual = hidden_states"
-LLAMA = Fusion("residual", (("", RESIDUAL, "a32bec294a26a7a2"),), "post_attention_layernorm", RMSNorm,
-               own_forward(llama_layer_forward), "residual add + post_attention_layernorm")
-POST_NORM = Fusion("residual", (("", "hidden_states = self.dense", "62965e52dacd60c8"),), "LayerNorm", LayerNorm,
-                   own_forward(post_norm_forward), "residual add + LayerNorm")
-FUSIONS = {
+LLAMA = (Fusion("residual", (("", RESIDUAL, "a32bec294a26a7a2"),), "post_attention_layernorm", RMSNorm,
+                own_forward(llama_layer_forward), "residual add + post_attention_layernorm"),)
+POST_NORM = (Fusion("residual", (("", "hidden_states = self.dense", "62965e52dacd60c8"),), "LayerNorm", LayerNorm,
+                    own_forward(post_norm_forward), "residual add + LayerNorm"),)
+VIT = (("", RESIDUAL, "ec4a8d757f64a769"),)
+OPT = (("", RESIDUAL, "9ff6cb0dd94f4ba6"),)
+FUSIONS: dict[tuple[str, str], tuple[Fusion, ...]] = {
     ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer"): LLAMA,
     ("transformers.models.mistral.modeling_mistral", "MistralDecoderLayer"): LLAMA,
     ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer"): LLAMA,
     ("transformers.models.qwen3.modeling_qwen3", "Qwen3DecoderLayer"): LLAMA,
-    ("transformers.models.vit.modeling_vit", "ViTLayer"): Fusion(
-        "residual", (("", RESIDUAL, "ec4a8d757f64a769"),), "layernorm_after", LayerNorm,
-        own_forward(vit_layer_forward), "residual add + layernorm_after"),
-    ("transformers.models.opt.modeling_opt", "OPTDecoderLayer"): Fusion(
-        "residual", (("", RESIDUAL, "9ff6cb0dd94f4ba6"),), "final_layer_norm", LayerNorm,
-        own_forward(opt_layer_forward), "residual add + final_layer_norm", opt_refusal),
+    ("transformers.models.vit.modeling_vit", "ViTLayer"): (
+        Fusion("projections", (*VIT, ("mlp", "hidden_states = self.fc1", "1ed06fd533533541")), "layernorm_after",
+               LayerNorm, own_forward(vit_projection_forward), "layernorm_after + mlp.fc1 + activation",
+               projection_refusal("mlp.fc1", "mlp.activation_fn")),
+        Fusion("residual", VIT, "layernorm_after", LayerNorm, own_forward(vit_layer_forward),
+               "residual add + layernorm_after")),
+    ("transformers.models.opt.modeling_opt", "OPTDecoderLayer"): (
+        Fusion("projections", OPT, "final_layer_norm", LayerNorm, own_forward(opt_projection_forward),
+               "final_layer_norm + fc1 + activation", opt_projection_refusal),
+        Fusion("residual", OPT, "final_layer_norm", LayerNorm, own_forward(opt_layer_forward),
+               "residual add + final_layer_norm", opt_refusal)),
     ("transformers.models.bert.modeling_bert", "BertSelfOutput"): POST_NORM,
     ("transformers.models.bert.modeling_bert", "BertOutput"): POST_NORM,
-    ("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): Fusion(
+    ("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): (Fusion(
         "projections", (("", RESIDUAL, "a464301d3b835ef8"), ("mlp", "hidden_states = self.c_fc", "3b3ccd7e357e4f06")),
-        "ln_2", LayerNorm, install_gpt2_mlp, "ln_2 + mlp.c_fc + GELU", gpt2_refusal),
+        "ln_2", LayerNorm, install_gpt2_mlp, "ln_2 + mlp.c_fc + GELU", projection_refusal("mlp.c_fc", "mlp.act")),),
 }

@@ -17,23 +17,25 @@ def layernorm_linear_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tenso
     return layernorm_ref(x, gamma, beta, eps) @ weight.double().T + bias.double()
 
 
-def layernorm_linear_gelu_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
-                              bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """gelu(Linear(LayerNorm(x)), approximate="tanh") in float64 (``layernorm_linear_gelu``'s)."""
-    return gelu_ref(layernorm_linear_ref(x, gamma, beta, weight, bias, eps), "gelu_tanh")
+def layernorm_linear_act_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor, eps: float = 1e-5, activation: str = "gelu") -> torch.Tensor:
+    """activation(Linear(LayerNorm(x))) in float64 (``layernorm_linear_act``'s)."""
+    return activation_ref(layernorm_linear_ref(x, gamma, beta, weight, bias, eps), activation)
 
 
-def gelu_ref(z: torch.Tensor, activation: str) -> torch.Tensor:
-    """The activation by name ("none", "gelu" erf form, "gelu_tanh") in z's dtype."""
+def activation_ref(z: torch.Tensor, activation: str) -> torch.Tensor:
+    """The activation by name ("none", "gelu" erf form, "gelu_tanh", "relu") in z's dtype."""
     if activation == "none":
         return z
+    if activation == "relu":
+        return torch.relu(z)
     return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
 def layernorm_act_ref(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-5,
                       activation: str = "none") -> torch.Tensor:
     """act(LayerNorm(x)) in float64, x [..., H]."""
-    return gelu_ref(layernorm_ref(x, gamma, beta, eps), activation)
+    return activation_ref(layernorm_ref(x, gamma, beta, eps), activation)
 
 
 def layernorm_stats_ref(x: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,8 @@ Each model is built from its real config's sizes with random weights (seed 0), b
 (12 layers, hidden 1024), Qwen2.5-0.5B-shaped, GPT-2 small, OPT-125m (8x512 tokens each), ViT-base (32 images) and
 BERT-base (8x512 tokens). Contenders, each a copy of the same weights: "hf" the model as Hugging Face builds it,
 "hf:again" a second copy of it (the run's noise floor), "ours" after ``ops.apply_to`` (its norms replaced, the
-Llama-family layers' residual add and GPT-2's MLP norm, c_fc and GELU fused; the report says which), and
+Llama-family layers' residual add and the norm, first projection and activation of GPT-2's, ViT's and OPT's MLPs
+fused; the report says which), and
 "liger:rms_norm" where Liger-Kernel has the model (its RMSNorm on that instance alone: its RoPE and SwiGLU patches
 replace module-level functions, which would change "hf" too). Before timing, every contender's logits are compared
 with a float32 copy's: none may be further from them than 1.5x "hf"'s own bf16 distance. Phases, eager: "infer" (a
@@ -20,6 +21,7 @@ results/transformer.{csv,md} (table bench_models; a run of some modes keeps the 
     python scripts/bench_models.py --models llama,gpt2   (some models, printed and written)
     python scripts/bench_models.py --modes compile,generate --models llama,qwen2
     python scripts/bench_models.py --modes compile --ab-compiled-rmsnorm llama
+    python scripts/bench_models.py --models vit,opt --ab-residual vit,opt
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ TOKENS = (8, 512)
 IMAGES = 32
 # --ab-compiled-rmsnorm: the patched model compiled with COMPILED_RMSNORM "ours" (our ops in the graph), beside "ours"
 AB_CONTENDER = "ours:compiled_ops"
+RESIDUAL_CONTENDER = "ours:residual"   # --ab-residual: apply_to(projections=False), a residual add fused instead
 PROMPT, NEW_TOKENS, GENERATE_BATCHES, GENERATE_ROUNDS = 32, 128, (1, 8), 5
 
 
@@ -95,17 +98,19 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
-def contenders(name: str, build: Callable[[], nn.Module],
-               ab: bool = False) -> tuple[dict[str, nn.Module], dict[str, str]]:
+def contenders(name: str, build: Callable[[], nn.Module], ab: bool = False,
+               ab_residual: bool = False) -> tuple[dict[str, nn.Module], dict[str, str]]:
     """The contenders' models (bf16, on the GPU, the same weights) and what each patch did; ``ab``: also AB_CONTENDER,
-    patched alike."""
+    patched alike; ``ab_residual``: also RESIDUAL_CONTENDER."""
     torch.manual_seed(0)
     base = build().eval()
     models = {"hf": base, "hf:again": copy.deepcopy(base)}
     patched = {"hf": "", "hf:again": ""}
-    for impl in ("ours", AB_CONTENDER) if ab else ("ours",):
+    patches = {"ours": {}} | ({AB_CONTENDER: {}} if ab else {}) | (
+        {RESIDUAL_CONTENDER: {"projections": False}} if ab_residual else {})
+    for impl, how in patches.items():
         models[impl] = copy.deepcopy(base)
-        report = ops.apply_to(models[impl]).report
+        report = ops.apply_to(models[impl], **how).report
         patched[impl] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} blocks fused, "
                          f"{len(report.skipped)} skipped")
     if (patch := liger_patch(name)) is not None:
@@ -148,11 +153,11 @@ def calls(models: dict[str, nn.Module], x: torch.Tensor, phase: str) -> dict[str
     return out
 
 
-def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str, ab: bool = False) -> list[dict]:
+def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str, ab: bool = False,
+          ab_residual: bool = False) -> list[dict]:
     """The rows of one model in one mode: its contenders checked against float32, then timed; ``ab`` (mode "compile"):
-    AB_CONTENDER too."""
-    ab = ab and mode == "compile"
-    models, patched = contenders(name, build, ab)
+    AB_CONTENDER too; ``ab_residual`` (mode "eager"): RESIDUAL_CONTENDER too."""
+    models, patched = contenders(name, build, ab and mode == "compile", ab_residual and mode == "eager")
     torch.manual_seed(1)
     x = (torch.randint(0, 1000, TOKENS, device="cuda") if kind == "ids"
          else torch.randn(IMAGES, 3, 224, 224, device="cuda", dtype=torch.bfloat16))
@@ -225,6 +230,9 @@ def main() -> int:
     parser.add_argument("--ab-compiled-rmsnorm", default="", metavar="MODELS",
                         help=f"mode compile, for these models (comma-separated): also {AB_CONTENDER}, compiled with "
                              "COMPILED_RMSNORM 'ours'")
+    parser.add_argument("--ab-residual", default="", metavar="MODELS",
+                        help=f"mode eager, for these models (comma-separated): also {RESIDUAL_CONTENDER}, patched with "
+                             "projections=False (ViT's and OPT's residual add fused instead of their MLP's projection)")
     args = parser.parse_args()
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
@@ -239,7 +247,8 @@ def main() -> int:
     rows: list[dict] = []
     for mode in modes:
         for name in args.models.split(",") if args.models else MODE_MODELS[mode]:   # written after each model
-            rows += bench(name, *table[name], mode, name in args.ab_compiled_rmsnorm.split(","))
+            rows += bench(name, *table[name], mode, name in args.ab_compiled_rmsnorm.split(","),
+                          name in args.ab_residual.split(","))
             kept, kept_stamp = reports.appended("bench_models", ",".join(modes), rows, "mode")
             reports.write_report(OUT / "bench_models", kept, FIELDS, stamp + kept_stamp,
                                  "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",

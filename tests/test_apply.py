@@ -85,9 +85,9 @@ def _digest_known(model: nn.Module) -> bool:
     from ops.hf_blocks import FUSIONS
 
     for block in model.modules():
-        fusion = loaded_class_entry(block, FUSIONS)
-        if fusion is not None:
-            return "forward is not" not in fusion.why_not(block)
+        fusions = loaded_class_entry(block, FUSIONS)
+        if fusions is not None:
+            return all("forward is not" not in fusion.why_not(block) for fusion in fusions)
     return False
 
 
@@ -262,29 +262,44 @@ class Adapted(nn.Module):
         return self.base(x) + self.up(self.down(x))
 
 
-def test_fused_gpt2_mlp_runs_unfused_once_its_projection_is_adapted() -> None:
-    """GPT-2's MLP fused (ln_2, c_fc and GELU as one op) gives the unpatched logits; an adapter put in place of c_fc
-    afterwards (as PEFT does) is run, through the unfused MLP, with the same logits as the unpatched model with it;
-    a block whose c_fc was adapted before is not fused (reported)."""
-    model = _tiny("gpt2")
+PROJECTION_CASES = {   # family: its blocks, the fused projection in a block, its (in, out), the fusion's words
+    "gpt2": ("transformer.h", "mlp.c_fc", (64, 256), "ln_2 + mlp.c_fc + GELU"),
+    "vit": ("vit.layers", "mlp.fc1", (64, 128), "layernorm_after + mlp.fc1 + activation"),
+    "opt": ("model.decoder.layers", "fc1", (64, 128), "final_layer_norm + fc1 + activation"),
+}
+
+
+@pytest.mark.parametrize("family", list(PROJECTION_CASES))
+def test_fused_projection_runs_unfused_once_it_is_adapted(family: str) -> None:
+    """A pre-norm MLP's norm, first projection and activation fused as one op give the unpatched logits; an adapter
+    put in place of the projection afterwards (as PEFT does) is run, through the unfused modules, with the same
+    logits as the unpatched model with it; a block whose projection was adapted before gets the residual fusion where
+    the family has one, or none (reported); ``projections=False`` gives the residual fusion."""
+    model = _tiny(family)
     if not _digest_known(model):
-        pytest.skip("the installed transformers' GPT-2 block is not the one the fusion knows")
-    ids = torch.randint(0, 128, (2, 8))
-    before = _tiny("gpt2")
-    before.transformer.h[0].mlp.c_fc = Adapted(before.transformer.h[0].mlp.c_fc, 64, 256)
+        pytest.skip(f"the installed transformers' {family} block is not the one the fusion knows")
+    blocks, proj, (k, n), what = PROJECTION_CASES[family]
+    ids = _inputs(family, "cpu")
+    before = _tiny(family)
+    block0 = before.get_submodule(f"{blocks}.0")
+    block0.set_submodule(proj, Adapted(block0.get_submodule(proj), k, n))
     with ops.apply_to(before) as handle:
-        assert [name for name, _, _ in handle.report.fused] == ["transformer.h.1"]
-        assert handle.report.skipped == [("transformer.h.0", "GPT2Block",
-                                          "its mlp.c_fc is Adapted, not the Conv1D the fusion reads")]
+        fused = {name: words for name, _, words in handle.report.fused}
+        assert fused[f"{blocks}.1"] == what
+        assert (fused.get(f"{blocks}.0", "").startswith("residual add") if family != "gpt2" else
+                [why for name, _, why in handle.report.skipped if name == f"{blocks}.0"]
+                == [f"its {proj} is Adapted, not a projection the fusion reads"])
+    with ops.apply_to(_tiny(family), projections=False) as handle:
+        assert all(words.startswith("residual add") for _, _, words in handle.report.fused)
     with torch.no_grad():
         want = model(ids).logits
         handle = ops.apply_to(model)
-        assert [what for _, _, what in handle.report.fused] == ["ln_2 + mlp.c_fc + GELU"] * 2
+        assert [words for _, _, words in handle.report.fused] == [what] * 2
         fused = model(ids).logits
         assert (m := compare(fused, want, torch.float32, reduction=64)) is None, m
-        mlp = model.transformer.h[1].mlp
-        mlp.c_fc = Adapted(mlp.c_fc, 64, 256)
-        nn.init.normal_(mlp.c_fc.up.weight)
+        block1 = model.get_submodule(f"{blocks}.1")
+        block1.set_submodule(proj, Adapted(block1.get_submodule(proj), k, n))
+        nn.init.normal_(block1.get_submodule(proj).up.weight)
         got = model(ids).logits
         handle.remove()
         want = model(ids).logits

@@ -174,12 +174,14 @@ LNL_ENTRIES: dict[str, Callable[..., object]] = {
 }
 
 
-LNL_GELU_ENTRIES: dict[str, Callable[..., object]] = {
-    "layernorm_linear_gelu": LL.layernorm_linear_gelu,
-    "layernorm_linear_gelu-grad": lambda x, ln_weight, **kw: LL.layernorm_linear_gelu(
+LNL_ACT_ENTRIES: dict[str, Callable[..., object]] = {
+    "layernorm_linear_act": lambda activation="gelu", **kw: LL.layernorm_linear_act(**kw, activation=activation),
+    "layernorm_linear_act-grad": lambda x, ln_weight, activation="gelu", **kw: LL.layernorm_linear_act(
         x, ln_weight.requires_grad_() if isinstance(ln_weight, torch.Tensor) and ln_weight.is_floating_point()
-        else ln_weight, **kw),
+        else ln_weight, **kw, activation=activation),
 }
+LNL_ACT_CASES = LNL_CASES + [("activation", "activation", "silu", ValueError, "activation"),
+                             ("activation-none", "activation", None, ValueError, "activation")]
 
 
 def _every_entry(entries: dict[str, Callable[..., object]], make_args: Callable[[], dict[str, object]],
@@ -235,7 +237,7 @@ RMS_LINEAR_ENTRIES: dict[str, Callable[..., object]] = {
 @pytest.mark.parametrize("entry,make_args,arg,value,err,name",
                          _every_entry(LN_ENTRIES, _ln_args, LN_CASES, "layernorm_fwd", "weight")
                          + _every_entry(LNL_ENTRIES, _lnl_args, LNL_CASES, "layernorm_linear_fwd", "ln_weight")
-                         + _every_entry(LNL_GELU_ENTRIES, _lnl_args, LNL_CASES, "", "ln_weight")
+                         + _every_entry(LNL_ACT_ENTRIES, _lnl_args, LNL_ACT_CASES, "", "ln_weight")
                          + [pytest.param(RMS_ENTRIES[e], _rms_args, *c[1:], id=f"{e}-{c[0]}")
                             for e in RMS_ENTRIES for c in RMS_CASES]
                          + [pytest.param(RMS_LINEAR_ENTRIES[e], _rms_linear_args, *c[1:], id=f"{e}-{c[0]}")

@@ -166,7 +166,7 @@ def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monk
     from torch._inductor.utils import run_and_get_code
 
     from ops.layernorm_linear import layernorm_linear
-    from ops.reference import gelu_ref, layernorm_linear_ref
+    from ops.reference import activation_ref, layernorm_linear_ref
     from ops.tolerance import compare
 
     x, lnw, lnb, w, bias = _unfused_case(with_bias)
@@ -178,7 +178,7 @@ def test_gpu_compiled_inference_puts_tanh_gelu_in_the_gemm(with_bias: bool, monk
         torch._dynamo.reset()
         fn = torch.compile(lambda x, a=approximate: torch.nn.functional.gelu(
             layernorm_linear(x, lnw, lnb, w, bias, 1e-5, "unfused"), approximate=a), fullgraph=True)
-        want = gelu_ref(layernorm_linear_ref(*(t.double() for t in (x, lnw, lnb, w, ref_bias))),
+        want = activation_ref(layernorm_linear_ref(*(t.double() for t in (x, lnw, lnb, w, ref_bias))),
                         "gelu_tanh" if approximate == "tanh" else "gelu")
         with torch.no_grad():
             y, codes = run_and_get_code(fn, x)
@@ -201,7 +201,7 @@ def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, free_pr
 
     from ops.layernorm_linear import layernorm_linear
     from ops.layernorm_linear.algo import pick_algo
-    from ops.reference import gelu_ref, layernorm_linear_ref
+    from ops.reference import activation_ref, layernorm_linear_ref
     from ops.tolerance import compare
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -222,7 +222,7 @@ def test_gpu_compiled_inference_gelu_after_the_hopper_forward(algo: str, free_pr
     code = "\n".join(codes)
     assert ("mojo_direct.linear_gelu.default" in code) == (algo == "auto"), algo
     assert ("mojo_direct.layernorm_linear_infer" in code) == (algo == "sm90"), algo
-    want = gelu_ref(layernorm_linear_ref(*(t.double() for t in (x, lnw, lnb, w, bias))), "gelu_tanh")
+    want = activation_ref(layernorm_linear_ref(*(t.double() for t in (x, lnw, lnb, w, bias))), "gelu_tanh")
     assert (bad := compare(y, want, torch.bfloat16, reduction=k)) is None, f"{algo}: {bad}"
 
 
@@ -232,7 +232,7 @@ def _compiled_unfused_training(with_bias: bool, gelu: bool) -> str:
     from torch._inductor.utils import run_and_get_code
 
     from ops.layernorm_linear import layernorm_linear
-    from ops.reference import gelu_ref, layernorm_linear_ref, layernorm_stats_ref
+    from ops.reference import activation_ref, layernorm_linear_ref, layernorm_stats_ref
     from ops.tolerance import compare
 
     x, lnw, lnb, w, bias = _unfused_case(with_bias)
@@ -242,7 +242,7 @@ def _compiled_unfused_training(with_bias: bool, gelu: bool) -> str:
     refs = [t.detach().double().requires_grad_() for t in leaves]
     want_y = layernorm_linear_ref(*refs[:4], refs[4] if with_bias else torch.zeros(n, device="cuda",
                                                                                   dtype=torch.float64))
-    want_y = gelu_ref(want_y, "gelu_tanh") if gelu else want_y
+    want_y = activation_ref(want_y, "gelu_tanh") if gelu else want_y
     want = torch.autograd.grad(want_y, refs, dy.double())
     reductions = (n * k, 111 * n, 111 * n, 111, 111)
     cond = float(layernorm_stats_ref(x)[1].max())

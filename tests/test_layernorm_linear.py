@@ -14,7 +14,8 @@ from ops import layernorm_linear as LL
 from ops.launch import direct
 from ops.layernorm_linear import config as LLC
 from ops.reference import (
-    layernorm_linear_gelu_ref,
+    activation_ref,
+    layernorm_linear_act_ref,
     layernorm_linear_grads_ref,
     layernorm_linear_ref,
     layernorm_ref,
@@ -331,11 +332,14 @@ def test_weight_update(device: str, algo: str, dtype: torch.dtype, way: str) -> 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("transposed", [False, True])
-def test_layernorm_linear_gelu_values_and_gradients(device: str, dtype: torch.dtype, transposed: bool) -> None:
-    """layernorm_linear_gelu (a GPU's C++ op, else layernorm_linear then GELU) and the C++ op itself, with a [N, K]
-    weight and with the transpose of a [K, N] one (GPT-2's Conv1D): values and all five gradients against float64
-    autograd of the reference, rows with a large mean among them, on outputs poisoned first."""
+@pytest.mark.parametrize(("activation", "transposed"),
+                         [("gelu_tanh", False), ("gelu_tanh", True), ("gelu", False), ("relu", True)])
+def test_layernorm_linear_act_values_and_gradients(device: str, dtype: torch.dtype, activation: str,
+                                                   transposed: bool) -> None:
+    """layernorm_linear_act (a GPU's C++ op, else layernorm_linear then the activation) and the C++ op itself, with a
+    [N, K] weight and with the transpose of a [K, N] one (GPT-2's Conv1D), for each activation: values and all five
+    gradients against float64 autograd of the reference, rows with a large mean among them, on outputs poisoned
+    first."""
     torch.manual_seed(0)
     rows, k, n = 37, 96, 136
     x = (torch.randn(rows, k) + torch.where(torch.arange(rows) % 5 == 0, 40.0, 0.0)[:, None]).to(device, dtype)
@@ -345,14 +349,18 @@ def test_layernorm_linear_gelu_values_and_gradients(device: str, dtype: torch.dt
     bias = (0.1 * torch.randn(n)).to(device, dtype)
     dy = torch.randn(rows, n, device=device, dtype=dtype)
     leaves = [t.detach().requires_grad_() for t in (x, g, b, w, bias)]
-    ref = layernorm_linear_gelu_ref(*(t.double() for t in leaves))
-    want = torch.autograd.grad(ref, leaves, dy.double())
-    fns = [LL.layernorm_linear_gelu]
+    ref = layernorm_linear_act_ref(*(t.double() for t in leaves), activation=activation)
+    fns = [lambda *t: LL.layernorm_linear_act(*t, activation=activation)]
     if direct.load_native().ops is not None:
-        fns.append(lambda *t: torch.ops.mojo_direct.traced_layernorm_linear(*t, 1e-5, 1))
+        code = LLC.TRACED_ACTS[activation]
+        fns.append(lambda *t: torch.ops.mojo_direct.traced_layernorm_linear(*t, 1e-5, code))
     for fn in fns:
         y = fn(*leaves)
         assert y.dtype == dtype and (m := compare(y, ref, dtype, reduction=k)) is None, m
+        # ReLU's gradient jumps at 0: the reference takes its kink where the op's rounded pre-activation does
+        lin = layernorm_linear_act_ref(*(t.double() for t in leaves), activation="none")
+        want = torch.autograd.grad(lin * (y.detach() > 0) if activation == "relu" else activation_ref(lin, activation),
+                                   leaves, dy.double())
         got = torch.autograd.grad(y, leaves, dy)
         for name, a, r in zip(("dx", "dln_weight", "dln_bias", "dweight", "dbias"), got, want, strict=True):
             cond = float(layernorm_stats_ref(x)[1].max()) if name == "dx" else 4.0

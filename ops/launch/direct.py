@@ -220,7 +220,7 @@ class NativeOps:
     layernorm_linear_with_stats: object = None
     linear: object = None         # the unfused route's Linear by cuBLASLt (y; torch's ops where it does not take it)
     linear_grads: object = None   # and its backward (dxn, dweight, dbias)
-    traced_layernorm_linear: object = None   # act(Linear(LayerNorm(x))), one C++ autograd node (layernorm_linear_gelu)
+    traced_layernorm_linear: object = None   # act(Linear(LayerNorm(x))), one C++ autograd node (layernorm_linear_act)
     ops: object = None
 
 

@@ -282,3 +282,8 @@ def training_algo(algo: str, dtype: torch.dtype) -> str:
     keeps xn for dW and the backward after ``fused`` or ``sm90`` must recompute it, which costs more than those
     save in the forward (docs/tuning.md)."""
     return "unfused" if algo == "auto" and dtype != torch.float32 else algo
+
+
+# layernorm_linear_act's activations by name, as the C++ op traced_layernorm_linear's act codes
+# (ops/launch/native/traced.h: TracedAct): the tanh GELU in the GEMM's epilogue, erf GELU and ReLU after it
+TRACED_ACTS = {"gelu_tanh": 1, "gelu": 2, "relu": 3}

@@ -29,7 +29,7 @@ from ops.layernorm_linear.checks import (
     native_takes,
     valid_linear,
 )
-from ops.layernorm_linear.config import ALGO_IDS
+from ops.layernorm_linear.config import ALGO_IDS, TRACED_ACTS
 from ops.layernorm_linear.fwd_bwd import layernorm_linear_fwd
 from ops.layernorm_linear.launch import linear
 from ops.layernorm_linear.traced import traced
@@ -164,15 +164,14 @@ def module_forward(x: torch.Tensor, normalized_shape: tuple[int, ...], ln_weight
     return layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps, algo)
 
 
-GELU_TANH = 1   # traced_layernorm_linear's act code: GELU's tanh form, in the GEMM's epilogue
-
-
-def layernorm_linear_gelu(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
-                          bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
-    """gelu(Linear(LayerNorm(x)), approximate="tanh") with autograd for all five inputs: a pre-norm MLP's first half
-    (GPT-2's ``ln_2``, ``mlp.c_fc`` and its "gelu_new", which is GELU's tanh form). Eager on a GPU one C++ op each
-    way (our LayerNorm, then one GEMM with GELU in its epilogue; torch's GEMM and GELU where cuBLASLt does not take
-    the weight as it is, such as a transposed one); otherwise ``layernorm_linear``, then ``F.gelu``.
+def layernorm_linear_act(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None, eps: float = 1e-5, *, activation: str) -> torch.Tensor:
+    """activation(Linear(LayerNorm(x))) with autograd for all five inputs: a pre-norm MLP's first half (GPT-2's
+    ``ln_2``, ``mlp.c_fc`` and "gelu_new"; ViT's ``layernorm_after``, ``mlp.fc1`` and GELU; OPT's
+    ``final_layer_norm``, ``fc1`` and ReLU). Eager on a GPU one C++ op each way (our LayerNorm, one GEMM, and the
+    activation: the tanh GELU in the GEMM's epilogue, the others by torch's op on its output; torch's GEMM where
+    cuBLASLt does not take the weight as it is, such as a transposed one); otherwise ``layernorm_linear``, then the
+    activation by torch's op.
 
     Args:
         x: the input ``[..., K]``, float32, float16 or bfloat16 (float64 and the like by torch's ops).
@@ -180,6 +179,7 @@ def layernorm_linear_gelu(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: tor
         weight: the Linear's ``[N, K]``, or the transpose of a contiguous ``[K, N]`` (``conv1d.weight.mT`` of GPT-2's
             ``Conv1D``); bias: its ``[N]`` or None.
         eps: the LayerNorm's.
+        activation: ``"gelu"`` (``F.gelu``), ``"gelu_tanh"`` (``F.gelu(.., approximate="tanh")``) or ``"relu"``.
 
     Shape:
         x: ``[..., K]``; output: ``[..., N]``.
@@ -188,23 +188,33 @@ def layernorm_linear_gelu(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: tor
         The activation in x's dtype.
 
     Raises:
-        TypeError, ValueError: as ``layernorm_linear`` (named).
+        TypeError, ValueError: as ``layernorm_linear`` (named), and a ValueError naming ``activation``.
 
     Example:
         >>> x = torch.randn(4, 8, requires_grad=True)
-        >>> y = layernorm_linear_gelu(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), torch.zeros(3))
+        >>> y = layernorm_linear_act(x, torch.ones(8), torch.zeros(8), torch.randn(3, 8), activation="gelu")
         >>> y.sum().backward()
     """
+    act = TRACED_ACTS.get(activation) if activation.__class__ is str else None
+    if act is None:
+        raise ValueError(f"activation: expected one of {sorted(TRACED_ACTS)}, got {activation!r}")
     launches = x.__class__ in PLAIN_TENSORS and direct.launches(x)
     entry = direct.load_native().traced_layernorm_linear if launches else None
     if entry is not None and _direct_takes(x, ln_weight, ln_bias, weight, bias, eps):
-        return entry(x, ln_weight, ln_bias, weight, bias, eps, GELU_TANH)
-    return torch.nn.functional.gelu(layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps), approximate="tanh")
+        return entry(x, ln_weight, ln_bias, weight, bias, eps, act)
+    return activation_of(layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps), activation)
+
+
+def activation_of(z: torch.Tensor, activation: str) -> torch.Tensor:
+    """``layernorm_linear_act``'s activation of z by torch's op."""
+    if activation == "relu":
+        return torch.nn.functional.relu(z)
+    return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
 def _direct_takes(x: torch.Tensor, ln_weight: object, ln_bias: object, weight: object, bias: object,
                   eps: object) -> bool:
-    """Whether ``layernorm_linear_gelu``'s C++ op takes these as they are: no autocast, tensors ``classify`` would
+    """Whether ``layernorm_linear_act``'s C++ op takes these as they are: no autocast, tensors ``classify`` would
     send to the kernels (the weight also transposed), a float eps."""
     return (not torch.is_autocast_enabled("cuda") and eps.__class__ is float
             and not torch_answers(x, ln_weight, ln_bias, weight, bias)

@@ -139,7 +139,7 @@ def _fake_layernorm_linear_train_fwd(x: torch.Tensor, ln_weight: torch.Tensor, l
                                      weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                                      act: int) -> tuple:
     stats = x.new_empty(x.shape[:-1], dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
-    h = _fake_linear(x, weight, bias) if act == 1 else x.new_empty(0)
+    h = _fake_linear(x, weight, bias) if act != 0 else x.new_empty(0)   # the act's input (none for act 0)
     return _fake_linear(x, weight, bias), x.new_empty(x.shape), stats, torch.empty_like(stats), h
 
 

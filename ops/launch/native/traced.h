@@ -118,15 +118,40 @@ Tensor traced_linear_gelu_forward(const Tensor& xn, const Tensor& w, const std::
   return linear_gelu(xn, w, bias);
 }
 
+// traced_layernorm_linear's act codes (ops/layernorm_linear/config.py: TRACED_ACTS names them): GELU's tanh form
+// in the GEMM's epilogue; GELU's erf form and ReLU by torch's op on the GEMM's rounded output, as nn.Linear followed
+// by nn.GELU() or nn.ReLU() computes them.
+enum TracedAct : int64_t { TRACED_NONE = 0, TRACED_GELU_TANH = 1, TRACED_GELU = 2, TRACED_RELU = 3 };
+
+// (act(h), h) for h = xn W^T + bias: h is the activation's input the backward reads (undefined for TRACED_NONE).
+std::tuple<Tensor, Tensor> traced_act(const Tensor& xn, const Tensor& w, const std::optional<Tensor>& bias,
+                                      int64_t act) {
+  if (act == TRACED_GELU_TANH) return linear_act(xn, w, bias, ACT_GELU_AUX);
+  Tensor h = std::get<0>(linear_act(xn, w, bias, ACT_NONE));
+  if (act == TRACED_GELU) return {at::gelu(h), h};
+  if (act == TRACED_RELU) return {at::relu(h), h};
+  return {h, Tensor()};
+}
+
+// dh = act'(h) dy, as torch's autograd computes it for each act (ReLU's: dy where h > 0).
+Tensor traced_act_backward(const Tensor& dy, const Tensor& h, int64_t act) {
+  if (act == TRACED_GELU_TANH) return tanh_gelu_backward(dy, h);
+  if (act == TRACED_GELU) return at::gelu_backward(dy, h, "none");
+  if (act == TRACED_RELU) return at::threshold_backward(dy, h, 0);
+  return dy;
+}
+
 // act(Linear(LayerNorm(x))) for torch.compile's training graphs (ops/layernorm_linear/'s _traced, where
-// COMPILED_TRAINING_LAYERNORM_LINEAR is "ours"; act 1, GELU's tanh form, from ops/layernorm_linear/inductor.py's
-// pass), so that the compiled code calls one op each way. The forward (y, xn, mean, rstd, h): our LayerNorm on CUDA
-// (elsewhere torch's layer_norm in float32, float64 kept), then linear's GEMM, with act 1 GELU in its epilogue and
-// h its input (else h is empty). mean and rstd are float32 (float64 for float64 x), shaped x's rows.
+// COMPILED_TRAINING_LAYERNORM_LINEAR is "ours"; act 1 from ops/layernorm_linear/inductor.py's pass) and for eager
+// calls of ops.layernorm_linear.layernorm_linear_act, so that one op runs each way. The forward (y, xn, mean, rstd,
+// h): our LayerNorm on CUDA (elsewhere torch's layer_norm in float32, float64 kept), then linear's GEMM and the act
+// (traced_act), h the act's input (empty for act 0). mean and rstd are float32 (float64 for float64 x), shaped x's
+// rows.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> layernorm_linear_train_fwd(
     const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w, const std::optional<Tensor>& bias,
     double eps, int64_t act) {
-  TORCH_CHECK(act == 0 || act == 1, "mojo_direct: layernorm_linear_train_fwd: act is 0 or 1, got ", act);
+  TORCH_CHECK(act >= TRACED_NONE && act <= TRACED_RELU,
+              "mojo_direct: layernorm_linear_train_fwd: act is 0 to 3, got ", act);
   const auto stat_shape = x.sizes().slice(0, x.dim() - 1);
   Tensor xn, mean, rstd;
   if (x.is_cuda()) {
@@ -136,19 +161,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> layernorm_linear_train_fwd(
     auto [z, m, r] = at::native_layer_norm(x.to(acc), {x.size(-1)}, lnw.to(acc), lnb.to(acc), eps);
     std::tie(xn, mean, rstd) = std::make_tuple(z.to(x.scalar_type()), m, r);
   }
-  auto [y, h] = linear_act(xn, w, bias, act == 1 ? ACT_GELU_AUX : ACT_NONE);
-  return {y, xn, mean.reshape(stat_shape), rstd.reshape(stat_shape), act == 1 ? h : x.new_empty({0})};
+  auto [y, h] = traced_act(xn, w, bias, act);
+  return {y, xn, mean.reshape(stat_shape), rstd.reshape(stat_shape), act != TRACED_NONE ? h : x.new_empty({0})};
 }
 
 // Its backward from dy and what the forward saved: [dx, dln_weight, dln_bias, dweight] and, with bias_grad, dbias
-// (dweight empty, [0], and no dW GEMM without weight_grad). The Linear's part as linear_grads_op (act 0) or
-// linear_gelu_grads_op (act 1) computes it, then our LayerNorm backward on CUDA (torch's elsewhere).
+// (dweight empty, [0], and no dW GEMM without weight_grad). The activation's backward (traced_act_backward), the
+// Linear's as linear_grads_op, then our LayerNorm backward on CUDA (torch's elsewhere).
 std::vector<Tensor> layernorm_linear_grads_op(const Tensor& dy, const Tensor& x, const Tensor& xn, const Tensor& lnw,
                                               const Tensor& lnb, const Tensor& w, const Tensor& mean,
                                               const Tensor& rstd, const Tensor& h, int64_t act, bool bias_grad,
                                               bool weight_grad) {
-  const std::vector<Tensor> linear = act == 1 ? linear_gelu_grads_op(dy, xn, w, h, bias_grad, weight_grad)
-                                              : linear_grads_op(dy, xn, w, bias_grad, weight_grad);
+  const std::vector<Tensor> linear = linear_grads_op(traced_act_backward(dy, h, act), xn, w, bias_grad, weight_grad);
   const Tensor& dxn = linear[0];
   Tensor dx, dlnw, dlnb;
   if (x.is_cuda()) {
