@@ -64,6 +64,7 @@ def test_native_builds_loads_and_declines_what_it_does_not_take() -> None:
     x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
     assert native.layernorm(x, w, b, 1e-5, 0) is None
     assert native.layernorm_linear(x, w, b, torch.randn(3, 8), None, 1e-5, 0) is None
+    assert native.layernorm_linear_act(x, w, b, torch.randn(3, 8), None, 1e-5, 2) is None
     assert native.layernorm_bwd_with_plan(torch.ones(4, 8), x, w, b, torch.zeros(4), torch.ones(4), 0) == []
     native.ops.clear_plans()
     native.ops.set_fwd_plan(4, 8, torch.bfloat16, True, 0, 0, 1, [1, 1, 1], 32, 1)
@@ -99,6 +100,7 @@ def test_no_native_entry_read_while_compiling(monkeypatch: pytest.MonkeyPatch) -
         assert torch.allclose(L.layernorm_fwd(x, w, b)[0], torch.nn.functional.layer_norm(x, (8,), w, b), atol=1e-5)
         assert L.layernorm(x, w, b).shape == (4, 8)
         assert LL.layernorm_linear(x, w, b, torch.randn(3, 8)).shape == (4, 3)
+        assert LL.layernorm_linear_act(x, w, b, torch.randn(3, 8), activation="relu").shape == (4, 3)
 
 
 def test_native_plans_cleared_together(monkeypatch: pytest.MonkeyPatch) -> None:

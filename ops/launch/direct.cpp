@@ -80,6 +80,8 @@ TORCH_LIBRARY(mojo_direct, m) {
         "int[] grid, int block) -> ()", &set_add_norm_plan);
   m.def("layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
         "int algo) -> Tensor");
+  m.def("layernorm_linear_act(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
+        "int act) -> Tensor");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
   m.def("layernorm_with_stats(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor[]");
   m.def("layernorm_bwd_with_plan(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, "
@@ -143,6 +145,7 @@ static void impl_entries(torch::Library& m) {
   m.impl("rms_norm_linear", &rms_norm_linear);
   m.impl("add_norm", &add_norm);
   m.impl("layernorm_linear", &layernorm_linear);
+  m.impl("layernorm_linear_act", &layernorm_linear_act);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {

@@ -220,7 +220,7 @@ class NativeOps:
     layernorm_linear_with_stats: object = None
     linear: object = None         # the unfused route's Linear by cuBLASLt (y; torch's ops where it does not take it)
     linear_grads: object = None   # and its backward (dxn, dweight, dbias)
-    traced_layernorm_linear: object = None   # act(Linear(LayerNorm(x))), one C++ autograd node (layernorm_linear_act)
+    layernorm_linear_act: object = None   # act(Linear(LayerNorm(x))), one C++ autograd node, or None (not taken)
     ops: object = None
 
 
@@ -309,8 +309,8 @@ def load_native() -> NativeOps:
                                                      ops.layernorm_linear_with_stats.default)
         NATIVE.linear = getattr(ops.linear.default, "_op", ops.linear.default)
         NATIVE.linear_grads = getattr(ops.linear_grads.default, "_op", ops.linear_grads.default)
-        NATIVE.traced_layernorm_linear = getattr(ops.traced_layernorm_linear.default, "_op",
-                                                 ops.traced_layernorm_linear.default)
+        NATIVE.layernorm_linear_act = getattr(ops.layernorm_linear_act.default, "_op",
+                                              ops.layernorm_linear_act.default)
     return NATIVE
 
 

@@ -11,14 +11,12 @@ from ops.common import (
     no_grad_to_come,
 )
 from ops.inputs import (
-    PLAIN_TENSORS,
     as_eps,
     torch_answers,
 )
 from ops.launch import direct
 from ops.layernorm import functional as ln_functional
 from ops.layernorm import launch as ln_launch
-from ops.layernorm.checks import valid as ln_valid
 from ops.layernorm_linear.algo import autograd_algo, check_algo, pick_algo, remember_algo
 from ops.layernorm_linear.autograd import LayerNormLinearFunction
 from ops.layernorm_linear.checks import (
@@ -27,7 +25,6 @@ from ops.layernorm_linear.checks import (
     classify,
     empty_result,
     native_takes,
-    valid_linear,
 )
 from ops.layernorm_linear.config import ALGO_IDS, TRACED_ACTS
 from ops.layernorm_linear.fwd_bwd import layernorm_linear_fwd
@@ -198,10 +195,11 @@ def layernorm_linear_act(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
     act = TRACED_ACTS.get(activation) if activation.__class__ is str else None
     if act is None:
         raise ValueError(f"activation: expected one of {sorted(TRACED_ACTS)}, got {activation!r}")
-    launches = x.__class__ in PLAIN_TENSORS and direct.launches(x)
-    entry = direct.load_native().traced_layernorm_linear if launches else None
-    if entry is not None and _direct_takes(x, ln_weight, ln_bias, weight, bias, eps):
-        return entry(x, ln_weight, ln_bias, weight, bias, eps, act)
+    native = native_entry("layernorm_linear_act")
+    if native is not None and native_takes(x, ln_weight, ln_bias, weight, bias, eps, "auto"):
+        y = native(x, ln_weight, ln_bias, weight, bias, eps, act)
+        if y is not None:   # None: a call the C++ entry does not take (linear_accepts, ops/launch/native/plans.h)
+            return y
     return activation_of(layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps), activation)
 
 
@@ -212,10 +210,3 @@ def activation_of(z: torch.Tensor, activation: str) -> torch.Tensor:
     return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
-def _direct_takes(x: torch.Tensor, ln_weight: object, ln_bias: object, weight: object, bias: object,
-                  eps: object) -> bool:
-    """Whether ``layernorm_linear_act``'s C++ op takes these as they are: no autocast, tensors ``classify`` would
-    send to the kernels (the weight also transposed), a float eps."""
-    return (not torch.is_autocast_enabled("cuda") and eps.__class__ is float
-            and not torch_answers(x, ln_weight, ln_bias, weight, bias)
-            and ln_valid(x, ln_weight, ln_bias) and valid_linear(x, weight, bias, transposed=True))

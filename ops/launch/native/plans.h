@@ -142,11 +142,13 @@ bool takes(const Tensor& x, const Tensor& w, const Tensor& b, bool any_layout = 
   return x.is_cuda() && accepts(x, w, b, any_layout);
 }
 
-// Whether a Linear's weight [N, K] and bias [N] (or none) suit x [..., K]: x's dtype and device, contiguous.
-bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
+// Whether a Linear's weight [N, K] and bias [N] (or none) suit x [..., K]: x's dtype and device, contiguous (with
+// transposed, the weight may also be the transpose of a contiguous [K, N]).
+bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias, bool transposed = false) {
   const auto dtype = x.scalar_type();
   if (!plain({&x, &w, bias.has_value() ? &*bias : &w}) || w.scalar_type() != dtype || w.device() != x.device() ||
-      w.dim() != 2 || w.size(1) != x.size(-1) || w.size(0) == 0 || w.size(0) > INT32_LIMIT || !w.is_contiguous())
+      w.dim() != 2 || w.size(1) != x.size(-1) || w.size(0) == 0 || w.size(0) > INT32_LIMIT ||
+      !(w.is_contiguous() || (transposed && w.t().is_contiguous())))
     return false;
   if (!bias.has_value() || !bias->defined()) return true;
   return bias->scalar_type() == dtype && bias->device() == x.device() && bias->dim() == 1 &&
@@ -156,7 +158,7 @@ bool linear_takes(const Tensor& x, const Tensor& w, const std::optional<Tensor>&
 // The mirror of Python's LayerNorm+Linear classifier (ops/layernorm_linear/checks.py: classify): the LayerNorm's
 // accepts, the Linear's linear_takes, and no autocast on x's device (it would cast the Linear's parameters).
 bool linear_accepts(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
-                    const std::optional<Tensor>& bias, bool any_layout = false) {
-  return accepts(x, lnw, lnb, any_layout) && linear_takes(x, w, bias) &&
+                    const std::optional<Tensor>& bias, bool any_layout = false, bool transposed = false) {
+  return accepts(x, lnw, lnb, any_layout) && linear_takes(x, w, bias, transposed) &&
          !at::autocast::is_autocast_enabled(x.device().type());
 }

@@ -234,3 +234,15 @@ Tensor traced_layernorm_linear_forward(const Tensor& x, const Tensor& lnw, const
                                        const std::optional<Tensor>& bias, double eps, int64_t act) {
   return std::get<0>(layernorm_linear_train_fwd(x, lnw, lnb, w, bias, eps, act));
 }
+
+// ops.layernorm_linear.layernorm_linear_act on a GPU: traced_layernorm_linear with its autograd for a call our
+// kernels take as it comes (linear_accepts, the mirror of Python's classify; the weight may be the transpose of a
+// contiguous one, GPT-2's Conv1D's), or undefined for a call the Python route takes (it names what is wrong, or has
+// torch's ops answer), so that the common call crosses into C++ once, with no Python checks before it.
+Tensor layernorm_linear_act(const Tensor& x, const Tensor& lnw, const Tensor& lnb, const Tensor& w,
+                            const std::optional<Tensor>& bias, double eps, int64_t act) {
+  if (!x.is_cuda() || act < TRACED_GELU_TANH || act > TRACED_RELU ||
+      !linear_accepts(x, lnw, lnb, w, bias, /*any_layout=*/true, /*transposed=*/true))
+    return Tensor();
+  return TracedLayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, act);
+}
