@@ -117,5 +117,9 @@ std::vector<Tensor> add_norm(const Tensor& x, const Tensor& r, const std::option
   if (!plan) return {};
   c10::DeviceGuard guard(x.device());
   const bool bias = ab.has_value() && ab->defined();
+  if (!grad_to_come({&x, &r, &w, &b}) && !(bias && grad_to_come({&*ab}))) {   // no autograd node to make
+    auto [y, s, stats] = add_norm_run(*plan, x, r, bias ? *ab : Tensor(), w, b, eps);
+    return {y, s};
+  }
   return AddNormFn::apply(x, r, bias ? *ab : w, w, b, eps, act, bias, &*plan);
 }

@@ -244,5 +244,9 @@ Tensor layernorm_linear_act(const Tensor& x, const Tensor& lnw, const Tensor& ln
   if (!x.is_cuda() || act < TRACED_GELU_TANH || act > TRACED_RELU ||
       !linear_accepts(x, lnw, lnb, w, bias, /*any_layout=*/true, /*transposed=*/true))
     return Tensor();
+  if (!grad_to_come({&x, &lnw, &lnb, &w}) && !(bias.has_value() && grad_to_come({&*bias}))) {
+    c10::DeviceGuard guard(x.device());   // no autograd node, no statistics kept
+    return std::get<0>(traced_act(layernorm_infer(dense(x, lnw, lnb), lnw, lnb, eps, 0), w, bias, act));
+  }
   return TracedLayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, act);
 }
