@@ -438,8 +438,8 @@ def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """bfloat16 on a GPU: add_layer_norm / add_rms_norm take the one-pass kernel (the unfused add is made to fail),
     and give bit for bit what the add and then our norm give: y, s and every gradient (x's and residual's the
-    norm's plus s's own), at the first call (Python's route) and the second (the C++ entry's, Python's made to fail);
-    a gradient penalty through it (the C++ entry's ATen form) matches the unfused one's."""
+    norm's plus s's own), at the first call (Python's route) and the second (the C++ entry's, Python's made to fail),
+    and y and s under no_grad; a gradient penalty through it (the C++ entry's ATen form) matches the unfused one's."""
     from ops.launch import direct
     from ops.layernorm import add_layer_norm, layer_norm
     from ops.layernorm import autograd as ln_autograd
@@ -481,6 +481,9 @@ def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,
     again = run(fused, [t.clone().detach().requires_grad_() for t in leaves])
     for i, (g, v, a) in enumerate(zip(got, want, again, strict=True)):
         assert torch.equal(g, v) and torch.equal(a, v), f"output {i} differs"
+    with torch.no_grad():   # the C++ entry's launch without an autograd node
+        y, s = fused(x, r, w, b, c)
+    assert torch.equal(y, want[0]) and torch.equal(s, want[1]), "no_grad: y or s differs"
     monkeypatch.undo()
 
     def penalty_grads(call: object) -> tuple[torch.Tensor, torch.Tensor]:
