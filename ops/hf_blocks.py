@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import itertools
 import re
 import types
 from collections.abc import Callable
@@ -58,11 +59,22 @@ def forward_signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)
 
 
+@cache
+def positional_names(cls: type) -> tuple[str, ...]:
+    """The names of ``cls.forward``'s parameters after ``self`` and ``hidden_states`` that a caller may pass by
+    position."""
+    params = list(forward_signature(cls).parameters.values())[2:]
+    return tuple(p.name for p in itertools.takewhile(lambda p: p.kind is p.POSITIONAL_OR_KEYWORD, params))
+
+
 def named_arguments(self: nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict) -> dict:
     """A fused forward's arguments after ``hidden_states`` by the names the class's own forward gives them (a caller
-    may pass them by position)."""
+    may pass them by position: ViT's encoder passes the attention mask so)."""
     if not args:
         return kwargs
+    names = positional_names(type(self))
+    if len(args) <= len(names) and not kwargs.keys() & set(names[:len(args)]):   # the common case, without bind
+        return dict(zip(names[:len(args)], args, strict=True)) | kwargs
     bound = forward_signature(type(self)).bind(self, hidden_states, *args, **kwargs)
     named = {k: v for k, v in bound.arguments.items() if k not in ("self", "hidden_states", "kwargs")}
     return named | bound.arguments.get("kwargs", {})
