@@ -46,10 +46,11 @@ class Check:
     value: float | None
     where: str
     commit: str
+    noisy: bool = False   # the run's own control says its noise could decide the verdict: not met, whatever the value
 
     @property
     def met(self) -> bool:
-        return self.value is not None and self.value <= self.limit
+        return self.value is not None and self.value <= self.limit and not self.noisy
 
 
 def shape(r: dict[str, str]) -> str:
@@ -178,17 +179,27 @@ MODEL_LIMITS = {"llama": 0.92, "qwen2": 0.92, "gpt2": 0.95, "opt": 0.95, "vit": 
 MODEL_MODE_LIMITS = {("compile", "infer"): 1.0, ("compile", "train"): 1.0, ("generate", "generate1"): 1 / 1.25,
                      ("generate", "generate8"): 1 / 1.15}
 COMPILED_MODELS, GENERATE_MODELS = ("llama", "qwen2"), ("llama", "gpt2")
+CONTROL_BAND = 0.05   # a model's phase counts only where its control ("hf:again" / "hf") is within 1 +- this
 
 
 def models_checks(stamp: str, rows: Rows) -> list[Check]:
     """Issue 71's targets (scripts/bench_models.py): ours / the unpatched Hugging Face model per model, mode and phase
     (paired per round in eager and compile): eager Llama- and Qwen2.5-0.5B-shaped <= 0.92, the others <= 0.95;
     compiled, the first two <= 1.0; generate(), Llama-shaped and GPT-2, tokens per second >= 1.25x (batch 1) and
-    >= 1.15x (batch 8)."""
+    >= 1.15x (batch 8). A phase whose control ("hf:again", the unpatched model against itself) is further from 1
+    than CONTROL_BAND is not met in that run, whatever ours measured."""
     def check(model: str, mode: str, phase: str, limit: float) -> Check:
-        return worst(71, f"{model} {mode} {phase} / unpatched Hugging Face model's", round(limit, 3), stamp,
-                     [(float(r["vs_hf"]), mode, f"{model} {mode} {phase}, {r['tokens']} per call") for r in rows
-                      if (r["model"], r.get("mode") or "eager", r["phase"], r["impl"]) == (model, mode, phase, "ours")])
+        def of(impl: str) -> Rows:
+            return [r for r in rows if (r["model"], r.get("mode") or "eager", r["phase"], r["impl"])
+                    == (model, mode, phase, impl)]
+        c = worst(71, f"{model} {mode} {phase} / unpatched Hugging Face model's", round(limit, 3), stamp,
+                  [(float(r["vs_hf"]), mode, f"{model} {mode} {phase}, {r['tokens']} per call") for r in of("ours")])
+        controls = [float(r["vs_hf"]) for r in of("hf:again")]
+        if not controls:
+            return c
+        noisy = any(abs(v - 1) > CONTROL_BAND for v in controls)
+        note = f"; control {max(controls, key=lambda v: abs(v - 1))}" + (" (outside 1 +- 0.05: noise)" if noisy else "")
+        return Check(c.issue, c.target, c.limit, c.value, c.where + note, c.commit, noisy)
     out = [check(model, "eager", phase, limit) for model, limit in MODEL_LIMITS.items() for phase in ("infer", "train")]
     for (mode, phase), limit in MODEL_MODE_LIMITS.items():
         models = COMPILED_MODELS if mode == "compile" else GENERATE_MODELS
