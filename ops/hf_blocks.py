@@ -264,6 +264,8 @@ POST_NORM = (Fusion("residual", (("", "hidden_states = self.dense", "62965e52dac
                     own_forward(post_norm_forward), "residual add + LayerNorm"),)
 VIT = (("", RESIDUAL, "ec4a8d757f64a769"),)
 OPT = (("", RESIDUAL, "9ff6cb0dd94f4ba6"),)
+# each block class's fusions, the preferred first (ViT, OPT: the projection's saves more host time than the add's,
+# docs/tuning.md)
 FUSIONS: dict[tuple[str, str], tuple[Fusion, ...]] = {
     ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer"): LLAMA,
     ("transformers.models.mistral.modeling_mistral", "MistralDecoderLayer"): LLAMA,
