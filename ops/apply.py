@@ -10,6 +10,7 @@ its ``state_dict`` keys. Then the blocks of ``ops.hf_blocks.FUSIONS`` get fused 
 (``projections=True``: a pre-norm MLP's norm, first projection and activation as one op, in GPT-2, ViT and OPT;
 ``residual=True``: a residual add and the norm after it as one op, in Llama, Mistral, Qwen2, Qwen3 and BERT, and in
 ViT and OPT where their projections are not fused). Nothing global is patched: two models in one process can differ.
+With FSDP2, patch before ``fully_shard``: a norm whose parameters are sharded already is skipped and reported.
 The other projections after a norm (Llama's q/k/v and gate/up, BERT's) are not fused yet (issue 71).
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
+import torch
 from torch import nn
 
 from ops.common import loaded_class_entry
@@ -71,10 +73,22 @@ class PatchHandle:
         self.remove()
 
 
+def sharded(m: nn.Module) -> bool:
+    """Whether ``m`` holds a parameter as a DTensor (sharded by FSDP2's ``fully_shard`` or tensor parallelism), which
+    a replacement module would keep sharded: FSDP2 gathers the parameters of the module it was given, not ours."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in m.parameters(recurse=False))
+
+
 def replacement(m: nn.Module) -> tuple[nn.Module | None, str]:
     """Our module for ``m`` sharing its parameters, and a word on it (the class it became, or why not: None then)."""
     if isinstance(m, OURS):
         return None, "already this library's"
+    if sharded(m):
+        return None, "its parameters are sharded (DTensors): apply_to before fully_shard or parallelize_module"
     known = known_rmsnorm(m)
     try:
         if isinstance(m, nn.LayerNorm):
