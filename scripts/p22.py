@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     check_memory(args, devices)
     k = P22Kernels(package)
     t0 = time.perf_counter()
-    if build_reported([(k, dev) for dev in devices], partial=False, need=k.ops_for(modes, args.variant)):
+    if build_reported([(k, dev) for dev in devices], partial=False):
         return EXIT_COMPILE
     print(f"  library loaded: {bridge.compile_count} models in {time.perf_counter() - t0:.1f} s")
     ok = report_correctness(k, modes, args, devices)
@@ -286,16 +286,13 @@ def _free_bytes(dev: str) -> int | None:
 
 # ---------------------------------------------------------------- building, and compile errors
 
-def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool,
-                   need: frozenset[str] | None = None) -> dict[tuple[Path, str], frozenset[str]]:
-    """Build every (kernels, device) of ``jobs``, all at once (only the ops named in ``need``, where given: a MAX
-    compile on a GPU costs more with more ops); print each compile error first and short.
+def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tuple[Path, str], frozenset[str]]:
+    """Build every (kernels, device) of ``jobs``, all at once; print each compile error first and short.
 
     Returns, for each job whose package does not compile, the ops that could not be built. With ``partial``
     (``--check``) the package's other ops are built without them, so that they can still be checked.
     """
-    done = together.load_groups([(k.calls(k.op_names() - need if need else frozenset()), torch.device(dev),
-                                  _label(k, dev)) for k, dev in jobs])
+    done = together.load_groups([(k.calls(), torch.device(dev), _label(k, dev)) for k, dev in jobs])
     failed = [(k, dev, e) for (k, dev), e in zip(jobs, done, strict=True) if isinstance(e, MojoCompileError)]
     unbuilt, reports = {}, []
     for k, dev, e in failed:

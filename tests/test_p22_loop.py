@@ -176,35 +176,6 @@ def test_a_damaged_saved_module_is_rebuilt(tmp_path: Path) -> None:
     assert again.returncode == 0 and "checksum" not in again.stderr, again.stderr
 
 
-def test_a_run_builds_only_its_ops_and_finds_them_in_a_checked_module(tmp_path: Path) -> None:
-    """--fused builds its one kernel and --unfused its four (on a GPU, MAX's compile costs more with more ops); after
-    --check has built a package's every op in one module, a run of that package loads its ops from it, building
-    nothing."""
-    env = dict(os.environ, OPS_CACHE_DIR=str(tmp_path / "cache"))
-    modules = tmp_path / "cache" / "modules"
-
-    def run(pkg: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-        got = subprocess.run([*P22, *argv, "--package", str(pkg), "--cpu"], cwd=ROOT, capture_output=True,
-                             text=True, stdin=subprocess.DEVNULL, env=env)
-        assert got.returncode == 0, got.stdout + got.stderr
-        return got
-
-    def saved() -> set[tuple[str, ...]]:   # each saved module's ops, from its .graphs file (name "<op>_<i>")
-        return {tuple(sorted(line.split("\t")[0].rsplit("_", 1)[0] for line in g.read_text().splitlines()[1:]))
-                for g in modules.glob("*.graphs")}
-
-    pkg = package_copy(tmp_path / "a", SOLUTIONS, "only-needed")
-    assert "building" in run(pkg, "--fused", "--no-bench").stderr   # a build says so (the last assert's check)
-    assert saved() == {("p22_fused",)}
-    run(pkg, "--unfused", "--no-bench")
-    assert saved() == {("p22_fused",), ("p22_bias_add", "p22_layernorm", "p22_matmul", "p22_transpose")}
-    checked = package_copy(tmp_path / "b", SOLUTIONS, "checked-first")
-    run(checked, "--check")
-    before = sorted(modules.glob("*.mef"))
-    got = run(checked, "--unfused", "--fused", "--no-bench")
-    assert sorted(modules.glob("*.mef")) == before and "building" not in got.stderr, got.stderr
-
-
 # ---------------------------------------------------------------- compile errors and stale verdicts
 
 

@@ -6,10 +6,9 @@ does. MAX compiles one module at a time per process (two in threads overlap litt
 new, all but the first compile in worker processes of their own (docs/learner_loop.md says why).
 
 Each compiled module is saved as a MEF file in the project's cache (``modules/``, named by its ops' content keys,
-MAX's version and the GPU's compute capability), published by an atomic rename with its SHA-256 beside it, and a
-``.graphs`` file beside it that names its graphs' keys. A rerun loads it in milliseconds instead of building its
-graphs again to find them in MAX's cache, and a run that needs some of a saved module's ops (``p22 --unfused`` after
-``--check``) loads that module; one that does not verify or load is removed and rebuilt, with a line saying so.
+MAX's version and the GPU's compute capability), published by an atomic rename with its SHA-256 beside it. A
+rerun loads it in milliseconds instead of building its graphs again to find them in MAX's cache; one that does
+not verify or load is removed and rebuilt, with a line saying so.
 """
 
 from __future__ import annotations
@@ -109,26 +108,18 @@ class _Plan:
         return {owner[key] for key in self.wanted if key in owner} - {self.me}
 
     def load_saved(self) -> bool:
-        """Keep the models of the saved module of exactly these graphs, or else of one saved with all of them among
-        its own (``_holding``), if it verifies and loads; a damaged one is removed."""
-        if cache.verified(self.saved):   # a damaged one is removed, with a line
-            return self._load(self.saved, dict(zip(self.names, map(repr, self.keys), strict=True)))
-        found = _holding(self.keys, self.device)
-        return found is not None and self._load(*found)
-
-    def _load(self, path: Path, names: dict[str, str]) -> bool:
-        """Keep the models of the module at ``path`` whose graphs ``names`` maps to this plan's keys (by repr)."""
+        """Keep the models of the saved module if there is one that verifies and loads; else remove it."""
+        if not cache.verified(self.saved):   # a damaged one is removed, with a line
+            return False
         try:
-            models = bridge.session(self.device).load_all(str(path))
-            by_key = {key: models[name] for name, key in names.items()}
-            for key in self.keys:
-                bridge.keep(key, by_key[repr(key)])
-            cache.touch(path)   # recently used: the last to be swept
+            models = bridge.session(self.device).load_all(str(self.saved))
+            self._keep(models)
+            cache.touch(self.saved)   # recently used: the last to be swept
             return True
         except (OSError, ValueError, RuntimeError, KeyError) as e:
-            print(f"  {path}: {e}; rebuilding it", file=sys.stderr)
+            print(f"  {self.saved}: {e}; rebuilding it", file=sys.stderr)
             with contextlib.suppress(OSError):   # a read-only cache keeps it; the rebuilt one stays in memory
-                path.unlink(missing_ok=True)
+                self.saved.unlink(missing_ok=True)
             return False
 
     def compile_here(self, build: progress.building) -> int | MojoCompileError:
@@ -139,11 +130,13 @@ class _Plan:
             compiled = build.run(lambda: session.compile(module, custom_extensions=self.libraries))
         except RuntimeError as e:
             return _compile_error(self.label, e)
-        _save(compiled, self.saved, self.names, self.keys, self.device)
-        models = session.init_all(compiled)
+        _save(compiled, self.saved)
+        self._keep(session.init_all(compiled))
+        return len(self.todo)
+
+    def _keep(self, models: dict[str, Any]) -> None:
         for name, key in zip(self.names, self.keys, strict=True):
             bridge.keep(key, models[name])
-        return len(self.todo)
 
 
 def _compile_error(label: str, e: RuntimeError) -> MojoCompileError:
@@ -152,46 +145,18 @@ def _compile_error(label: str, e: RuntimeError) -> MojoCompileError:
     return MojoCompileError(f"MAX could not compile {label}:\n{log}", log=log)
 
 
-def _built_for(device: torch.device) -> str:
-    """What a saved module must have been compiled with to load here: MAX's version and the GPU's capability."""
-    gpu = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return repr((cache.tool_version("max"), gpu))
-
-
 def _saved_path(names: Sequence[str], keys: Sequence[tuple], device: torch.device) -> Path:
     """Where the module of these graphs is saved: named by their keys, MAX's version and the GPU's capability."""
-    what = repr((list(names), list(keys), _built_for(device)))
+    gpu = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    what = repr((list(names), list(keys), cache.tool_version("max"), gpu))
     return cache.cache_dir() / "modules" / f"{hashlib.sha256(what.encode()).hexdigest()[:32]}.mef"
 
 
-def _graphs_path(mef: Path) -> Path:
-    return mef.with_suffix(".graphs")
-
-
-def _holding(keys: Sequence[tuple], device: torch.device) -> tuple[Path, dict[str, str]] | None:
-    """A saved module built for ``device`` whose graphs include every one of ``keys`` (by repr), with its graphs'
-    names and keys; None if there is none. Its ``.graphs`` file (first line: what it was built with; then a graph's
-    name and key a line) must verify against its checksum."""
-    built, wanted = _built_for(device), {repr(k) for k in keys}
-    for graphs in sorted((cache.cache_dir() / "modules").glob("*.graphs")):
-        with contextlib.suppress(OSError, ValueError):
-            head, *lines = graphs.read_text().splitlines()
-            names = dict(line.split("\t", 1) for line in lines)
-            mef = graphs.with_suffix(".mef")
-            if head == built and wanted <= set(names.values()) and cache.verified(graphs) and cache.verified(mef):
-                return mef, names
-    return None
-
-
-def _save(compiled: Any, path: Path, names: Sequence[str], keys: Sequence[tuple], device: torch.device) -> None:
-    """Write ``compiled`` to ``path`` with its checksum (``cache.publish``), its ``.graphs`` file first, unless the
-    cache is read-only; past ``KEEP_SAVED`` modules, the least recently used removed."""
+def _save(compiled: Any, path: Path) -> None:
+    """Write ``compiled`` to ``path`` with its checksum (``cache.publish``), unless the cache is read-only; past
+    ``KEEP_SAVED`` modules, the least recently used removed."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        graphs = _graphs_path(path)
-        staged = graphs.with_name(f".{graphs.name}.{os.getpid()}")
-        staged.write_text("\n".join([_built_for(device)] + [f"{n}\t{k!r}" for n, k in zip(names, keys, strict=True)]))
-        cache.publish(staged, graphs)
         staging = path.with_name(f".{path.name}.{os.getpid()}")
         compiled.export_mef(str(staging))
         cache.publish(staging, path)
@@ -201,9 +166,8 @@ def _save(compiled: Any, path: Path, names: Sequence[str], keys: Sequence[tuple]
         raise
     saved = sorted(path.parent.glob("*.mef"), key=lambda f: f.stat().st_mtime)
     for old in saved[:-KEEP_SAVED]:
-        for f in (old, _graphs_path(old)):
-            for part in (f, f.with_name(f.name + ".sha256")):
-                part.unlink(missing_ok=True)
+        for f in (old, old.with_name(old.name + ".sha256")):
+            f.unlink(missing_ok=True)
 
 
 def module_of(names: Sequence[str], calls: Calls, device: torch.device) -> Any:
@@ -226,7 +190,7 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", "ops.launch.together"], cwd=root, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert self.proc.stdin is not None
-        job = (plan.names, plan.todo, plan.keys, str(plan.device), plan.libraries, plan.saved)
+        job = (plan.names, plan.todo, str(plan.device), plan.libraries, plan.saved)
         self.proc.stdin.write(pickle.dumps(job))
         self.proc.stdin.close()
         self.label = plan.label
@@ -247,7 +211,7 @@ class _Worker:
 
 
 def _worker_main() -> int:
-    names, calls, keys, device, libraries, saved = pickle.loads(sys.stdin.buffer.read())
+    names, calls, device, libraries, saved = pickle.loads(sys.stdin.buffer.read())
     device = torch.device(device)
     module = module_of(names, calls, device)
     try:
@@ -255,7 +219,7 @@ def _worker_main() -> int:
     except RuntimeError as e:
         print(_compile_error("", e).log)
         return WORKER_FAILED
-    _save(compiled, saved, names, keys, device)
+    _save(compiled, saved)
     return 0
 
 

@@ -9,7 +9,7 @@ all float32 on one device (CPU or CUDA).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -65,12 +65,6 @@ class P22Kernels:
         """(op, input dtypes) of every op but those named in ``skip``: what ``together.load_groups`` builds in one
         MAX compile per device (a compile's fixed cost is most of it: six ops in one cost about what one does)."""
         return [(op, (torch.float32,) * len(op.inputs)) for op in self.all_ops() if op.name not in skip]
-
-    def ops_for(self, modes: Sequence[str], variant: str = "tiled") -> frozenset[str]:
-        """The registered names of the ops that ``modes`` ("unfused", "fused" with ``variant``) launch."""
-        needs = {"unfused": [self.layernorm, self.transpose, self.matmul, self.bias_add],
-                 "fused": [self.fused_op(variant)]}
-        return frozenset(op.name for mode in modes for op in needs[mode])
 
     def fused_op(self, variant: str = "tiled") -> GraphOp:
         """The fused kernel: "tiled" (the solution's main one) or "naive" (the first version)."""
