@@ -37,6 +37,7 @@ from ops.launch import bridge, progress, together  # noqa: E402
 from ops.launch.cache import CacheError  # noqa: E402
 from ops.launch.packages import MojoCompileError  # noqa: E402
 from ops.puzzle.p22 import (  # noqa: E402
+    GPU_CHECK_ROUTE,
     PROBLEMS,
     SOLUTIONS,
     P22Kernels,
@@ -54,6 +55,7 @@ from ops.puzzle.p22_diagnose import (  # noqa: E402
     region_of,
     unlocated,
 )
+from ops.puzzle.p22_direct import P22Direct  # noqa: E402
 from ops.puzzle.skeleton import regions_in  # noqa: E402
 from ops.reference import layernorm_linear_ref  # noqa: E402
 from ops.tolerance import compare  # noqa: E402
@@ -114,6 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variant", choices=["tiled", "naive"], default="tiled", help="fused kernel version")
     p.add_argument("--solution", action="store_true", help="run solutions/p22 instead of problems/p22")
     p.add_argument("--package", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another kernel dir
+    p.add_argument("--gpu-check-route", choices=["max", "ptx"], default=GPU_CHECK_ROUTE,
+                   help=argparse.SUPPRESS)  # measurements: how --check runs the GPU kernels (GPU_CHECK_ROUTE)
     p.add_argument("--check", action="store_true", help="compare problems/p22 with solutions/p22 kernel by kernel")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
     p.add_argument("--batch", type=int, default=4)
@@ -353,11 +357,16 @@ def check(args: argparse.Namespace) -> int:
     learner, solution = P22Kernels((args.package or PROBLEMS).resolve()), P22Kernels(SOLUTIONS)
     print(f"p22 --check: {_show(learner.package)} against solutions/p22 on {', '.join(devices)}, "
           "outputs poisoned with NaN")
-    unbuilt = build_reported([(k, dev) for dev in devices for k in (solution, learner)], partial=True)
+    direct = "cuda" in devices and args.gpu_check_route == "ptx"   # the GPU kernels from their PTX, not MAX
+    by_max = [dev for dev in devices if not (direct and dev == "cuda")]
+    unbuilt = build_reported([(k, dev) for dev in by_max for k in (solution, learner)], partial=True)
+    kernels = {dev: (learner, solution) for dev in by_max}
+    if direct:
+        kernels["cuda"] = tuple(built_direct(k, unbuilt) for k in (learner, solution))
     wrong = False
     for dev in devices:
         skip = unbuilt.get((learner.package, dev), frozenset())
-        failures = check_device(learner, solution, dev, skip, args.seed)
+        failures = check_device(*kernels[dev], dev, skip, args.seed)
         target = bridge.device_kind(torch.device(dev))
         print(f" on {dev}:")
         for name in HINTS:
@@ -371,7 +380,27 @@ def check(args: argparse.Namespace) -> int:
     return EXIT_COMPILE if unbuilt else EXIT_WRONG if wrong else EXIT_OK
 
 
-def check_device(learner: P22Kernels, solution: P22Kernels, dev: str, skip: frozenset[str],
+def built_direct(k: P22Kernels, unbuilt: dict[tuple[Path, str], frozenset[str]]) -> P22Direct:
+    """``k``'s GPU kernels built to PTX (``P22Direct``); where some do not compile, the error is printed first and
+    short, the ops it takes down go into ``unbuilt`` and the others are built without them."""
+    d = P22Direct(k.package)
+    try:
+        d.build()
+        return d
+    except MojoCompileError as e:
+        problems = parse_errors(e.log) or unlocated(e.log)
+    broken = frozenset(ops_broken_by(k.package, problems)) & k.op_names()
+    d = P22Direct(k.package, skip=broken)
+    try:
+        d.build()
+    except MojoCompileError:
+        broken = k.op_names()
+    unbuilt[(k.package, "cuda")] = broken
+    print_compile_problems(k.package, "gpu", problems, broken)
+    return d
+
+
+def check_device(learner: P22Kernels | P22Direct, solution: P22Kernels | P22Direct, dev: str, skip: frozenset[str],
                  seed: int | None) -> dict[str, str]:
     """Each learner kernel but those in ``skip`` against the solution's and float64 on every check shape:
     kernel name -> its first failure."""

@@ -92,16 +92,19 @@ class Kernel:
         self._lock = threading.Lock()
         self._launch = driver.cuLaunchKernel
 
-    def launch(self, stream: int, grid: tuple[int, int, int], block: int, smem: int, *args: object) -> None:
-        """Enqueue on ``stream`` (a raw handle); ``args`` as ``spec.args`` says (pointers as ints)."""
+    def launch(self, stream: int, grid: tuple[int, int, int], block: int | tuple[int, int, int], smem: int,
+               *args: object) -> None:
+        """Enqueue on ``stream`` (a raw handle); ``block``: threads, or (x, y, z); ``args`` as ``spec.args`` says
+        (pointers as ints)."""
+        bx, by, bz = (block, 1, 1) if block.__class__ is int else block
         with self._lock:
             struct.pack_into(self._fmt, self._buffer, self._base, *args)
-            err, = self._launch(self.function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, self._params, 0)
+            err, = self._launch(self.function, grid[0], grid[1], grid[2], bx, by, bz, smem, stream, self._params, 0)
             if err == _INVALID_CONTEXT:   # a thread torch has not made the device current on (the legacy stream)
                 from cuda.core import Device
 
                 Device(self.device_index).set_current()
-                err, = self._launch(self.function, grid[0], grid[1], grid[2], block, 1, 1, smem, stream,
+                err, = self._launch(self.function, grid[0], grid[1], grid[2], bx, by, bz, smem, stream,
                                     self._params, 0)
         if err:
             _check((err,))

@@ -13,6 +13,7 @@ import ast
 import operator
 import re
 from functools import cache
+from pathlib import Path
 
 from ops.launch.bridge import LIBRARY
 
@@ -38,8 +39,13 @@ def _value(node: ast.AST, known: dict[str, int]) -> int:
 @cache
 def comptime(module: str) -> dict[str, int]:
     """NAME -> value of ``ops/kernels/<module>.mojo``'s top-level integer ``comptime`` constants, in order."""
+    return constants_in(LIBRARY / f"{module}.mojo")
+
+
+def constants_in(path: Path) -> dict[str, int]:
+    """NAME -> value of the top-level integer ``comptime`` constants of the Mojo file at ``path``, read now."""
     known: dict[str, int] = {}
-    for line in (LIBRARY / f"{module}.mojo").read_text().splitlines():
+    for line in path.read_text().splitlines():
         if m := _LINE.match(line):
             try:
                 known[m.group(1)] = _value(ast.parse(m.group(2), mode="eval").body, known)

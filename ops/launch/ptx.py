@@ -1,7 +1,8 @@
 """PTX for our kernels: each kernel instantiation (a Mojo function with every compile-time parameter bound, a
 ``KernelSpec``) compiled for a GPU architecture with ``std.compile.compile_info``, in one ``mojo run`` per batch,
 into a cache keyed by the kernel package's content digest, the Mojo version and the target (an edited kernel is
-never stale). Built lazily on first use, or up front by ``poe build-kernels``, on any machine, GPU or not."""
+never stale). Built lazily on first use, or up front by ``poe build-kernels``, on any machine, GPU or not. The
+package is the library's (``ops/kernels``) unless a spec names another (the puzzle's, ``ops/puzzle/p22_direct.py``)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,14 @@ class KernelSpec:
         params: every compile-time parameter, in order: torch dtypes, bools and ints.
         args: the kernel's run-time arguments, one letter each: ``p`` pointer, ``i`` Int32, ``f`` Float32,
             ``t`` a 128-byte TMA descriptor.
+        package: the Mojo package holding ``module`` (None: the library's, ``ops/kernels``).
     """
 
     module: str
     name: str
     params: tuple
     args: str
+    package: Path | None = None
 
     @property
     def expr(self) -> str:
@@ -68,30 +71,36 @@ def target_for(capability: tuple[int, int]) -> tuple[str, str]:
                            f"(built: {', '.join(a for _, a in TARGETS.values())})") from None
 
 
-def ptx_dir(target: str) -> Path:
+def package_of(spec: KernelSpec) -> Path:
+    return spec.package or LIBRARY
+
+
+def ptx_dir(target: str, package: Path = LIBRARY) -> Path:
     """Where PTX for ``target`` from the kernel package as it is on disk now lives: named by the sources'
     digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU machine
     running PTX built elsewhere), the build of these sources by any Mojo version."""
-    root = cache_dir() / "ptx"
+    root, digest = cache_dir() / "ptx", package_digest(package)
     if (mojo := tool_version("mojo")) is None:
-        found = sorted(root.glob(f"{package_digest(LIBRARY)}-mojo*-{target}"))
-        return found[-1] if found else root / f"{package_digest(LIBRARY)}-mojo-missing-{target}"
-    return root / f"{package_digest(LIBRARY)}-mojo{mojo}-{target}"
+        found = sorted(root.glob(f"{digest}-mojo*-{target}"))
+        return found[-1] if found else root / f"{digest}-mojo-missing-{target}"
+    return root / f"{digest}-mojo{mojo}-{target}"
 
 
 def ptx_path(spec: KernelSpec, target: str) -> Path:
-    return ptx_dir(target) / f"{spec.module}.{hashlib.sha256(spec.expr.encode()).hexdigest()[:16]}.ptx"
+    digest = hashlib.sha256(spec.expr.encode()).hexdigest()[:16]
+    return ptx_dir(target, package_of(spec)) / f"{spec.module}.{digest}.ptx"
 
 
 MARK = "@@ops-kernel "
 
 
 def emit_source(specs: Sequence[KernelSpec], target: str) -> str:
-    """A Mojo program printing the PTX of each spec after a ``MARK`` line."""
+    """A Mojo program printing the PTX of each spec (all of one package) after a ``MARK`` line."""
     lines = ["from std.compile import compile_info", f"from max.gpu.host.info import {target}"]
+    package = package_of(specs[0]).name
     for module in sorted({s.module for s in specs}):
         names = sorted({s.name for s in specs if s.module == module})
-        lines.append(f"from kernels.{module} import {', '.join(names)}")
+        lines.append(f"from {package}.{module} import {', '.join(names)}")
     lines.append("\ndef main():")
     for i, s in enumerate(specs):
         lines.append(f'    print("{MARK}{i}")')
@@ -103,13 +112,21 @@ _build_lock = threading.Lock()
 
 
 def build(specs: Iterable[KernelSpec], target: str = "H100", quiet: bool = False) -> int:
-    """Compile the specs whose PTX is not cached yet, in one ``mojo run``; returns how many it built."""
+    """Compile the specs whose PTX is not cached yet, in one ``mojo run`` per package; returns how many it built.
+
+    Raises:
+        MojoCompileError: a package's kernels do not compile (the compiler's log, with file:line:col).
+    """
     specs = list(dict.fromkeys(specs))
-    with _build_lock:
-        if all(verified(ptx_path(s, target)) for s in specs):
-            return 0
-        with built_once(f"ptx {ptx_dir(target)}"):
-            return _build_missing([s for s in specs if not verified(ptx_path(s, target))], target, quiet)
+    built = 0
+    for package in dict.fromkeys(package_of(s) for s in specs):
+        mine = [s for s in specs if package_of(s) == package]
+        with _build_lock:
+            if all(verified(ptx_path(s, target)) for s in mine):
+                continue
+            with built_once(f"ptx {ptx_dir(target, package)}"):
+                built += _build_missing([s for s in mine if not verified(ptx_path(s, target))], target, quiet)
+    return built
 
 
 def _build_missing(missing: list[KernelSpec], target: str, quiet: bool) -> int:
@@ -118,19 +135,22 @@ def _build_missing(missing: list[KernelSpec], target: str, quiet: bool) -> int:
         return 0
     if not quiet:
         print(f"ops: compiling {len(missing)} GPU kernel(s) for {target} to PTX "
-              f"(once per kernel source; cache {ptx_dir(target)})", file=sys.stderr, flush=True)
+              f"(once per kernel source; cache {ptx_dir(target, package_of(missing[0]))})", file=sys.stderr,
+              flush=True)
     from mojo.run import subprocess_run_mojo
 
     with tempfile.TemporaryDirectory() as tmp:
         emit = Path(tmp) / "emit_ptx.mojo"
         emit.write_text(emit_source(missing, target))
-        proc = subprocess_run_mojo(["run", "-I", str(LIBRARY.parent), str(emit)], capture_output=True, text=True)
+        proc = subprocess_run_mojo(["run", "-I", str(package_of(missing[0]).parent), str(emit)],
+                                   capture_output=True, text=True)
     if proc.returncode != 0:
-        raise MojoCompileError(f"PTX build failed:\n{proc.stdout[-2000:]}{proc.stderr}")
+        log = proc.stdout[-2000:] + proc.stderr
+        raise MojoCompileError(f"PTX build failed:\n{log}", log=log)
     parts = proc.stdout.split(MARK)[1:]
     if len(parts) != len(missing):
         raise MojoCompileError(f"PTX build printed {len(parts)} kernels, expected {len(missing)}")
-    out = ptx_dir(target)
+    out = ptx_dir(target, package_of(missing[0]))
     try:
         out.mkdir(parents=True, exist_ok=True)
         for spec, part in zip(missing, parts, strict=True):

@@ -26,6 +26,10 @@ DTYPES = (torch.float32,)
 EPS = 1e-5  # fixed in the kernels (common.mojo: EPS)
 
 _X = ("batch", "seq", "hidden")
+# How ``p22 --check`` runs the GPU kernels on a GPU machine: "max" (the ops' MAX graphs, as --unfused and --fused
+# run them) or "ptx" (each kernel from its PTX, ops/puzzle/p22_direct.py: about 2-4 s to build where a MAX compile
+# of the GPU ops takes 15-21 s; not yet run on a GPU, so not the default)
+GPU_CHECK_ROUTE = "max"
 _FUSED_INPUTS = (_X, ("hidden",), ("hidden",), ("out", "hidden"), ("out",))
 
 
