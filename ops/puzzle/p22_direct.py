@@ -51,6 +51,7 @@ class P22Direct:
                       for name, (module, fn, args) in KERNELS.items() if name not in skip}
         self.c = {k: v for m in ("tiles", "fused", "layernorm", "transpose", "bias_add")
                   for k, v in constants_in(self.package / f"{m}.mojo").items()}
+        self._loaded: dict[tuple[str, int], direct.Kernel] = {}
 
     def build(self, target: str | None = None) -> None:
         """Compile every kernel's PTX for ``target`` (a name of ``ptx.TARGETS``; None: the current GPU's), cached by
@@ -61,10 +62,17 @@ class P22Direct:
         """
         build(self.specs.values(), target or target_for(torch.cuda.get_device_capability())[0], quiet=True)
 
-    def _launch(self, name: str, grid: tuple[int, ...], block: int | tuple[int, int, int], *args: object) -> None:
+    def _kernel(self, name: str) -> direct.Kernel:
+        """``name``'s kernel loaded on the current GPU by this object (not ``direct.kernel``'s process-wide table:
+        an edited package is loaded again by the next ``P22Direct``, never found stale)."""
         index = torch.cuda.current_device()
-        grid3 = (*grid, 1, 1)[:3]
-        direct.kernel(self.specs[name], index).launch(direct.current_stream(index), grid3, block, 0, *args)
+        if (name, index) not in self._loaded:
+            self._loaded[(name, index)] = direct.Kernel(self.specs[name], index)
+        return self._loaded[(name, index)]
+
+    def _launch(self, name: str, grid: tuple[int, ...], block: int | tuple[int, int, int], *args: object) -> None:
+        stream = direct.current_stream(torch.cuda.current_device())
+        self._kernel(name).launch(stream, (*grid, 1, 1)[:3], block, 0, *args)
 
     def _out(self, *shape: int) -> torch.Tensor:
         y = torch.empty(shape, device="cuda", dtype=torch.float32)
@@ -128,7 +136,7 @@ class P22Direct:
             pass
         from cuda.bindings import driver
 
-        fn = direct.kernel(self.specs["p22_fused"], torch.cuda.current_device()).function
+        fn = self._kernel("p22_fused").function
         err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, self.c["THREADS"], 0)
         held = max(int(per_sm) if int(err) == 0 else 1, 1)
         sms = torch.cuda.get_device_properties().multi_processor_count
