@@ -338,3 +338,24 @@ def test_peft_lora_adapters_are_run_before_or_after_the_patch(order: str) -> Non
         assert len(got_grads) == 2 * len(targets) * 2   # lora_A and lora_B of each target in each of two layers
         for g, w in zip(got_grads, want_grads, strict=True):
             assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{family}: {m}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["Llama", "gpt2", "vit", "opt", "bert"])
+def test_gpu_cuda_graph_of_a_patched_model(family: str) -> None:
+    """A patched tiny model's bf16 inference forward captured by ``torch.cuda.graph`` and replayed on new input gives
+    the patched model's eager logits for that input (our fused ops under capture, as in the model's own graph)."""
+    from ops.bench.timing import captured
+
+    model = _tiny(family).to("cuda", torch.bfloat16)
+    ids = _inputs(family, "cuda")
+    ids = ids.to(torch.bfloat16) if ids.is_floating_point() else ids
+    with ops.apply_to(model) as handle, torch.no_grad():
+        assert handle.report.fused or not _digest_known(model)
+        kwargs = {"use_cache": False} if family in ("Llama", "gpt2", "opt") else {}   # no KV cache to grow
+        graph, out = captured(lambda: model(ids, **kwargs).logits, warmup=2)
+        fresh = _inputs(family, "cuda")
+        ids.copy_(fresh.to(ids.dtype))
+        graph.replay()
+        want = model(ids, **kwargs).logits
+    assert (m := compare(out, want, torch.bfloat16, reduction=64)) is None, m
