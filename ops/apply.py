@@ -23,6 +23,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
+from ops import hf_blocks
 from ops.common import loaded_class_entry
 from ops.hf_blocks import FUSIONS
 from ops.layernorm import LayerNorm
@@ -132,8 +133,9 @@ def apply_to(model: nn.Module, *, norms: bool = True, residual: bool = True, pro
     report, undo = Report(), []
     swap_norms(model, norms, report, undo)
     if norms:
-        fuse_blocks(model, {kind for kind, on in (("residual", residual), ("projections", projections)) if on},
-                    report, undo)
+        shared = projections and hf_blocks.SHARED_INPUT_PROJECTIONS
+        fuse_blocks(model, {kind for kind, on in (("residual", residual), ("projections", projections),
+                                                  ("shared", shared)) if on}, report, undo)
     return PatchHandle(undo, report)
 
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ops.layernorm import LayerNorm, add_layer_norm
-from ops.layernorm_linear import layernorm_linear_act
+from ops.layernorm_linear import layernorm_linear_act, linears
 from ops.rmsnorm import RMSNorm, add_rms_norm
 
 Undo = Callable[[], None]
@@ -167,8 +167,9 @@ ACTIVATIONS = {("transformers.activations", "GELUActivation"): "gelu",
                ("transformers.activations", "NewGELUActivation"): "gelu_tanh",   # "gelu_new"
                ("transformers.activations", "GELUTanh"): "gelu_tanh",
                ("torch.nn.modules.activation", "ReLU"): "relu"}
+LINEAR = ("torch.nn.modules.linear", "Linear")
 # the projection classes a fusion reads the weight of: nn.Linear's [N, K], and GPT-2's Conv1D's [K, N] transposed
-PROJECTIONS = {("torch.nn.modules.linear", "Linear"): False, ("transformers.pytorch_utils", "Conv1D"): True}
+PROJECTIONS = {LINEAR: False, ("transformers.pytorch_utils", "Conv1D"): True}
 
 
 def class_key(obj: object) -> tuple[str, str]:
@@ -189,6 +190,73 @@ def gpt2_mlp_forward(mlp: nn.Module, norm: LayerNorm, x: torch.Tensor) -> torch.
     """GPT-2's MLP on the block's un-normalized x (its ``ln_2`` passes x through): the norm, ``c_fc`` and GELU by
     ``norm_projection``, then ``c_proj`` and dropout."""
     return mlp.dropout(mlp.c_proj(norm_projection(norm, mlp.c_fc, mlp.act, x)))
+
+
+# ---------------------------------------------------------------- projections of one input
+
+class Answer(nn.Module):
+    """A projection's stand-in during one call of a ``shared_input_forward``: its output for that call's input (the
+    very tensor, unmodified since), computed with the other projections of that input; for any other input, the
+    projection itself. Not a child module: the model's modules and state dict stay as they were."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.__dict__.update(projection=None, given=None, version=-1, out=None)   # set per call, past __setattr__
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x is self.given and x._version == self.version:
+            return self.out
+        return self.projection(x)
+
+
+def takes_shared(projections: list[nn.Module]) -> bool:
+    """Whether ``linears`` can stand in for these projections: each exactly ``nn.Linear`` with no hooks of its own,
+    and all with a bias or none."""
+    return (all(class_key(p) == LINEAR and not (p._forward_hooks or p._forward_pre_hooks or p._backward_hooks
+                                                  or p._backward_pre_hooks) for p in projections)
+            and len({p.bias is None for p in projections}) == 1)
+
+
+def shared_input_forward(self: nn.Module, names: tuple[str, ...], answers: tuple[Answer, ...], first: str,
+                         *args: object, **kwargs: object) -> object:
+    """The class's own forward, with its projections ``names`` of its input (its first argument, ``first`` by name)
+    computed by one ``linears`` call first and answered from it. Under torch.compile, or where ``takes_shared``
+    does not hold (a PEFT adapter, a hook), the class's forward as it is."""
+    projections = [self._modules[n] for n in names]
+    x = args[0] if args else kwargs.get(first)
+    if torch.compiler.is_compiling() or not isinstance(x, torch.Tensor) or not takes_shared(projections):
+        return type(self).forward(self, *args, **kwargs)
+    biases = None if projections[0].bias is None else [p.bias for p in projections]
+    outs = linears(x, [p.weight for p in projections], biases)
+    for name, answer, projection, out in zip(names, answers, projections, outs, strict=True):
+        answer.__dict__.update(projection=projection, given=x, version=x._version, out=out)
+        self._modules[name] = answer
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        for name, answer, projection in zip(names, answers, projections, strict=True):
+            self._modules[name] = projection
+            answer.__dict__.update(projection=None, given=None, out=None)
+
+
+def install_shared(*names: str) -> Callable[[nn.Module], list[Undo]]:
+    """An install of ``shared_input_forward`` for the projections ``names`` (attributes of the block)."""
+    def install(block: nn.Module) -> list[Undo]:
+        first = next(iter(list(forward_signature(type(block)).parameters)[1:]), "hidden_states")
+        answers = tuple(Answer() for _ in names)
+        block.forward = functools.partial(shared_input_forward, block, names, answers, first)
+        return [lambda: delattr(block, "forward")]
+    return install
+
+
+def shared_refusal(*names: str) -> Callable[[nn.Module], str]:
+    """Why a block's projections ``names`` are not computed together (else '')."""
+    def refusal(block: nn.Module) -> str:
+        projections = [getattr(block, n, None) for n in names]
+        if any(not isinstance(p, nn.Module) for p in projections):
+            return f"it has no {' / '.join(names)}"
+        return "" if takes_shared(projections) else f"its {' / '.join(names)} are not plain nn.Linear alike"
+    return refusal
 
 
 # ---------------------------------------------------------------- installing them
@@ -251,8 +319,9 @@ class Fusion:
             part = getattr(block, attr, None) if attr else block
             if part is None or forward_digest(type(part), start) != digest:
                 return f"its {attr + ' ' if attr else ''}forward is not the one the fusion knows"
-        norm = getattr(block, self.norm, None)
-        if type(norm) is not self.norm_type or norm.weight is None or getattr(norm, "bias", False) is None:
+        norm = getattr(block, self.norm, None) if self.norm else None
+        if self.norm and (type(norm) is not self.norm_type or norm.weight is None
+                          or getattr(norm, "bias", False) is None):
             return f"its {self.norm} is not ours, with its parameters"
         return self.refusal(block)
 
@@ -264,6 +333,25 @@ POST_NORM = (Fusion("residual", (("", "hidden_states = self.dense", "62965e52dac
                     own_forward(post_norm_forward), "residual add + LayerNorm"),)
 VIT = (("", RESIDUAL, "ec4a8d757f64a769"),)
 OPT = (("", RESIDUAL, "9ff6cb0dd94f4ba6"),)
+# The attention and MLP classes whose projections of one input run as one ``linears`` ("shared", with
+# projections=True while SHARED_INPUT_PROJECTIONS is on): (module, classes, the projections' attributes). Their
+# forwards need no digest: an answer is given only for the very input it was computed from.
+SHARED_INPUT = [
+    ("transformers.models.llama.modeling_llama", ("LlamaAttention",), ("q_proj", "k_proj", "v_proj")),
+    ("transformers.models.mistral.modeling_mistral", ("MistralAttention",), ("q_proj", "k_proj", "v_proj")),
+    ("transformers.models.qwen2.modeling_qwen2", ("Qwen2Attention",), ("q_proj", "k_proj", "v_proj")),
+    ("transformers.models.qwen3.modeling_qwen3", ("Qwen3Attention",), ("q_proj", "k_proj", "v_proj")),
+    ("transformers.models.llama.modeling_llama", ("LlamaMLP",), ("gate_proj", "up_proj")),
+    ("transformers.models.mistral.modeling_mistral", ("MistralMLP",), ("gate_proj", "up_proj")),
+    ("transformers.models.qwen2.modeling_qwen2", ("Qwen2MLP",), ("gate_proj", "up_proj")),
+    ("transformers.models.qwen3.modeling_qwen3", ("Qwen3MLP",), ("gate_proj", "up_proj")),
+    ("transformers.models.vit.modeling_vit", ("ViTAttention",), ("q_proj", "k_proj", "v_proj")),
+    ("transformers.models.opt.modeling_opt", ("OPTAttention",), ("q_proj", "k_proj", "v_proj")),
+    ("transformers.models.bert.modeling_bert", ("BertSelfAttention",), ("query", "key", "value")),
+]
+# Off until timed on a GPU (bench_models --ab-shared; docs/tuning.md): it saves two Python Linear calls an attention
+# and one a gated MLP, for one C++ call and the stand-ins' module calls
+SHARED_INPUT_PROJECTIONS = False
 # each block class's fusions, the preferred first (ViT, OPT: the projection's saves more host time than the add's,
 # docs/tuning.md)
 FUSIONS: dict[tuple[str, str], tuple[Fusion, ...]] = {
@@ -284,6 +372,9 @@ FUSIONS: dict[tuple[str, str], tuple[Fusion, ...]] = {
                "residual add + final_layer_norm", opt_refusal)),
     ("transformers.models.bert.modeling_bert", "BertSelfOutput"): POST_NORM,
     ("transformers.models.bert.modeling_bert", "BertOutput"): POST_NORM,
+    **{(module, cls): (Fusion("shared", (), "", nn.Module, install_shared(*names),
+                              f"{' + '.join(names)} as one linears", shared_refusal(*names)),)
+       for module, classes, names in SHARED_INPUT for cls in classes},
     ("transformers.models.gpt2.modeling_gpt2", "GPT2Block"): (Fusion(
         "projections", (("", RESIDUAL, "a464301d3b835ef8"), ("mlp", "hidden_states = self.c_fc", "3b3ccd7e357e4f06")),
         "ln_2", LayerNorm, install_gpt2_mlp, "ln_2 + mlp.c_fc + GELU", projection_refusal("mlp.c_fc", "mlp.act")),),

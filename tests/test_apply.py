@@ -359,3 +359,43 @@ def test_gpu_cuda_graph_of_a_patched_model(family: str) -> None:
         graph.replay()
         want = model(ids, **kwargs).logits
     assert (m := compare(out, want, torch.bfloat16, reduction=64)) is None, m
+
+
+SHARED_FUSED = {"Llama": 4, "Mistral": 4, "Qwen2": 4, "Qwen3": 4, "vit": 2, "opt": 2, "bert": 2}   # two layers'
+
+
+@pytest.mark.parametrize("family", list(SHARED_FUSED))
+def test_shared_input_projections_give_the_unpatched_logits_and_gradients(device: str, family: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With SHARED_INPUT_PROJECTIONS on: each attention's q/k/v (and a gated MLP's gate/up) as one ``linears`` give
+    the unpatched logits and every gradient; an adapter put in place of one projection afterwards is run (that
+    block falls back to its own forward)."""
+    from ops import hf_blocks
+
+    monkeypatch.setattr(hf_blocks, "SHARED_INPUT_PROJECTIONS", True)
+    model, ids = _tiny(family).to(device), _inputs(family, device)
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        logits = model(ids).logits
+        logits.float().square().mean().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    want_logits, want_grads = run()
+    with ops.apply_to(model) as handle:
+        shared = [(name, what) for name, _, what in handle.report.fused if what.endswith("as one linears")]
+        assert len(shared) == SHARED_FUSED[family], handle.report
+        logits, grads = run()
+        assert (m := compare(logits, want_logits, torch.float32, reduction=64)) is None, m
+        for (name, _), g, w in zip(model.named_parameters(), grads, want_grads, strict=True):
+            assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
+        block = model.get_submodule(shared[0][0])
+        first = next(n for n, m in block.named_children() if isinstance(m, nn.Linear))
+        block.set_submodule(first, Adapted(block.get_submodule(first), 64, block.get_submodule(first).out_features))
+        nn.init.normal_(block.get_submodule(first).up.weight, std=10.0)   # post-norm BERT damps a small one
+        with torch.no_grad():
+            adapted = model(ids).logits
+    with torch.no_grad():
+        plain = model(ids).logits
+    assert (m := compare(adapted, plain, torch.float32, reduction=64)) is None, m
+    assert (adapted - logits).abs().max() > 1e-3   # the adapter was run

@@ -3,6 +3,8 @@ means, NaN, determinism, the nn.Module, torch.compile, the custom ops and bad in
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -367,3 +369,50 @@ def test_layernorm_linear_act_values_and_gradients(device: str, dtype: torch.dty
         for name, a, r in zip(("dx", "dln_weight", "dln_bias", "dweight", "dbias"), got, want, strict=True):
             cond = float(layernorm_stats_ref(x)[1].max()) if name == "dx" else 4.0
             assert (m := compare(a, r, dtype, reduction=max(rows, n), cond=cond)) is None, f"{name}: {m}"
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("biased", [True, False])
+def test_linears_values_and_gradients(device: str, dtype: torch.dtype, biased: bool) -> None:
+    """linears (a GPU's C++ op, else F.linear each) and the C++ op itself: three projections of one input (odd
+    sizes) against float64 autograd, x's gradient the sum over the three; an output left out of the loss gives its
+    weight and bias no gradient, as F.linear each does."""
+    torch.manual_seed(0)
+    rows, k, ns = 37, 96, (136, 24, 24)
+    x = torch.randn(rows, k, device=device, dtype=dtype)
+    ws = [(torch.randn(n, k) / k**0.5).to(device, dtype) for n in ns]
+    bs = [(0.1 * torch.randn(n)).to(device, dtype) for n in ns] if biased else []
+    dys = [torch.randn(rows, n, device=device, dtype=dtype) for n in ns]
+    fns = [lambda x, ws, bs: LL.linears(x, ws, bs or None)]
+    if direct.load_native().ops is not None:
+        fns.append(torch.ops.mojo_direct.traced_linears)
+    for fn in fns:
+        leaves = [t.detach().requires_grad_() for t in (x, *ws, *bs)]
+        lx, lws, lbs = leaves[0], leaves[1:4], leaves[4:]
+        refs = [F.linear(lx.double(), w.double(), b.double() if biased else None)
+                for w, b in zip(lws, lbs if biased else [None] * 3, strict=True)]
+        want = torch.autograd.grad(refs[:2], leaves, [dy.double() for dy in dys[:2]], allow_unused=True)
+        with torch.no_grad():
+            for y, r in zip(fn(lx, lws, lbs), refs, strict=True):
+                assert (m := compare(y, r, dtype, reduction=k)) is None, f"no_grad: {m}"
+        ys = fn(lx, lws, lbs)
+        for y, r in zip(ys, refs, strict=True):
+            assert y.dtype == dtype and (m := compare(y, r, dtype, reduction=k)) is None, m
+        got = torch.autograd.grad(ys[:2], leaves, dys[:2], allow_unused=True)   # the third output unused
+        for i, (a, r) in enumerate(zip(got, want, strict=True)):
+            if r is None:
+                assert a is None, f"leaf {i}: a gradient for an unused output"
+            else:
+                assert (m := compare(a, r, dtype, reduction=max(rows, k))) is None, f"leaf {i}: {m}"
+
+
+@pytest.mark.parametrize(("weights", "biases", "err", "name"), [
+    ("not a list", None, TypeError, "weights"),
+    ([], None, TypeError, "weights"),
+    ([torch.ones(3, 8), torch.ones(3, 7)], None, ValueError, "weights[1]"),
+    ([torch.ones(3, 8)], [torch.ones(3), torch.ones(3)], TypeError, "biases"),
+    ([torch.ones(3, 8)], [torch.ones(4)], ValueError, "biases[0]"),
+    ([torch.ones(3, 8, dtype=torch.float16)], None, TypeError, "weights[0]"),
+])
+def test_linears_bad_input_named(weights: object, biases: object, err: type[Exception], name: str) -> None:
+    with pytest.raises(err, match=rf"^{re.escape(name)}:"):
+        LL.linears(torch.ones(2, 8), weights, biases)

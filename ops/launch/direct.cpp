@@ -82,6 +82,7 @@ TORCH_LIBRARY(mojo_direct, m) {
         "int algo) -> Tensor");
   m.def("layernorm_linear_act(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, float eps, "
         "int act) -> Tensor");
+  m.def("linears(Tensor x, Tensor[] weights, Tensor[] biases) -> Tensor[]");
   m.def("layernorm_fwd(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> (Tensor, Tensor, Tensor)");
   m.def("layernorm_with_stats(Tensor x, Tensor weight, Tensor bias, float eps, int act) -> Tensor[]");
   m.def("layernorm_bwd_with_plan(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd, "
@@ -135,6 +136,7 @@ TORCH_LIBRARY(mojo_direct, m) {
         "Tensor mean, Tensor rstd, Tensor h, int act, bool bias_grad, bool weight_grad=True) -> Tensor[]");
   m.def("traced_layernorm_linear(Tensor x, Tensor ln_weight, Tensor ln_bias, Tensor weight, Tensor? bias, "
         "float eps, int act=0) -> Tensor");
+  m.def("traced_linears(Tensor x, Tensor[] weights, Tensor[] biases) -> Tensor[]");
 }
 
 // The autograd kernels are the entries; under inference mode (no autograd keys) the same functions run as
@@ -146,6 +148,7 @@ static void impl_entries(torch::Library& m) {
   m.impl("add_norm", &add_norm);
   m.impl("layernorm_linear", &layernorm_linear);
   m.impl("layernorm_linear_act", &layernorm_linear_act);
+  m.impl("linears", &linears);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
@@ -153,6 +156,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, Autograd, m) {
   m.impl("traced_linear", &traced_linear);
   m.impl("traced_linear_gelu", &traced_linear_gelu);
   m.impl("traced_layernorm_linear", &traced_layernorm_linear);
+  m.impl("traced_linears", &traced_linears);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
@@ -170,6 +174,7 @@ TORCH_LIBRARY_IMPL(mojo_direct, CompositeExplicitAutograd, m) {
   m.impl("layernorm_linear_train_fwd", &layernorm_linear_train_fwd);
   m.impl("layernorm_linear_grads", &layernorm_linear_grads_op);
   m.impl("traced_layernorm_linear", &traced_layernorm_linear_forward);
+  m.impl("traced_linears", &traced_linears_forward);
 }
 
 TORCH_LIBRARY_IMPL(mojo_direct, CUDA, m) {

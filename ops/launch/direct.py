@@ -224,6 +224,7 @@ class NativeOps:
     linear: object = None         # the unfused route's Linear by cuBLASLt (y; torch's ops where it does not take it)
     linear_grads: object = None   # and its backward (dxn, dweight, dbias)
     layernorm_linear_act: object = None   # act(Linear(LayerNorm(x))), one C++ autograd node, or None (not taken)
+    linears: object = None   # several Linears of one input, one C++ autograd node, or [] (not taken)
     ops: object = None
 
 
@@ -314,6 +315,7 @@ def load_native() -> NativeOps:
         NATIVE.linear_grads = getattr(ops.linear_grads.default, "_op", ops.linear_grads.default)
         NATIVE.layernorm_linear_act = getattr(ops.layernorm_linear_act.default, "_op",
                                               ops.layernorm_linear_act.default)
+        NATIVE.linears = getattr(ops.linears.default, "_op", ops.linears.default)
     return NATIVE
 
 

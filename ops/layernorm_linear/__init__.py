@@ -20,6 +20,7 @@ Forward algorithms (``algo``):
 
 ``layernorm_linear_act``: act(Linear(LayerNorm(x))) for act GELU (erf or tanh form) or ReLU, a pre-norm MLP's first
 half (GPT-2's, ViT's, OPT's), as one C++ op each way on a GPU (the weight may be a transposed view).
+``linears``: several Linears of one input (an attention's q, k and v) as one C++ op each way on a GPU.
 
 Backward (one path for all): dW = dy^T xn and dxn = dy W by cuBLAS, db = sum of dy, and dx, dgamma, dbeta by our
 deterministic LayerNorm backward. The autograd forward of ``unfused`` keeps the normalized xn for it (as torch does);
@@ -36,9 +37,9 @@ the inductor pass that puts a GELU after the Linear into its GEMM.
 
 from ops.inputs import DTYPES
 from ops.layernorm_linear.config import ALGOS
-from ops.layernorm_linear.functional import layernorm_linear, layernorm_linear_act
+from ops.layernorm_linear.functional import layernorm_linear, layernorm_linear_act, linears
 from ops.layernorm_linear.fwd_bwd import layernorm_linear_bwd, layernorm_linear_fwd
 from ops.layernorm_linear.module import FusedLayerNormLinear
 
 __all__ = ["ALGOS", "DTYPES", "FusedLayerNormLinear", "layernorm_linear", "layernorm_linear_act",
-           "layernorm_linear_bwd", "layernorm_linear_fwd"]
+           "layernorm_linear_bwd", "layernorm_linear_fwd", "linears"]

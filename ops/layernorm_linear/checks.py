@@ -90,6 +90,25 @@ def check_linear(x: torch.Tensor, weight: object, bias: object | None, same_dtyp
         check_size("bias", bias, 0, weight.shape[0], "weight's rows (out features)")
 
 
+def check_linears(x: object, weights: object, biases: object) -> None:
+    """``linears``' named checks: x a tensor; weights a non-empty list or tuple of 2-D tensors ``[N_i, K]`` and biases
+    None or one 1-D ``[N_i]`` per weight, all on x's device and of its dtype (torch's ``F.linear`` takes any dtype)."""
+    x = check_tensor("x", x, min_ndim=1, layout=False, **TORCH_TAKES)
+    if weights.__class__ not in (list, tuple) or not weights:
+        raise TypeError(f"weights: expected a non-empty list or tuple of tensors, got {type(weights).__name__}")
+    if biases is not None and (biases.__class__ not in (list, tuple) or len(biases) != len(weights)):
+        raise TypeError(f"biases: expected None or a list or tuple of {len(weights)} tensors (one per weight), "
+                        f"got {type(biases).__name__}")
+    for i, w in enumerate(weights):
+        check_tensor(f"weights[{i}]", w, ndim=2, layout=False, **TORCH_TAKES)
+        check_same({"x": x, f"weights[{i}]": w})
+        check_size(f"weights[{i}]", w, 1, last_size(x), "x's last dim")
+        if biases is not None:
+            check_tensor(f"biases[{i}]", biases[i], ndim=1, layout=False, **TORCH_TAKES)
+            check_same({"x": x, f"biases[{i}]": biases[i]})
+            check_size(f"biases[{i}]", biases[i], 0, w.shape[0], f"weights[{i}]'s rows")
+
+
 def adapted_fwd(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, ...] | None:
     """For validated arguments the kernels do not take as they come: (x, ln_weight, ln_bias, weight, bias) made

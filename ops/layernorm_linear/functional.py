@@ -3,6 +3,8 @@ once, and calls it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ops.common import (
@@ -11,6 +13,7 @@ from ops.common import (
     no_grad_to_come,
 )
 from ops.inputs import (
+    PLAIN_TENSORS,
     as_eps,
     torch_answers,
 )
@@ -22,6 +25,7 @@ from ops.layernorm_linear.autograd import LayerNormLinearFunction
 from ops.layernorm_linear.checks import (
     adapted_fwd,
     check_linear,
+    check_linears,
     classify,
     empty_result,
     native_takes,
@@ -210,3 +214,41 @@ def activation_of(z: torch.Tensor, activation: str) -> torch.Tensor:
     return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
+
+
+def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
+            biases: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Several Linears of one input, ``[F.linear(x, w, b) for w, b in zip(weights, biases)]``, with autograd: the
+    projections that read one normalized input (an attention's q, k and v; a gated MLP's gate and up). Eager on a GPU
+    one C++ op each way (one cuBLASLt GEMM per weight, as the unfused route's Linear; one autograd node); otherwise
+    torch's ``F.linear`` each.
+
+    Args:
+        x: the input ``[..., K]``.
+        weights: one or more ``[N_i, K]``, of x's dtype and device.
+        biases: ``[N_i]`` each, as many as the weights, or None.
+
+    Shape:
+        x: ``[..., K]``; output i: ``[..., N_i]``.
+
+    Returns:
+        A list of the outputs, in the weights' order.
+
+    Raises:
+        TypeError, ValueError: named (``weights[1]``, ``biases``, ...).
+
+    Example:
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> q, k, v = linears(x, [torch.randn(8, 8), torch.randn(2, 8), torch.randn(2, 8)])
+        >>> (q.sum() + k.sum() + v.sum()).backward()
+    """
+    native = native_entry("linears")
+    if (native is not None and x.__class__ in PLAIN_TENSORS and weights.__class__ in (list, tuple)
+            and all(w.__class__ in PLAIN_TENSORS for w in weights)
+            and (biases is None or (biases.__class__ in (list, tuple)
+                                    and all(b.__class__ in PLAIN_TENSORS for b in biases)))):
+        ys = native(x, weights, () if biases is None else biases)
+        if ys:   # empty: a call the C++ entry does not take (ops/launch/native/traced.h: linears)
+            return ys
+    check_linears(x, weights, biases)
+    return [torch.nn.functional.linear(x, w, None if biases is None else biases[i]) for i, w in enumerate(weights)]

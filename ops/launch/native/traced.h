@@ -250,3 +250,71 @@ Tensor layernorm_linear_act(const Tensor& x, const Tensor& lnw, const Tensor& ln
   }
   return TracedLayerNormLinearFn::apply(x, lnw, lnb, w, bias, eps, act);
 }
+
+// ---------------------------------------------------------------- several Linears of one input
+
+// y_i = x W_i^T + b_i for each weight of `ws` (and bias of `bs`: as many as `ws`, or none), each by linear_act's
+// GEMM (cuBLASLt on a GPU, torch's ops elsewhere): traced_linears below autograd (inference mode).
+std::vector<Tensor> traced_linears_forward(const Tensor& x, at::TensorList ws, at::TensorList bs) {
+  TORCH_CHECK(bs.empty() || bs.size() == ws.size(), "mojo_direct: linears: as many biases as weights, or none");
+  std::vector<Tensor> ys;
+  for (size_t i = 0; i < ws.size(); ++i)
+    ys.push_back(std::get<0>(linear_act(x, ws[i], bs.empty() ? std::optional<Tensor>() : bs[i], ACT_NONE)));
+  return ys;
+}
+
+// Those Linears with autograd. The backward: each weight's and bias' gradient from its own dy, and dx the sum of
+// each dy_i W_i (an output with no gradient adds nothing, and its weight and bias get none).
+struct LinearsFn : public torch::autograd::Function<LinearsFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, at::TensorList ws, at::TensorList bs) {
+    std::vector<Tensor> saved{x};
+    saved.insert(saved.end(), ws.begin(), ws.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["biased"] = !bs.empty();
+    ctx->set_materialize_grads(false);   // an unused output's weight gets no gradient, as with F.linear each
+    at::AutoDispatchBelowADInplaceOrView below;
+    return traced_linears_forward(x, ws, bs);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& x = saved[0];
+    const bool biased = ctx->saved_data["biased"].toBool();
+    const size_t n = saved.size() - 1;
+    variable_list out(1 + n + (biased ? n : 0));
+    Tensor dx;
+    for (size_t i = 0; i < n; ++i) {
+      if (!grads[i].defined()) continue;
+      const bool bias_grad = biased && ctx->needs_input_grad(1 + n + i);
+      std::vector<Tensor> g = linear_grads_op(grads[i], x, saved[1 + i], bias_grad, ctx->needs_input_grad(1 + i));
+      dx = dx.defined() ? dx.add_(g[0]) : g[0];
+      if (ctx->needs_input_grad(1 + i)) out[1 + i] = g[1];
+      if (bias_grad) out[1 + n + i] = g[2];
+    }
+    out[0] = dx;
+    return out;
+  }
+};
+
+// The Linears with their autograd, on any device (tests run it on the CPU).
+std::vector<Tensor> traced_linears(const Tensor& x, at::TensorList ws, at::TensorList bs) {
+  TORCH_CHECK(bs.empty() || bs.size() == ws.size(), "mojo_direct: linears: as many biases as weights, or none");
+  return LinearsFn::apply(x, ws, bs);
+}
+
+// ops.layernorm_linear.linears on a GPU: the Linears for a call our GEMMs take as it comes (x and every weight and
+// bias linear_takes, one dtype and device, no autocast), with no autograd node where no gradient is to come; {} for
+// a call the Python route takes (F.linear each).
+std::vector<Tensor> linears(const Tensor& x, at::TensorList ws, at::TensorList bs) {
+  if (!x.is_cuda() || ws.empty() || (!bs.empty() && bs.size() != ws.size()) || x.dim() < 1 || x.numel() == 0 ||
+      !x.is_contiguous() || at::autocast::is_autocast_enabled(at::kCUDA) || !supported(x.scalar_type()))
+    return {};
+  bool grad = grad_to_come({&x});
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const std::optional<Tensor> b = bs.empty() ? std::optional<Tensor>() : bs[i];
+    if (!linear_takes(x, ws[i], b)) return {};
+    grad = grad || grad_to_come({&ws[i]}) || (b.has_value() && grad_to_come({&*b}));
+  }
+  c10::DeviceGuard guard(x.device());
+  return grad ? LinearsFn::apply(x, ws, bs) : traced_linears_forward(x, ws, bs);
+}
