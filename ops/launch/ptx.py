@@ -75,11 +75,11 @@ def package_of(spec: KernelSpec) -> Path:
     return spec.package or LIBRARY
 
 
-def ptx_dir(target: str, package: Path = LIBRARY) -> Path:
-    """Where PTX for ``target`` from the kernel package as it is on disk now lives: named by the sources'
-    digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU machine
-    running PTX built elsewhere), the build of these sources by any Mojo version."""
-    root, digest = cache_dir() / "ptx", package_digest(package)
+def ptx_dir(target: str, package: Path | None = None) -> Path:
+    """Where PTX for ``target`` from the kernel package (None: the library's) as it is on disk now lives: named by
+    the sources' digest, the Mojo version that compiled them and the target. Where Mojo is not installed (a GPU
+    machine running PTX built elsewhere), the build of these sources by any Mojo version."""
+    root, digest = cache_dir() / "ptx", package_digest(package or LIBRARY)
     if (mojo := tool_version("mojo")) is None:
         found = sorted(root.glob(f"{digest}-mojo*-{target}"))
         return found[-1] if found else root / f"{digest}-mojo-missing-{target}"
