@@ -22,6 +22,7 @@ results/transformer.{csv,md} (table bench_models; a run of some modes keeps the 
     python scripts/bench_models.py --modes compile,generate --models llama,qwen2
     python scripts/bench_models.py --modes compile --ab-compiled-rmsnorm llama
     python scripts/bench_models.py --models vit,opt --ab-residual vit,opt
+    python scripts/bench_models.py --modes eager,generate --ab-shared llama,vit,opt,bert
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from check_targets import COMPILED_MODELS, GENERATE_MODELS, MODEL_LIMITS  # noqa
 from torch import nn  # noqa: E402
 
 import ops  # noqa: E402
+from ops import hf_blocks  # noqa: E402
 from ops.bench import reports  # noqa: E402
 from ops.bench.timing import paired_ratio, pipelined_runs  # noqa: E402
 from ops.rmsnorm import config as rmsnorm_config  # noqa: E402
@@ -54,6 +56,7 @@ IMAGES = 32
 # --ab-compiled-rmsnorm: the patched model compiled with COMPILED_RMSNORM "ours" (our ops in the graph), beside "ours"
 AB_CONTENDER = "ours:compiled_ops"
 RESIDUAL_CONTENDER = "ours:residual"   # --ab-residual: apply_to(projections=False), a residual add fused instead
+SHARED_CONTENDER = "ours:shared"   # --ab-shared: apply_to with hf_blocks.SHARED_INPUT_PROJECTIONS on
 PROMPT, NEW_TOKENS, GENERATE_BATCHES, GENERATE_ROUNDS = 32, 128, (1, 8), 5
 
 
@@ -98,19 +101,24 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
-def contenders(name: str, build: Callable[[], nn.Module], ab: bool = False,
-               ab_residual: bool = False) -> tuple[dict[str, nn.Module], dict[str, str]]:
+def contenders(name: str, build: Callable[[], nn.Module], ab: bool = False, ab_residual: bool = False,
+               ab_shared: bool = False) -> tuple[dict[str, nn.Module], dict[str, str]]:
     """The contenders' models (bf16, on the GPU, the same weights) and what each patch did; ``ab``: also AB_CONTENDER,
-    patched alike; ``ab_residual``: also RESIDUAL_CONTENDER."""
+    patched alike; ``ab_residual``: also RESIDUAL_CONTENDER; ``ab_shared``: also SHARED_CONTENDER."""
     torch.manual_seed(0)
     base = build().eval()
     models = {"hf": base, "hf:again": copy.deepcopy(base)}
     patched = {"hf": "", "hf:again": ""}
     patches = {"ours": {}} | ({AB_CONTENDER: {}} if ab else {}) | (
-        {RESIDUAL_CONTENDER: {"projections": False}} if ab_residual else {})
+        {RESIDUAL_CONTENDER: {"projections": False}} if ab_residual else {}) | (
+        {SHARED_CONTENDER: {}} if ab_shared else {})
     for impl, how in patches.items():
         models[impl] = copy.deepcopy(base)
-        report = ops.apply_to(models[impl], **how).report
+        before, hf_blocks.SHARED_INPUT_PROJECTIONS = hf_blocks.SHARED_INPUT_PROJECTIONS, impl == SHARED_CONTENDER
+        try:
+            report = ops.apply_to(models[impl], **how).report
+        finally:
+            hf_blocks.SHARED_INPUT_PROJECTIONS = before
         patched[impl] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} blocks fused, "
                          f"{len(report.skipped)} skipped")
     if (patch := liger_patch(name)) is not None:
@@ -154,10 +162,12 @@ def calls(models: dict[str, nn.Module], x: torch.Tensor, phase: str) -> dict[str
 
 
 def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str, ab: bool = False,
-          ab_residual: bool = False) -> list[dict]:
+          ab_residual: bool = False, ab_shared: bool = False) -> list[dict]:
     """The rows of one model in one mode: its contenders checked against float32, then timed; ``ab`` (mode "compile"):
-    AB_CONTENDER too; ``ab_residual`` (mode "eager"): RESIDUAL_CONTENDER too."""
-    models, patched = contenders(name, build, ab and mode == "compile", ab_residual and mode == "eager")
+    AB_CONTENDER too; ``ab_residual`` (mode "eager"): RESIDUAL_CONTENDER too; ``ab_shared`` (modes "eager" and
+    "generate"): SHARED_CONTENDER too."""
+    models, patched = contenders(name, build, ab and mode == "compile", ab_residual and mode == "eager",
+                                 ab_shared and mode != "compile")
     torch.manual_seed(1)
     x = (torch.randint(0, 1000, TOKENS, device="cuda") if kind == "ids"
          else torch.randn(IMAGES, 3, 224, 224, device="cuda", dtype=torch.bfloat16))
@@ -233,6 +243,9 @@ def main() -> int:
     parser.add_argument("--ab-residual", default="", metavar="MODELS",
                         help=f"mode eager, for these models (comma-separated): also {RESIDUAL_CONTENDER}, patched with "
                              "projections=False (ViT's and OPT's residual add fused instead of their MLP's projection)")
+    parser.add_argument("--ab-shared", default="", metavar="MODELS",
+                        help=f"modes eager and generate, for these models (comma-separated): also {SHARED_CONTENDER}, "
+                             "patched with SHARED_INPUT_PROJECTIONS on (q/k/v and gate/up as one linears)")
     args = parser.parse_args()
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
@@ -248,7 +261,7 @@ def main() -> int:
     for mode in modes:
         for name in args.models.split(",") if args.models else MODE_MODELS[mode]:   # written after each model
             rows += bench(name, *table[name], mode, name in args.ab_compiled_rmsnorm.split(","),
-                          name in args.ab_residual.split(","))
+                          name in args.ab_residual.split(","), name in args.ab_shared.split(","))
             kept, kept_stamp = reports.appended("bench_models", ",".join(modes), rows, "mode")
             reports.write_report(OUT / "bench_models", kept, FIELDS, stamp + kept_stamp,
                                  "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",
