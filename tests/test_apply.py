@@ -98,6 +98,22 @@ def _inputs(family: str, device: str) -> torch.Tensor:
     return torch.randint(0, 128, (2, 8), device=device)
 
 
+def logits_and_grads(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The model's logits and every parameter's gradient of their mean square."""
+    model.zero_grad()
+    logits = model(ids).logits
+    logits.float().square().mean().backward()
+    return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def assert_same_logits_and_grads(model: nn.Module, got: tuple[torch.Tensor, list[torch.Tensor]],
+                                 want: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    """float32 logits and each named parameter's gradient within the tolerance of a tiny model's reductions."""
+    assert (m := compare(got[0], want[0], torch.float32, reduction=64)) is None, m
+    for (name, _), g, w in zip(model.named_parameters(), got[1], want[1], strict=True):
+        assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
+
+
 HF_CASES = {   # family: the classes its norms must become (semantics), one norm's qualified name, blocks fused
     "Llama": ({"RMSNorm(semantics='llama')"}, "model.layers.0.input_layernorm", 2),
     "Mistral": ({"RMSNorm(semantics='llama')"}, "model.layers.1.post_attention_layernorm", 2),
@@ -120,14 +136,7 @@ def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, fami
     the unpatched model back (no forward of ours)."""
     model = _tiny(family).to(device)
     ids = _inputs(family, device)
-
-    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad()
-        logits = model(ids).logits
-        logits.float().square().mean().backward()
-        return logits.detach(), [p.grad.clone() for p in model.parameters()]
-
-    want_logits, want_grads = run()
+    want = logits_and_grads(model, ids)
     keys = model.state_dict().keys()
     classes, one, fused = HF_CASES[family]
     if fused and not _digest_known(model):   # a transformers whose layer forward changed: reported, not fused
@@ -137,10 +146,7 @@ def test_hugging_face_model_gives_its_own_logits_and_gradients(device: str, fami
         assert all("forward" in why for _, _, why in handle.report.skipped), handle.report.skipped
         assert one in {name for name, _, _ in handle.report.replaced}
         assert model.state_dict().keys() == keys
-        logits, grads = run()
-    assert (m := compare(logits, want_logits, torch.float32, reduction=64)) is None, m
-    for (name, _), g, w in zip(model.named_parameters(), grads, want_grads, strict=True):
-        assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
+        assert_same_logits_and_grads(model, logits_and_grads(model, ids), want)
     assert not any(isinstance(m, (LayerNorm, RMSNorm)) or "forward" in vars(m) for m in model.modules())
 
 
@@ -374,21 +380,13 @@ def test_shared_input_projections_give_the_unpatched_logits_and_gradients(device
 
     monkeypatch.setattr(hf_blocks, "SHARED_INPUT_PROJECTIONS", True)
     model, ids = _tiny(family).to(device), _inputs(family, device)
-
-    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad()
-        logits = model(ids).logits
-        logits.float().square().mean().backward()
-        return logits.detach(), [p.grad.clone() for p in model.parameters()]
-
-    want_logits, want_grads = run()
+    want = logits_and_grads(model, ids)
     with ops.apply_to(model) as handle:
         shared = [(name, what) for name, _, what in handle.report.fused if what.endswith("as one linears")]
         assert len(shared) == SHARED_FUSED[family], handle.report
-        logits, grads = run()
-        assert (m := compare(logits, want_logits, torch.float32, reduction=64)) is None, m
-        for (name, _), g, w in zip(model.named_parameters(), grads, want_grads, strict=True):
-            assert (m := compare(g, w, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
+        got = logits_and_grads(model, ids)
+        assert_same_logits_and_grads(model, got, want)
+        logits = got[0]
         block = model.get_submodule(shared[0][0])
         first = next(n for n, m in block.named_children() if isinstance(m, nn.Linear))
         block.set_submodule(first, Adapted(block.get_submodule(first), 64, block.get_submodule(first).out_features))
