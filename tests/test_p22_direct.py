@@ -23,14 +23,18 @@ import p22 as cli  # noqa: E402
 
 
 def test_every_kernel_builds_to_ptx_for_the_h100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The solution's six GPU kernels, and the problems' (stubs compile), each to PTX with its kernel entry."""
+    """The solution's six GPU kernels, and the problems' (stubs compile), each to PTX with its kernel entry, whose
+    parameters are the ones ``KERNELS`` packs."""
     monkeypatch.setenv("OPS_CACHE_DIR", str(tmp_path / "cache"))
     for package in (SOLUTIONS, PROBLEMS):
         d = P22Direct(package)
         d.build("H100")
         assert set(d.specs) == set(KERNELS)
-        for spec in d.specs.values():
-            assert ".entry" in ptx.ptx_path(spec, "H100").read_text(), spec
+        for spec in d.specs.values():   # the entry takes what the launch packs: pointers as .u64, Int32 as .b32
+            text = ptx.ptx_path(spec, "H100").read_text()
+            entry = ptx.entry_name(text)
+            params = text[text.index(entry + "("):text.index(")", text.index(entry + "("))]
+            assert (params.count(".u64"), params.count(".b32")) == (spec.args.count("p"), spec.args.count("i")), spec
 
 
 def test_a_kernel_that_does_not_compile_is_located_and_the_rest_build(tmp_path: Path,
