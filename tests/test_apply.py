@@ -223,11 +223,11 @@ def test_fused_layer_takes_positional_arguments_and_skips_a_forward_it_does_not_
         assert [name for name, _, _ in handle.report.fused] == ["model.layers.0"]
 
 
-@pytest.mark.parametrize("family", ["Llama", "Gemma", "gpt2"])
+@pytest.mark.parametrize("family", ["Llama", "Gemma", "gpt2", "opt", "vit", "bert"])
 def test_training_converges_as_the_unpatched_model(family: str) -> None:
     """Liger-Kernel's convergence check, small: 100 AdamW steps of a tiny model on fixed data (CPU, float32) from one
     seed, patched and unpatched; the patched loss curve stays within the unpatched model's own seed-to-seed spread
-    (the largest gap between two seeds' curves, each step), and ends where it ends."""
+    (the largest gap between two seeds' curves, each step), and ends where it ends (ViT: a class per image)."""
     def curve(seed: int, patched: bool) -> torch.Tensor:
         model = _tiny(family).train()
         torch.manual_seed(seed)
@@ -239,9 +239,11 @@ def test_training_converges_as_the_unpatched_model(family: str) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         data = torch.Generator().manual_seed(1234)
         ids = torch.randint(0, 128, (4, 16), generator=data)
+        batch = ({"pixel_values": torch.randn(4, 3, 32, 32, generator=data), "labels": ids[:, 0]} if family == "vit"
+                 else {"input_ids": ids, "labels": ids})
         losses = []
         for _ in range(100):
-            loss = model(ids, labels=ids).loss
+            loss = model(**batch).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
