@@ -214,8 +214,6 @@ def activation_of(z: torch.Tensor, activation: str) -> torch.Tensor:
     return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
-
-
 def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
             biases: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Several Linears of one input, ``[F.linear(x, w, b) for w, b in zip(weights, biases)]``, with autograd: the
