@@ -11,7 +11,8 @@ its ``state_dict`` keys. Then the blocks of ``ops.hf_blocks.FUSIONS`` get fused 
 ``residual=True``: a residual add and the norm after it as one op, in Llama, Mistral, Qwen2, Qwen3 and BERT, and in
 ViT and OPT where their projections are not fused). Nothing global is patched: two models in one process can differ.
 With FSDP2, patch before ``fully_shard``: a norm whose parameters are sharded already is skipped and reported.
-The other projections after a norm (Llama's q/k/v and gate/up, BERT's) are not fused yet (issue 71).
+The norms before Llama's q/k/v and gate/up are not fused into them yet (issue 71); those projections, and ViT's,
+OPT's and BERT's q/k/v, can run as one ``linears`` call each (``hf_blocks.SHARED_INPUT_PROJECTIONS``, off).
 """
 
 from __future__ import annotations

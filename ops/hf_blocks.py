@@ -242,7 +242,7 @@ def shared_input_forward(self: nn.Module, names: tuple[str, ...], answers: tuple
 def install_shared(*names: str) -> Callable[[nn.Module], list[Undo]]:
     """An install of ``shared_input_forward`` for the projections ``names`` (attributes of the block)."""
     def install(block: nn.Module) -> list[Undo]:
-        first = next(iter(list(forward_signature(type(block)).parameters)[1:]), "hidden_states")
+        first = list(forward_signature(type(block)).parameters)[1]   # after self: the input
         answers = tuple(Answer() for _ in names)
         block.forward = functools.partial(shared_input_forward, block, names, answers, first)
         return [lambda: delattr(block, "forward")]

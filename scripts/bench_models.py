@@ -5,10 +5,10 @@ Each model is built from its real config's sizes with random weights (seed 0), b
 BERT-base (8x512 tokens). Contenders, each a copy of the same weights: "hf" the model as Hugging Face builds it,
 "hf:again" a second copy of it (the run's noise floor), "ours" after ``ops.apply_to`` (its norms replaced, the
 Llama-family layers' residual add and the norm, first projection and activation of GPT-2's, ViT's and OPT's MLPs
-fused; the report says which), and
-"liger:rms_norm" where Liger-Kernel has the model (its RMSNorm on that instance alone: its RoPE and SwiGLU patches
-replace module-level functions, which would change "hf" too). Before timing, every contender's logits are compared
-with a float32 copy's: none may be further from them than 1.5x "hf"'s own bf16 distance. Phases, eager: "infer" (a
+fused; the report says which), and "liger:rms_norm" where Liger-Kernel has the model (its RMSNorm on that instance
+alone: its RoPE and SwiGLU patches replace module-level functions, which would change "hf" too). Before timing,
+every contender's logits are compared with a float32 copy's: none may be further from them than 1.5x "hf"'s own
+bf16 distance. Phases, eager: "infer" (a
 forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step); pipelined time
 per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its ratio to "hf"'s
 (paired per round), and host time per call. Mode "compile": the same phases of ``torch.compile(model)`` ("hf" and
@@ -32,6 +32,7 @@ import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -115,11 +116,8 @@ def contenders(name: str, build: Callable[[], nn.Module], ab: bool = False, ab_r
         {SHARED_CONTENDER: {}} if ab_shared else {})
     for impl, how in patches.items():
         models[impl] = copy.deepcopy(base)
-        before, hf_blocks.SHARED_INPUT_PROJECTIONS = hf_blocks.SHARED_INPUT_PROJECTIONS, impl == SHARED_CONTENDER
-        try:
+        with mock.patch.object(hf_blocks, "SHARED_INPUT_PROJECTIONS", impl == SHARED_CONTENDER):
             report = ops.apply_to(models[impl], **how).report
-        finally:
-            hf_blocks.SHARED_INPUT_PROJECTIONS = before
         patched[impl] = (f"{len(report.replaced)} norms replaced, {len(report.fused)} blocks fused, "
                          f"{len(report.skipped)} skipped")
     if (patch := liger_patch(name)) is not None:

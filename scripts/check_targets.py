@@ -198,7 +198,8 @@ def models_checks(stamp: str, rows: Rows) -> list[Check]:
         if not controls:
             return c
         noisy = any(abs(v - 1) > CONTROL_BAND for v in controls)
-        note = f"; control {max(controls, key=lambda v: abs(v - 1))}" + (" (outside 1 +- 0.05: noise)" if noisy else "")
+        note = (f"; control {max(controls, key=lambda v: abs(v - 1))}"
+                + (f" (outside 1 +- {CONTROL_BAND}: noise)" if noisy else ""))
         return Check(c.issue, c.target, c.limit, c.value, c.where + note, c.commit, noisy)
     out = [check(model, "eager", phase, limit) for model, limit in MODEL_LIMITS.items() for phase in ("infer", "train")]
     for (mode, phase), limit in MODEL_MODE_LIMITS.items():

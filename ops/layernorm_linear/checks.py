@@ -128,13 +128,11 @@ def empty_result(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor
     return torch.nn.functional.linear(xn, weight, bias)
 
 
-def valid_linear(x: torch.Tensor, weight: object, bias: object | None, transposed: bool = False) -> bool:
-    """The common case of the Linear's checks in few attribute reads (``validate`` names what is wrong);
-    ``transposed``: a weight that is the transpose of a contiguous [K, N] one passes too."""
+def valid_linear(x: torch.Tensor, weight: object, bias: object | None) -> bool:
+    """The common case of the Linear's checks in few attribute reads (``validate`` names what is wrong)."""
     try:
         return (weight.dtype is x.dtype and weight.device == x.device and weight.dim() == 2
-                and weight.shape[1] == x.shape[-1] and 0 < weight.shape[0] <= INT32_MAX
-                and (weight.is_contiguous() or (transposed and weight.mT.is_contiguous()))
+                and weight.shape[1] == x.shape[-1] and 0 < weight.shape[0] <= INT32_MAX and weight.is_contiguous()
                 and isinstance(weight, torch.Tensor)
                 and (bias is None or (bias.dtype is x.dtype and bias.device == x.device and bias.dim() == 1
                                       and bias.shape[0] == weight.shape[0] and bias.is_contiguous()
