@@ -264,7 +264,8 @@ class Adapted(nn.Module):
 
     def __init__(self, base: nn.Module, k: int, n: int) -> None:
         super().__init__()
-        self.base, self.down, self.up = base, nn.Linear(k, 2, bias=False), nn.Linear(2, n, bias=False)
+        like = {"device": base.weight.device, "dtype": base.weight.dtype}
+        self.base, self.down, self.up = base, nn.Linear(k, 2, bias=False, **like), nn.Linear(2, n, bias=False, **like)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + self.up(self.down(x))
