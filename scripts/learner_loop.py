@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ops.puzzle.p22 import CHECK_ROUTE  # noqa: E402
 from ops.puzzle.skeleton import parse  # noqa: E402
 
 OP = Path("problems/p22/op")
@@ -33,6 +34,9 @@ RESULTS = ROOT / "results"
 VERDICT = re.compile(r"^(Summary:|not implemented yet:)")
 # file:line:col of the syntax error the loop makes, as the runner must print it
 SYNTAX_AT = re.compile(r"problems/p22/op/layernorm\.mojo:\d+:\d+: in \[row_stats_cpu\]")
+# What each --check route is, as the report says it
+ROUTES = {"direct": "each kernel called without MAX: the CPU ops through a shared library, the GPU kernels from "
+                    "their PTX", "max": "the ops' MAX graphs, as --unfused and --fused run them"}
 
 
 @dataclass
@@ -102,9 +106,9 @@ def paste_regions(problem: Path, solution: Path, labels: set[str] | None) -> Non
 
 
 def run_step(copy: Path, step: Step, env: dict[str, str], route: str | None) -> tuple[int, float, float, str]:
-    """Run one step (a --check with ``--gpu-check-route route`` where given): exit code, seconds to the verdict line
+    """Run one step (a --check with ``--check-route route`` where given): exit code, seconds to the verdict line
     (else to the end), seconds to the end, output."""
-    argv = [*step.argv, *(["--gpu-check-route", route] if route and "--check" in step.argv else [])]
+    argv = [*step.argv, *(["--check-route", route] if route and "--check" in step.argv else [])]
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "scripts/p22.py", *argv], cwd=copy, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -164,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="the report (full mode); default results/learner_loop_cpu.md, _gpu.md with a GPU")
     p.add_argument("--log", type=Path, default=None, help="also write every step's output here")
-    p.add_argument("--gpu-check-route", choices=["max", "ptx"], default=None,
-                   help="how --check runs the GPU kernels (default: p22's GPU_CHECK_ROUTE); reported")
+    p.add_argument("--check-route", choices=["max", "direct"], default=None,
+                   help="how --check runs the kernels (default: p22's CHECK_ROUTE); reported")
     args = p.parse_args(argv)
     import torch
 
@@ -179,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         for step in STEPS:
             if step.edit:
                 edit(copy, step.edit, comments)
-            code, verdict, total, out = run_step(copy, step, env, args.gpu_check_route)
+            code, verdict, total, out = run_step(copy, step, env, args.check_route)
             want = step.exit_gpu if gpu else step.exit_cpu
             shown = step.must_show is None or bool(step.must_show.search(out))
             met = "" if step.target_s is None or args.quick else ("met" if verdict <= step.target_s else "NOT MET")
@@ -193,21 +197,20 @@ def main(argv: list[str] | None = None) -> int:
         args.log.write_text("\n".join(log))
     if not args.quick:
         out = args.out or RESULTS / f"learner_loop_{'gpu' if gpu else 'cpu'}.md"
-        out.write_text(report(rows, gpu, args.gpu_check_route))
+        out.write_text(report(rows, gpu, args.check_route or CHECK_ROUTE))
         print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     for b in bad:
         print(f"learner_loop: {b}", file=sys.stderr)
     return 1 if bad else 0
 
 
-def report(rows: list[tuple], gpu: bool, route: str | None) -> str:
+def report(rows: list[tuple], gpu: bool, route: str) -> str:
     lines = ["# The learner's loop (scripts/learner_loop.py)", "",
              f"Machine: {machine()}; commit {commit()}; fresh copy of the checkout, empty caches; "
              f"{time.strftime('%Y-%m-%d')}.",
              "Seconds from the command to its verdict (the `Summary:` line of `--unfused`/`--fused`, the end of "
-             "`--check`), and to its end (a run's benchmark included)." +
-             (" `--check` checks the CPU and the GPU" + (f" (the GPU's kernels by the {route} route)" if route else "")
-              + "." if gpu else ""), "",
+             "`--check`), and to its end (a run's benchmark included). `--check` checks the " +
+             ("CPU and the GPU" if gpu else "CPU") + f" by the {route} route ({ROUTES[route]}).", "",
              "| step | command | exit | want | verdict s | total s | target s | |", "|---|---|---|---|---|---|---|---|"]
     for step, code, want, verdict, total, met, shown in rows:
         target = "" if step.target_s is None else f"<= {step.target_s:g}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from ops.launch import bridge, progress, together  # noqa: E402
 from ops.launch.cache import CacheError  # noqa: E402
 from ops.launch.packages import MojoCompileError  # noqa: E402
 from ops.puzzle.p22 import (  # noqa: E402
-    GPU_CHECK_ROUTE,
+    CHECK_ROUTE,
     PROBLEMS,
     SOLUTIONS,
     P22Kernels,
@@ -47,6 +48,7 @@ from ops.puzzle.p22 import (  # noqa: E402
     make_inputs,
     unfused,
 )
+from ops.puzzle.p22_cpu import P22Cpu  # noqa: E402
 from ops.puzzle.p22_diagnose import (  # noqa: E402
     CompileProblem,
     harness_errors,
@@ -116,8 +118,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--variant", choices=["tiled", "naive"], default="tiled", help="fused kernel version")
     p.add_argument("--solution", action="store_true", help="run solutions/p22 instead of problems/p22")
     p.add_argument("--package", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another kernel dir
-    p.add_argument("--gpu-check-route", choices=["max", "ptx"], default=GPU_CHECK_ROUTE,
-                   help=argparse.SUPPRESS)  # measurements: how --check runs the GPU kernels (GPU_CHECK_ROUTE)
+    p.add_argument("--check-route", choices=["max", "direct"], default=CHECK_ROUTE,
+                   help=argparse.SUPPRESS)  # measurements: how --check runs the kernels (CHECK_ROUTE)
     p.add_argument("--check", action="store_true", help="compare problems/p22 with solutions/p22 kernel by kernel")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
     p.add_argument("--batch", type=int, default=4)
@@ -357,12 +359,11 @@ def check(args: argparse.Namespace) -> int:
     learner, solution = P22Kernels((args.package or PROBLEMS).resolve()), P22Kernels(SOLUTIONS)
     print(f"p22 --check: {_show(learner.package)} against solutions/p22 on {', '.join(devices)}, "
           "outputs poisoned with NaN")
-    direct = "cuda" in devices and args.gpu_check_route == "ptx"   # the GPU kernels from their PTX, not MAX
-    by_max = [dev for dev in devices if not (direct and dev == "cuda")]
+    by_max = devices if args.check_route == "max" else []
     unbuilt = build_reported([(k, dev) for dev in by_max for k in (solution, learner)], partial=True)
-    kernels = {dev: (learner, solution) for dev in by_max}
-    if direct:
-        kernels["cuda"] = tuple(built_direct(k, unbuilt) for k in (learner, solution))
+    kernels: dict[str, tuple] = {dev: (learner, solution) for dev in by_max}
+    if args.check_route == "direct":
+        kernels.update(built_direct(learner, solution, devices, unbuilt))
     wrong = False
     for dev in devices:
         skip = unbuilt.get((learner.package, dev), frozenset())
@@ -380,24 +381,50 @@ def check(args: argparse.Namespace) -> int:
     return EXIT_COMPILE if unbuilt else EXIT_WRONG if wrong else EXIT_OK
 
 
-def built_direct(k: P22Kernels, unbuilt: dict[tuple[Path, str], frozenset[str]]) -> P22Direct:
-    """``k``'s GPU kernels built to PTX (``P22Direct``); where some do not compile, the error is printed first and
-    short, the ops it takes down go into ``unbuilt`` and the others are built without them."""
-    d = P22Direct(k.package)
-    try:
-        d.build()
-        return d
-    except MojoCompileError as e:
-        problems = parse_errors(e.log) or unlocated(e.log)
-    broken = frozenset(ops_broken_by(k.package, problems)) & k.op_names()
-    d = P22Direct(k.package, skip=broken)
-    try:
-        d.build()
-    except MojoCompileError:
-        broken = k.op_names()
-    unbuilt[(k.package, "cuda")] = broken
-    print_compile_problems(k.package, "gpu", problems, broken)
-    return d
+DIRECT = {"cpu": P22Cpu, "cuda": P22Direct}   # how --check calls each device's kernels without MAX
+
+
+def built_direct(learner: P22Kernels, solution: P22Kernels, devices: list[str],
+                 unbuilt: dict[tuple[Path, str], frozenset[str]]) -> dict[str, tuple[P22Cpu | P22Direct, ...]]:
+    """Both packages' kernels for each device, built without MAX (``DIRECT``), every build at once; where some do
+    not compile, the error is printed first and short, the ops it takes down go into ``unbuilt`` and the others
+    are built without them. Returns device -> (learner's, solution's)."""
+    jobs = {(dev, k.package): DIRECT[dev](k.package) for dev in devices for k in (learner, solution)}
+    errors = build_all(list(jobs.values()), f"{_show(learner.package)} for {', '.join(devices)}")
+    for (dev, package), d in list(jobs.items()):
+        if (e := errors.get(id(d))) is None:
+            continue
+        problems, every = parse_errors(e.log) or unlocated(e.log), learner.op_names()
+        broken = frozenset(ops_broken_by(package, problems)) & every
+        jobs[(dev, package)] = DIRECT[dev](package, skip=broken)
+        if build_all([jobs[(dev, package)]], f"{_show(package)} for {dev} without those"):
+            broken = every
+        unbuilt[(package, dev)] = broken
+        print_compile_problems(package, bridge.device_kind(torch.device(dev)), problems, broken)
+    return {dev: (jobs[(dev, learner.package)], jobs[(dev, solution.package)]) for dev in devices}
+
+
+def build_all(kernels: list[P22Cpu | P22Direct], label: str) -> dict[int, MojoCompileError]:
+    """``build()`` every one of ``kernels`` in threads of their own (each is a ``mojo`` process), one progress line
+    for all; returns id(kernels) -> its compile error, for those that do not compile."""
+    errors: dict[int, MojoCompileError] = {}
+
+    def build(d: P22Cpu | P22Direct) -> None:
+        try:
+            d.build()
+        except MojoCompileError as e:
+            errors[id(d)] = e
+
+    def work() -> None:
+        threads = [threading.Thread(target=build, args=(d,), daemon=True) for d in kernels]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    with progress.building(label) as b:
+        b.run(work)
+    return errors
 
 
 def check_device(learner: P22Kernels | P22Direct, solution: P22Kernels | P22Direct, dev: str, skip: frozenset[str],

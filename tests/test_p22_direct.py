@@ -1,4 +1,4 @@
-"""The p22 kernels launched from their PTX (``ops/puzzle/p22_direct.py``, ``p22 --check --gpu-check-route ptx``):
+"""The p22 kernels launched from their PTX (``ops/puzzle/p22_direct.py``, how ``p22 --check`` checks the GPU kernels):
 built on any machine; on a GPU, each kernel's output is the MAX route's, bit for bit, on the check's shapes."""
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def test_gpu_direct_launches_give_the_max_routes_outputs() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize(("package", "code"), [(SOLUTIONS, 0), (PROBLEMS, 1)])
 def test_gpu_check_through_ptx_gives_the_max_routes_verdicts(package: Path, code: int) -> None:
-    """``p22 --check --gpu-check-route ptx``: the solution passes on both devices, the stubs fail (exit 1)."""
+    """``p22 --check --check-route direct``: the solution passes on both devices, the stubs fail (exit 1)."""
     got = subprocess.run([sys.executable, str(ROOT / "scripts" / "p22.py"), "--check", "--package", str(package),
-                          "--gpu-check-route", "ptx"], cwd=ROOT, capture_output=True, text=True,
+                          "--check-route", "direct"], cwd=ROOT, capture_output=True, text=True,
                          stdin=subprocess.DEVNULL, timeout=600)
     assert got.returncode == code, got.stdout + got.stderr
     assert " on cuda:" in got.stdout and (code or got.stdout.count("pass p22_") == 12), got.stdout
