@@ -7,7 +7,8 @@
     poe p22 --fused --batch 8 --seq 512 --hidden 768 --out 3072
 
 Runs on the GPU when torch sees one (force the CPU with --cpu); --check checks the CPU and the GPU.
-While MAX compiles, one line says what is being built (on standard error).
+While anything compiles, one line says what is being built (on standard error). --check calls each kernel
+without MAX (built in seconds); --unfused and --fused run and time them through MAX.
 
 Exit codes: 0 every result correct; 1 a wrong result; 2 a needed kernel is still a stub;
 3 a kernel does not compile (file:line and the compiler's message come first); 4 a usage error
