@@ -1,4 +1,4 @@
-"""The puzzle's loop as a learner meets it: progress while MAX builds, Ctrl-C, compile errors, exit codes,
+"""The puzzle's loop as a learner meets it: progress while the kernels build, Ctrl-C, compile errors, exit codes,
 never a stale verdict. Needs no GPU (on a GPU machine ``--check`` checks the GPU kernels too, which these
 copies leave as stubs or as the solution's)."""
 
@@ -93,7 +93,7 @@ def test_progress_passes_errors_on(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_check_on_a_terminal_shows_the_build(tmp_path: Path) -> None:
-    """The real runner on a pseudo-terminal: the progress line updates in place while MAX builds the package."""
+    """The real runner on a pseudo-terminal: the progress line updates in place while the package builds."""
     pkg = package_copy(tmp_path, PROBLEMS, "tty")
     pid, fd = pty.fork()
     if pid == 0:   # the child: the runner with the terminal as its stdout and stderr
@@ -121,7 +121,7 @@ def test_check_on_a_terminal_shows_the_build(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_during_a_build_returns_at_once_and_the_next_run_works(tmp_path: Path) -> None:
-    """SIGINT while MAX compiles: exit 130 within a second or two; then a rerun builds and gives the verdict."""
+    """SIGINT while the kernels compile: exit 130 within a second or two; then a rerun builds and gives the verdict."""
     pkg = package_copy(tmp_path, PROBLEMS, "interrupt")
     proc = subprocess.Popen([*P22, "--check", "--package", str(pkg)], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -130,7 +130,7 @@ def test_ctrl_c_during_a_build_returns_at_once_and_the_next_run_works(tmp_path: 
     for line in proc.stdout:   # piped: a plain line once the build has run past a second
         if f"{pkg} for cpu ..." in line:
             break
-    time.sleep(1.0)   # deep inside MAX's compile
+    time.sleep(1.0)   # deep inside the build
     sent = time.perf_counter()
     proc.send_signal(signal.SIGINT)
     rest = proc.stdout.read()
