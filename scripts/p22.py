@@ -407,13 +407,14 @@ def built_direct(learner: P22Kernels, solution: P22Kernels, devices: list[str],
 
 def build_all(kernels: list[P22Cpu | P22Direct], label: str) -> dict[int, MojoCompileError]:
     """``build()`` every one of ``kernels`` in threads of their own (each is a ``mojo`` process), one progress line
-    for all; returns id(kernels) -> its compile error, for those that do not compile."""
-    errors: dict[int, MojoCompileError] = {}
+    for all; returns id(kernels) -> its compile error, for those that do not compile. Any other error (a cache
+    folder that cannot be used, say) is raised here, in the caller's thread."""
+    errors: dict[int, Exception] = {}
 
     def build(d: P22Cpu | P22Direct) -> None:
         try:
             d.build()
-        except MojoCompileError as e:
+        except Exception as e:  # noqa: BLE001 -- handed to the caller's thread below
             errors[id(d)] = e
 
     def work() -> None:
@@ -425,7 +426,10 @@ def build_all(kernels: list[P22Cpu | P22Direct], label: str) -> dict[int, MojoCo
 
     with progress.building(label) as b:
         b.run(work)
-    return errors
+    for e in errors.values():
+        if not isinstance(e, MojoCompileError):
+            raise e
+    return {i: e for i, e in errors.items() if isinstance(e, MojoCompileError)}
 
 
 def check_device(learner: P22Kernels | P22Direct, solution: P22Kernels | P22Direct, dev: str, skip: frozenset[str],

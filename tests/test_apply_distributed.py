@@ -66,6 +66,7 @@ def check_rank(rank: int, init: str, order: str) -> None:
         for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
             got, wanted = p.grad.full_tensor(), q.grad.full_tensor()
             assert (m := compare(got, wanted, torch.float32, reduction=2 * 8 * 128, cond=4.0)) is None, f"{name}: {m}"
+        dist.barrier()   # both ranks done before either tears gloo down (a peer torn down mid-exchange aborts)
     finally:
         dist.destroy_process_group()
 
