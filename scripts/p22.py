@@ -432,8 +432,8 @@ def build_all(kernels: list[P22Cpu | P22Direct], label: str) -> dict[int, MojoCo
     return {i: e for i, e in errors.items() if isinstance(e, MojoCompileError)}
 
 
-def check_device(learner: P22Kernels | P22Direct, solution: P22Kernels | P22Direct, dev: str, skip: frozenset[str],
-                 seed: int | None) -> dict[str, str]:
+def check_device(learner: P22Kernels | P22Cpu | P22Direct, solution: P22Kernels | P22Cpu | P22Direct, dev: str,
+                 skip: frozenset[str], seed: int | None) -> dict[str, str]:
     """Each learner kernel but those in ``skip`` against the solution's and float64 on every check shape:
     kernel name -> its first failure."""
     failures: dict[str, str] = {}
