@@ -4,8 +4,8 @@
 ``matmul``, ``bias_add``, ``fused_op(variant)``, each returning a tuple of outputs), for float32 CPU tensors. Each
 call runs the op's own ``execute`` for the CPU target, the code MAX runs, through a small shared library that
 ``mojo build`` makes from the package: one exported C function per op that wraps its pointers and sizes in the
-tensor views ``execute`` takes. That build costs about 3 s on a 2-core machine where a MAX compile of the package's
-CPU ops costs 7-8 s (17 s on the lent GPU machine's host); ``--unfused`` and ``--fused`` keep MAX, the route they
+tensor views ``execute`` takes. That build costs about 3.5 s on a 2-core machine where a MAX compile of the package's
+CPU ops costs 7-8 s (17-19 s on the lent GPU machine's host); ``--unfused`` and ``--fused`` keep MAX, the route they
 time. Outputs are NaN-poisoned first where ``bridge.poison_outputs`` says so.
 """
 
