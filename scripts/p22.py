@@ -383,6 +383,7 @@ def check(args: argparse.Namespace) -> int:
 
 
 DIRECT = {"cpu": P22Cpu, "cuda": P22Direct}   # how --check calls each device's kernels without MAX
+Job = tuple[str, Path]   # (device, package) of a direct build
 
 
 def built_direct(learner: P22Kernels, solution: P22Kernels, devices: list[str],
@@ -391,34 +392,32 @@ def built_direct(learner: P22Kernels, solution: P22Kernels, devices: list[str],
     not compile, the error is printed first and short, the ops it takes down go into ``unbuilt`` and the others
     are built without them. Returns device -> (learner's, solution's)."""
     jobs = {(dev, k.package): DIRECT[dev](k.package) for dev in devices for k in (learner, solution)}
-    errors = build_all(list(jobs.values()), f"{_show(learner.package)} for {', '.join(devices)}")
-    for (dev, package), d in list(jobs.items()):
-        if (e := errors.get(id(d))) is None:
-            continue
+    errors = build_all(jobs, f"{_show(learner.package)} for {', '.join(devices)}")
+    for (dev, package), e in errors.items():
         problems, every = parse_errors(e.log) or unlocated(e.log), learner.op_names()
         broken = frozenset(ops_broken_by(package, problems)) & every
         jobs[(dev, package)] = DIRECT[dev](package, skip=broken)
-        if build_all([jobs[(dev, package)]], f"{_show(package)} for {dev} without those"):
+        if build_all({(dev, package): jobs[(dev, package)]}, f"{_show(package)} for {dev} without those"):
             broken = every
         unbuilt[(package, dev)] = broken
         print_compile_problems(package, bridge.device_kind(torch.device(dev)), problems, broken)
     return {dev: (jobs[(dev, learner.package)], jobs[(dev, solution.package)]) for dev in devices}
 
 
-def build_all(kernels: list[P22Cpu | P22Direct], label: str) -> dict[int, MojoCompileError]:
-    """``build()`` every one of ``kernels`` in threads of their own (each is a ``mojo`` process), one progress line
-    for all; returns id(kernels) -> its compile error, for those that do not compile. Any other error (a cache
-    folder that cannot be used, say) is raised here, in the caller's thread."""
-    errors: dict[int, Exception] = {}
+def build_all(jobs: dict[Job, P22Cpu | P22Direct], label: str) -> dict[Job, MojoCompileError]:
+    """``build()`` every one of ``jobs`` in threads of their own (each is a ``mojo`` process), one progress line for
+    all; returns job -> its compile error, for those that do not compile. Any other error (a cache folder that cannot
+    be used, say) is raised here, in the caller's thread."""
+    errors: dict[Job, Exception] = {}
 
-    def build(d: P22Cpu | P22Direct) -> None:
+    def build(job: Job, d: P22Cpu | P22Direct) -> None:
         try:
             d.build()
         except Exception as e:  # noqa: BLE001 -- handed to the caller's thread below
-            errors[id(d)] = e
+            errors[job] = e
 
     def work() -> None:
-        threads = [threading.Thread(target=build, args=(d,), daemon=True) for d in kernels]
+        threads = [threading.Thread(target=build, args=item, daemon=True) for item in jobs.items()]
         for t in threads:
             t.start()
         for t in threads:
@@ -429,7 +428,7 @@ def build_all(kernels: list[P22Cpu | P22Direct], label: str) -> dict[int, MojoCo
     for e in errors.values():
         if not isinstance(e, MojoCompileError):
             raise e
-    return {i: e for i, e in errors.items() if isinstance(e, MojoCompileError)}
+    return {job: e for job, e in errors.items() if isinstance(e, MojoCompileError)}
 
 
 def check_device(learner: P22Kernels | P22Cpu | P22Direct, solution: P22Kernels | P22Cpu | P22Direct, dev: str,

@@ -118,16 +118,19 @@ class GraphOp:
         for dims, dtype in self._out_plan:
             shape = [d if isinstance(d, int) else
                      tensors[d[0]].shape[d[1]] if isinstance(d, tuple) else (extra or {})[d] for d in dims]
-            t = torch.empty(shape, dtype=tensors[dtype].dtype if isinstance(dtype, int) else dtype, device=device)
-            if poison_outputs:
-                t.fill_(float("nan"))
-            outs.append(t)
+            outs.append(output(shape, tensors[dtype].dtype if isinstance(dtype, int) else dtype, device))
         return outs
 
 
 # Tests and the puzzle checker turn this on: every output starts as NaN, so an
 # element a kernel forgot to write can never pass a comparison.
 poison_outputs = os.environ.get("OPS_POISON", "") == "1"
+
+
+def output(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An output tensor for a kernel to write: empty, or NaN-poisoned in poison mode."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t.fill_(float("nan")) if poison_outputs else t
 
 
 # --------------------------------------------------------------------------

@@ -166,8 +166,9 @@ def check_options(eps: object, variant: str, activation: str) -> None:
         config.variant_config(variant)
 
 
+# torch's activation by name: LayerNorm's (config.ACTIVATIONS) and ops.layernorm_linear.layernorm_linear_act's
 ACT_FNS = {"none": lambda y: y, "gelu": torch.nn.functional.gelu,
-            "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}
+           "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"), "relu": torch.nn.functional.relu}
 
 
 def normalized_size(x: object, normalized_shape: int | Sequence[int],

@@ -20,6 +20,7 @@ from ops.inputs import (
 from ops.launch import direct
 from ops.layernorm import functional as ln_functional
 from ops.layernorm import launch as ln_launch
+from ops.layernorm.checks import ACT_FNS
 from ops.layernorm_linear.algo import autograd_algo, check_algo, pick_algo, remember_algo
 from ops.layernorm_linear.autograd import LayerNormLinearFunction
 from ops.layernorm_linear.checks import (
@@ -204,14 +205,7 @@ def layernorm_linear_act(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torc
         y = native(x, ln_weight, ln_bias, weight, bias, eps, act)
         if y is not None:   # None: a call the C++ entry does not take (linear_accepts, ops/launch/native/plans.h)
             return y
-    return activation_of(layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps), activation)
-
-
-def activation_of(z: torch.Tensor, activation: str) -> torch.Tensor:
-    """``layernorm_linear_act``'s activation of z by torch's op."""
-    if activation == "relu":
-        return torch.nn.functional.relu(z)
-    return torch.nn.functional.gelu(z, approximate="tanh" if activation == "gelu_tanh" else "none")
+    return ACT_FNS[activation](layernorm_linear(x, ln_weight, ln_bias, weight, bias, eps))
 
 
 def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],

@@ -75,8 +75,7 @@ class P22Direct:
         self._kernel(name).launch(stream, (*grid, 1, 1)[:3], block, 0, *args)
 
     def _out(self, *shape: int) -> torch.Tensor:
-        y = torch.empty(shape, device="cuda", dtype=torch.float32)
-        return y.fill_(float("nan")) if bridge.poison_outputs else y
+        return bridge.output(shape, torch.float32, "cuda")
 
     def layernorm(self, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor]:
         b, s, h = x.shape
