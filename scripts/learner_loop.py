@@ -34,9 +34,9 @@ RESULTS = ROOT / "results"
 VERDICT = re.compile(r"^(Summary:|not implemented yet:)")
 # file:line:col of the syntax error the loop makes, as the runner must print it
 SYNTAX_AT = re.compile(r"problems/p22/op/layernorm\.mojo:\d+:\d+: in \[row_stats_cpu\]")
-# What each --check route is, as the report says it
+# What each verdict route is, as the report says it
 ROUTES = {"direct": "each kernel called without MAX: the CPU ops through a shared library, the GPU kernels from "
-                    "their PTX", "max": "the ops' MAX graphs, as --unfused and --fused run them"}
+                    "their PTX", "max": "the ops' MAX graphs, the route --unfused and --fused time"}
 
 
 @dataclass
@@ -106,9 +106,9 @@ def paste_regions(problem: Path, solution: Path, labels: set[str] | None) -> Non
 
 
 def run_step(copy: Path, step: Step, env: dict[str, str], route: str | None) -> tuple[int, float, float, str]:
-    """Run one step (a --check with ``--check-route route`` where given): exit code, seconds to the verdict line
-    (else to the end), seconds to the end, output."""
-    argv = [*step.argv, *(["--check-route", route] if route and "--check" in step.argv else [])]
+    """Run one step (with ``--check-route route`` where given): exit code, seconds to the verdict line (else to the
+    end), seconds to the end, output."""
+    argv = [*step.argv, *(["--check-route", route] if route else [])]
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "scripts/p22.py", *argv], cwd=copy, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the report (full mode); default results/learner_loop_cpu.md, _gpu.md with a GPU")
     p.add_argument("--log", type=Path, default=None, help="also write every step's output here")
     p.add_argument("--check-route", choices=["max", "direct"], default=None,
-                   help="how --check runs the kernels (default: p22's CHECK_ROUTE); reported")
+                   help="how a verdict runs the kernels (default: p22's CHECK_ROUTE); reported")
     args = p.parse_args(argv)
     import torch
 
@@ -209,7 +209,7 @@ def report(rows: list[tuple], gpu: bool, route: str) -> str:
              f"Machine: {machine()}; commit {commit()}; fresh copy of the checkout, empty caches; "
              f"{time.strftime('%Y-%m-%d')}.",
              "Seconds from the command to its verdict (the `Summary:` line of `--unfused`/`--fused`, the end of "
-             "`--check`), and to its end (a run's benchmark included). `--check` checks the " +
+             "`--check`), and to its end (a run's benchmark, through MAX, included). Every verdict checks the " +
              ("CPU and the GPU" if gpu else "CPU") + f" by the {route} route ({ROUTES[route]}).", "",
              "| step | command | exit | want | verdict s | total s | target s | |", "|---|---|---|---|---|---|---|---|"]
     for step, code, want, verdict, total, met, shown in rows:

@@ -7,8 +7,8 @@
     poe p22 --fused --batch 8 --seq 512 --hidden 768 --out 3072
 
 Runs on the GPU when torch sees one (force the CPU with --cpu); --check checks the CPU and the GPU.
-While anything compiles, one line says what is being built (on standard error). --check calls each kernel
-without MAX (built in seconds); --unfused and --fused run and time them through MAX.
+While anything compiles, one line says what is being built (on standard error). Every verdict calls the kernels
+without MAX (built in seconds); --unfused and --fused then build them through MAX, check them once more and time them.
 
 Exit codes: 0 every result correct; 1 a wrong result; 2 a needed kernel is still a stub;
 3 a kernel does not compile (file:line and the compiler's message come first); 4 a usage error
@@ -120,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--solution", action="store_true", help="run solutions/p22 instead of problems/p22")
     p.add_argument("--package", type=Path, default=None, help=argparse.SUPPRESS)  # tests: another kernel dir
     p.add_argument("--check-route", choices=["max", "direct"], default=CHECK_ROUTE,
-                   help=argparse.SUPPRESS)  # measurements: how --check runs the kernels (CHECK_ROUTE)
+                   help=argparse.SUPPRESS)  # measurements: how a verdict runs the kernels (CHECK_ROUTE)
     p.add_argument("--check", action="store_true", help="compare problems/p22 with solutions/p22 kernel by kernel")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
     p.add_argument("--batch", type=int, default=4)
@@ -152,28 +152,37 @@ def stubs_left(package: Path, modes: list[str], target: str) -> list[str]:
             for path, reg in regions_in(package) if reg.label in needed and not reg.filled]
 
 
-def run_path(k: P22Kernels, mode: str, variant: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+Kernels = P22Kernels | P22Cpu | P22Direct   # one package's ops: through MAX, or called without it (DIRECT)
+
+
+def run_path(k: Kernels, mode: str, variant: str, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     return unfused(k, *inputs) if mode == "unfused" else fused(k, *inputs, variant=variant)
 
 
-def report_correctness(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: list[str]) -> bool:
-    inputs = make_inputs(args.batch, args.seq, args.hidden, args.out, seed=args.seed)
+def wrong_results(kernels: dict[str, Kernels], modes: list[str], args: argparse.Namespace,
+                  inputs: tuple[torch.Tensor, ...], ref: torch.Tensor) -> list[tuple[str, str, float, str | None]]:
+    """(mode, device, max abs error, what is wrong or None) of each path on each device of ``kernels``."""
+    rows = []
+    for mode in modes:
+        for dev, k in kernels.items():
+            got = run_path(k, mode, args.variant, tuple(t.to(dev) for t in inputs)).cpu()
+            bad = compare(got, ref, torch.float32, reduction=args.hidden)
+            rows.append((mode, dev, (got.double() - ref).abs().max().item(), bad))
+    return rows
+
+
+def report_correctness(kernels: dict[str, Kernels], modes: list[str], args: argparse.Namespace,
+                       inputs: tuple[torch.Tensor, ...]) -> bool:
     ref = layernorm_linear_ref(*inputs)
     print("\nCorrectness vs the float64 PyTorch reference")
     print(f"  reference : y[0, 0, :4] = {[round(v, 5) for v in ref[0, 0, :4].tolist()]}")
-    all_ok = True
-    for mode in modes:
-        for dev in devices:
-            got = run_path(k, mode, args.variant, tuple(t.to(dev) for t in inputs)).cpu()
-            bad = compare(got, ref, torch.float32, reduction=args.hidden)
-            all_ok &= bad is None
-            status = "PASS" if bad is None else f"FAIL: {bad}"
-            err = (got.double() - ref).abs().max().item()
-            print(f"  {mode:8s} on {dev:4s}: max abs err {err:.2e}  {status}")
-    return all_ok
+    rows = wrong_results(kernels, modes, args, inputs, ref)
+    for mode, dev, err, bad in rows:
+        print(f"  {mode:8s} on {dev:4s}: max abs err {err:.2e}  {'PASS' if bad is None else f'FAIL: {bad}'}")
+    return all(bad is None for *_, bad in rows)
 
 
-def benchmark(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: list[str]) -> None:
+def benchmark(k: Kernels, modes: list[str], args: argparse.Namespace, devices: list[str]) -> None:
     sets = [make_inputs(args.batch, args.seq, args.hidden, args.out) for _ in range(4)]
     flops = 2.0 * args.batch * args.seq * args.hidden * args.out
     print(f"\nBenchmark: median of {args.iters} calls after warm-up, 4 rotating input sets")
@@ -253,14 +262,43 @@ def run(args: argparse.Namespace) -> int:
     check_memory(args, devices)
     k = P22Kernels(package)
     t0 = time.perf_counter()
-    if build_reported([(k, dev) for dev in devices], partial=False):
+    checked = {dev: DIRECT[dev](package) for dev in devices} if args.check_route == "direct" else {}
+    if checked and build_all_reported({(dev, package): d for dev, d in checked.items()}, _show(package)):
         return EXIT_COMPILE
-    print(f"  library loaded: {bridge.compile_count} models in {time.perf_counter() - t0:.1f} s")
-    ok = report_correctness(k, modes, args, devices)
+    if not checked:
+        if build_reported([(k, dev) for dev in devices], partial=False):
+            return EXIT_COMPILE
+        checked = dict.fromkeys(devices, k)
+    print(f"  kernels built in {time.perf_counter() - t0:.1f} s ({ROUTE_NAMES[args.check_route]})")
+    inputs = make_inputs(args.batch, args.seq, args.hidden, args.out, seed=args.seed)
+    ok = report_correctness(checked, modes, args, inputs)
     print(f"\nSummary: {'all results correct' if ok else 'SOME RESULTS ARE WRONG'}")
-    if ok and not args.no_bench:
-        benchmark(k, modes, args, devices)
-    return EXIT_OK if ok else EXIT_WRONG
+    if not ok or args.no_bench:
+        return EXIT_OK if ok else EXIT_WRONG
+    return timed(k, modes, args, devices, inputs, checked)
+
+
+# How each route runs the kernels, as the run says it
+ROUTE_NAMES = {"direct": "called without MAX", "max": "through MAX"}
+
+
+def timed(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: list[str],
+          inputs: tuple[torch.Tensor, ...], checked: dict[str, Kernels]) -> int:
+    """The benchmark, through MAX: built now if the verdict came by the direct route, and its results checked once
+    more before they are timed (a wrong answer from the timed route fails the run like any other)."""
+    if any(c is not k for c in checked.values()):
+        t0 = time.perf_counter()
+        if build_reported([(k, dev) for dev in devices], partial=False):
+            return EXIT_COMPILE
+        print(f"\nTiming through MAX: {bridge.compile_count} models loaded in {time.perf_counter() - t0:.1f} s")
+        ref = layernorm_linear_ref(*inputs)
+        wrong = [row for row in wrong_results(dict.fromkeys(devices, k), modes, args, inputs, ref) if row[3]]
+        for mode, dev, _, bad in wrong:
+            print(f"  {mode} on {dev} through MAX: FAIL: {bad}")
+        if wrong:
+            return EXIT_WRONG
+    benchmark(k, modes, args, devices)
+    return EXIT_OK
 
 
 def check_memory(args: argparse.Namespace, devices: list[str]) -> None:
@@ -392,16 +430,28 @@ def built_direct(learner: P22Kernels, solution: P22Kernels, devices: list[str],
     not compile, the error is printed first and short, the ops it takes down go into ``unbuilt`` and the others
     are built without them. Returns device -> (learner's, solution's)."""
     jobs = {(dev, k.package): DIRECT[dev](k.package) for dev in devices for k in (learner, solution)}
-    errors = build_all(jobs, f"{_show(learner.package)} for {', '.join(devices)}")
-    for (dev, package), e in errors.items():
-        problems, every = parse_errors(e.log) or unlocated(e.log), learner.op_names()
-        broken = frozenset(ops_broken_by(package, problems)) & every
+    for (dev, package), (problems, broken) in build_all_reported(jobs, f"{_show(learner.package)} for "
+                                                                  f"{', '.join(devices)}", partial=True).items():
         jobs[(dev, package)] = DIRECT[dev](package, skip=broken)
         if build_all({(dev, package): jobs[(dev, package)]}, f"{_show(package)} for {dev} without those"):
-            broken = every
+            broken = learner.op_names()
         unbuilt[(package, dev)] = broken
         print_compile_problems(package, bridge.device_kind(torch.device(dev)), problems, broken)
     return {dev: (jobs[(dev, learner.package)], jobs[(dev, solution.package)]) for dev in devices}
+
+
+def build_all_reported(jobs: dict[Job, P22Cpu | P22Direct], label: str,
+                       partial: bool = False) -> dict[Job, tuple[list[CompileProblem], frozenset[str]]]:
+    """``build_all``, and for each job that does not compile: (its errors, the ops they take down), printed first and
+    short unless ``partial`` (then the caller builds the others and prints them)."""
+    failed = {}
+    for (dev, package), e in build_all(jobs, label).items():
+        problems = parse_errors(e.log) or unlocated(e.log)
+        broken = frozenset(ops_broken_by(package, problems)) & P22Kernels(package).op_names()
+        failed[(dev, package)] = problems, broken
+        if not partial:
+            print_compile_problems(package, bridge.device_kind(torch.device(dev)), problems, broken)
+    return failed
 
 
 def build_all(jobs: dict[Job, P22Cpu | P22Direct], label: str) -> dict[Job, MojoCompileError]:

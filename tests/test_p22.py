@@ -176,6 +176,30 @@ def test_cli_solution_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "fused / unfused device time on cpu" in out
 
 
+def test_cli_verdict_needs_no_max_build(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--unfused/--fused reach their verdict by the direct route; MAX is built only to time (not with --no-bench)."""
+    def no_max(*_: object, **__: object) -> None:
+        raise AssertionError("a MAX build before the verdict")
+
+    monkeypatch.setattr(cli, "build_reported", no_max)
+    assert cli.main(["--solution", "--unfused", "--fused", "--cpu", "--no-bench"]) == 0
+    out = capsys.readouterr().out
+    assert "(called without MAX)" in out and out.count("PASS") == 2 and "Timing through MAX" not in out
+
+
+def test_cli_timed_route_is_checked_again(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A MAX route that answered differently from the checked one fails the run (exit 1) before it is timed."""
+    def off_through_max(k: object, *inputs: torch.Tensor) -> torch.Tensor:
+        y = unfused(k, *inputs)
+        return y + 1.0 if isinstance(k, P22Kernels) else y
+
+    monkeypatch.setattr(cli, "unfused", off_through_max)
+    assert cli.main(["--solution", "--unfused", "--cpu", "--iters", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "Summary: all results correct" in out and "unfused on cpu through MAX: FAIL" in out
+    assert "Benchmark:" not in out
+
+
 def test_cli_sizes_and_naive_variant(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--solution", "--fused", "--variant", "naive", "--cpu", "--no-bench",
             "--batch", "2", "--seq", "3", "--hidden", "37", "--out", "5"]
