@@ -177,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="learner_loop_") as tmp:
         copy = fresh_copy(Path(tmp) / "p22-fusion")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        bytecode = None
         if not args.quick:
             env.update(OPS_CACHE_DIR=str(Path(tmp) / "ops_cache"), MODULAR_CACHE_DIR=str(Path(tmp) / "max_cache"))
+            bytecode = bytecode_as_installed(env, Path(tmp))
         rows, bad, log, comments = [], [], [], [0]
         for step in STEPS:
             if step.edit:
@@ -197,20 +199,49 @@ def main(argv: list[str] | None = None) -> int:
         args.log.write_text("\n".join(log))
     if not args.quick:
         out = args.out or RESULTS / f"learner_loop_{'gpu' if gpu else 'cpu'}.md"
-        out.write_text(report(rows, gpu, args.check_route or CHECK_ROUTE))
+        out.write_text(report(rows, gpu, args.check_route or CHECK_ROUTE, bytecode))
         print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     for b in bad:
         print(f"learner_loop: {b}", file=sys.stderr)
     return 1 if bad else 0
 
 
-def report(rows: list[tuple], gpu: bool, route: str) -> str:
+def bytecode_as_installed(env: dict[str, str], tmp: Path) -> str | None:
+    """Where the host sets PYTHONDONTWRITEBYTECODE (the lent GPU machine does, and its torch has no bytecode), every
+    Python process compiles torch's sources again; ``pip install`` compiles them once on a learner's machine. So the
+    steps run with bytecode written to a folder of this run's own (``env`` is changed), compiled before the first step
+    as an install would; returns the report's line saying so, with what the host's setting costs, or None."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return None
+    env.pop("PYTHONDONTWRITEBYTECODE")
+    env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+    probe = [sys.executable, "-c",
+             "import torch; torch.zeros(1, device='cuda' if torch.cuda.is_available() else 'cpu')"]
+
+    def median_s(e: dict[str, str]) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            subprocess.run(probe, env=e, check=True)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[1]
+
+    subprocess.run(probe, env=env, check=True)   # compiles torch's bytecode, as pip install would have
+    host, kept = median_s(dict(os.environ)), median_s(env)
+    return (f"This host sets PYTHONDONTWRITEBYTECODE, so each Python process compiles torch's sources again: "
+            f"`import torch` and a first CUDA allocation take {host:.1f} s so, {kept:.1f} s with bytecode kept "
+            "(median of 3). The steps ran with bytecode kept (PYTHONPYCACHEPREFIX in the run's own folder, torch's "
+            "compiled before the first step), as `pip install` leaves a learner's machine.")
+
+
+def report(rows: list[tuple], gpu: bool, route: str, bytecode: str | None = None) -> str:
     lines = ["# The learner's loop (scripts/learner_loop.py)", "",
              f"Machine: {machine()}; commit {commit()}; fresh copy of the checkout, empty caches; "
              f"{time.strftime('%Y-%m-%d')}.",
              "Seconds from the command to its verdict (the `Summary:` line of `--unfused`/`--fused`, the end of "
              "`--check`), and to its end (a run's benchmark, through MAX, included). Every verdict checks the " +
-             ("CPU and the GPU" if gpu else "CPU") + f" by the {route} route ({ROUTES[route]}).", "",
+             ("CPU and the GPU" if gpu else "CPU") + f" by the {route} route ({ROUTES[route]}).",
+             *([bytecode] if bytecode else []), "",
              "| step | command | exit | want | verdict s | total s | target s | |", "|---|---|---|---|---|---|---|---|"]
     for step, code, want, verdict, total, met, shown in rows:
         target = "" if step.target_s is None else f"<= {step.target_s:g}"
