@@ -219,11 +219,14 @@ def test_an_edited_stub_is_always_rebuilt(tmp_path: Path) -> None:
     """Right, then wrong by one edit inside a fill-in region: the second verdict is about the edit, never stale."""
     pkg = package_copy(tmp_path, SOLUTIONS, "stale")
     assert p22("--check", "--package", str(pkg), "--cpu").returncode == 0
+    assert p22("--unfused", "--package", str(pkg), "--cpu", "--no-bench").returncode == 0
     edit(pkg / "layernorm.mojo", "    return (mean, rsqrt(ss / Float32(hidden) + EPS))",
          "    return (mean, rsqrt(ss / Float32(hidden + 1) + EPS))")
     got = p22("--check", "--package", str(pkg), "--cpu")
     assert got.returncode == 1, got.stdout + got.stderr
     assert "FAIL p22_layernorm" in got.stdout and "pass p22_transpose" in got.stdout
+    run = p22("--unfused", "--package", str(pkg), "--cpu", "--no-bench")
+    assert run.returncode == 1 and "unfused  on cpu : max abs err" in run.stdout and "FAIL" in run.stdout, run.stdout
 
 
 def test_a_learner_package_equal_to_the_solution_builds_once(tmp_path: Path) -> None:
