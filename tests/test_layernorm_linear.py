@@ -405,6 +405,18 @@ def test_linears_values_and_gradients(device: str, dtype: torch.dtype, biased: b
                 assert (m := compare(a, r, dtype, reduction=max(rows, k))) is None, f"leaf {i}: {m}"
 
 
+def test_traced_linears_wants_a_bias_per_weight_or_none() -> None:
+    """The C++ op itself (what torch.compile's graphs call), with and without autograd: one bias for two weights is
+    refused by name."""
+    if direct.load_native().ops is None:
+        pytest.skip("the C++ launcher is not built here")
+    x = torch.randn(3, 8, requires_grad=True)
+    ws, bs = [torch.randn(4, 8), torch.randn(5, 8)], [torch.randn(4)]
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), pytest.raises(RuntimeError, match="as many biases as weights, or none"):
+            torch.ops.mojo_direct.traced_linears(x, ws, bs)
+
+
 @pytest.mark.parametrize(("weights", "biases", "err", "name"), [
     ("not a list", None, TypeError, "weights"),
     ([], None, TypeError, "weights"),
