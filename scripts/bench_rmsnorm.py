@@ -293,7 +293,7 @@ def sweep_specs() -> list[object]:
             for m, h in SWEEP_SHAPES for _, launch in sweep_launches(m, h, dtype)]
 
 
-def bench_sweep(dtype: torch.dtype, copy: float) -> list[dict]:
+def bench_sweep(dtype: torch.dtype, copy: float, shapes: tuple[tuple[int, int], ...] = SWEEP_SHAPES) -> list[dict]:
     """The forward's launch choices at long rows: every register and cluster configuration that holds the row
     (LayerNorm's ``config:<i>`` variants, run with RMSNorm's code), checked against float64, then timed (device and
     kernel time); ``default`` marks what ops/layernorm/config.py picks."""
@@ -302,7 +302,7 @@ def bench_sweep(dtype: torch.dtype, copy: float) -> list[dict]:
     from ops.rmsnorm.config import SEMANTICS
 
     out = []
-    for m, h in SWEEP_SHAPES:
+    for m, h in shapes:
         sets = [(x, w) for x, w, _ in input_sets(m, h, dtype, grad=False)]
         default = ln_config.fwd_launch(m, h, dtype, True)
         for i, launch in sweep_launches(m, h, dtype):
@@ -331,7 +331,11 @@ def main() -> int:
     print(f"{reports.gpu_name()}: device copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
     if args.sweep:
-        rows = [r for d in args.dtypes.split(",") for r in bench_sweep(getattr(torch, d), copy)]
+        shapes = (reports.parse_shape(args.shape, 2),) if args.shape else SWEEP_SHAPES
+        rows = [r for d in args.dtypes.split(",") for r in bench_sweep(getattr(torch, d), copy, shapes)]
+        if args.shape:   # one shape's sweep: printed, the table kept
+            reports.print_rows(rows, SWEEP_FIELDS)
+            return 0
         reports.write_report(OUT / "bench_rmsnorm_fwd_sweep", rows, SWEEP_FIELDS,
                              f"GPU: {reports.gpu_name()}; commit {reports.commit()}; device copy {copy:.0f} GB/s",
                              "RMSNorm forward launch sweep (scripts/bench_rmsnorm.py --sweep)",
