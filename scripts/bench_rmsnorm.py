@@ -7,9 +7,11 @@ read, y written; backward: x and dy read, dx written; a training step: both), % 
 kernels' own time by CUPTI. Contenders: "torch" is ``F.rms_norm`` (torch's semantics), "torch.compile" the same
 compiled, "ours" our ``rms_norm`` (torch's semantics), "ours:llama" ours with Hugging Face Llama's semantics, "liger"
 Liger-Kernel's ``LigerRMSNormFunction`` (its default, Llama's casting; timed where it is installed), "torch:again" a
-second copy of torch's call (the noise of the ratios), "copy" torch's copy of x (the ceiling). Backward and training
-rows take the gradients through each contender's autograd (``torch.autograd.grad``). Every contender is checked
-against the float64 reference of its semantics first. Rows of kind "add+rms_norm" and "add+layer_norm" time a
+second copy of torch's call (the noise of the ratios), "copy" torch's copy of x (the ceiling), "floor" (training rows)
+x * w through ``torch.autograd.grad``, the cheapest call with the same two gradients (what the autograd engine costs
+any such op per call: a training step's floor). Backward and training rows take the gradients through each
+contender's autograd (``torch.autograd.grad``). Every contender but "copy" and "floor" is checked against the float64
+reference of its semantics first. Rows of kind "add+rms_norm" and "add+layer_norm" time a
 pre-norm block's add and norm, s = x + r and y = norm(s), both returned (torch: the add, then the norm; ours:
 add_rms_norm / add_layer_norm; Liger's fused add and RMSNorm), GB/s counting x and r read, s and y written.
 Writes results/rmsnorm.{csv,md} (table bench_rmsnorm). With ``--linear``: Linear(RMSNorm(x)) instead, table
@@ -188,6 +190,8 @@ def bench(kind: str, dtype: torch.dtype, shapes: tuple[tuple[int, int], ...], co
         entrants = [(name, timed_call(kind, fn), sets) for name, (fn, _) in calls.items()]
         if kind == "fwd":
             entrants.append(timing.copy_contender("copy", [(x.detach(),) for x, _, _ in sets]))
+        if kind == "train":
+            entrants.append(("floor", timed_call(kind, lambda x, w: x * w), sets))
         rows += timed_rows(kind, dtype, m, h, entrants, BYTES_PER_ELEMENT[kind] * m * h * dtype.itemsize, copy)
         del sets, entrants
     return rows
