@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -35,9 +34,8 @@ if __name__ == "__main__":   # the puzzle's packages precompile while torch load
 import torch  # noqa: E402
 
 from ops.bench.timing import kernel_times, measure  # noqa: E402
-from ops.launch import bridge, progress, together  # noqa: E402
+from ops.launch import bridge, progress  # noqa: E402
 from ops.launch.cache import CacheError  # noqa: E402
-from ops.launch.packages import MojoCompileError  # noqa: E402
 from ops.puzzle.p22 import (  # noqa: E402
     CHECK_ROUTE,
     PROBLEMS,
@@ -49,15 +47,8 @@ from ops.puzzle.p22 import (  # noqa: E402
     make_inputs,
     unfused,
 )
+from ops.puzzle.p22_builds import DIRECT, build_all_reported, build_reported, built_direct, shown  # noqa: E402
 from ops.puzzle.p22_cpu import P22Cpu  # noqa: E402
-from ops.puzzle.p22_diagnose import (  # noqa: E402
-    CompileProblem,
-    harness_errors,
-    ops_broken_by,
-    parse_errors,
-    region_of,
-    unlocated,
-)
 from ops.puzzle.p22_direct import P22Direct  # noqa: E402
 from ops.puzzle.skeleton import regions_in  # noqa: E402
 from ops.reference import layernorm_linear_ref  # noqa: E402
@@ -141,14 +132,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _show(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
 def stubs_left(package: Path, modes: list[str], target: str) -> list[str]:
     """'label (file:line)' for every fill-in region a run needs that is still a stub."""
     needed = {label for mode in modes for label in NEEDS[(mode, target)]}
-    return [f"{reg.label} ({_show(path)}:{reg.start})"
+    return [f"{reg.label} ({shown(path)}:{reg.start})"
             for path, reg in regions_in(package) if reg.label in needed and not reg.filled]
 
 
@@ -246,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = torch.cuda.is_available() and not args.cpu
     print(f"Puzzle p22: y = Linear(LayerNorm(x)), x [{args.batch}, {args.seq}, {args.hidden}] -> "
           f"y [{args.batch}, {args.seq}, {args.out}], float32")
-    print(f"  kernels : {_show(package)}   paths: {', '.join(modes)}   "
+    print(f"  kernels : {shown(package)}   paths: {', '.join(modes)}   "
           f"device: {torch.cuda.get_device_name() if gpu else 'cpu (no GPU in use)'}")
     missing = stubs_left(package, modes, "cpu") + (stubs_left(package, modes, "gpu") if gpu else [])
     if missing:
@@ -262,20 +249,21 @@ def run(args: argparse.Namespace) -> int:
     check_memory(args, devices)
     k = P22Kernels(package)
     t0 = time.perf_counter()
-    checked = {dev: DIRECT[dev](package) for dev in devices} if args.check_route == "direct" else {}
-    if checked and build_all_reported({(dev, package): d for dev, d in checked.items()}, _show(package)):
-        return EXIT_COMPILE
-    if not checked:
-        if build_reported([(k, dev) for dev in devices], partial=False):
-            return EXIT_COMPILE
+    if args.check_route == "direct":
+        checked = {dev: DIRECT[dev](package) for dev in devices}
+        failed = build_all_reported({(dev, package): d for dev, d in checked.items()}, shown(package))
+    else:
         checked = dict.fromkeys(devices, k)
+        failed = build_reported([(k, dev) for dev in devices], partial=False)
+    if failed:
+        return EXIT_COMPILE
     print(f"  kernels built in {time.perf_counter() - t0:.1f} s ({ROUTE_NAMES[args.check_route]})")
     inputs = make_inputs(args.batch, args.seq, args.hidden, args.out, seed=args.seed)
     ok = report_correctness(checked, modes, args, inputs)
     print(f"\nSummary: {'all results correct' if ok else 'SOME RESULTS ARE WRONG'}")
     if not ok or args.no_bench:
         return EXIT_OK if ok else EXIT_WRONG
-    return timed(k, modes, args, devices, inputs, checked)
+    return timed(k, modes, args, devices, inputs, by_max=args.check_route == "max")
 
 
 # How each route runs the kernels, as the run says it
@@ -283,10 +271,10 @@ ROUTE_NAMES = {"direct": "called without MAX", "max": "through MAX"}
 
 
 def timed(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: list[str],
-          inputs: tuple[torch.Tensor, ...], checked: dict[str, Kernels]) -> int:
-    """The benchmark, through MAX: built now if the verdict came by the direct route, and its results checked once
-    more before they are timed (a wrong answer from the timed route fails the run like any other)."""
-    if any(c is not k for c in checked.values()):
+          inputs: tuple[torch.Tensor, ...], by_max: bool) -> int:
+    """The benchmark, through MAX: unless the verdict came through MAX too (``by_max``), built now and its results
+    checked once more before they are timed (a wrong answer from the timed route fails the run like any other)."""
+    if not by_max:
         t0 = time.perf_counter()
         if build_reported([(k, dev) for dev in devices], partial=False):
             return EXIT_COMPILE
@@ -329,52 +317,6 @@ def _free_bytes(dev: str) -> int | None:
         return None
 
 
-# ---------------------------------------------------------------- building, and compile errors
-
-def build_reported(jobs: list[tuple[P22Kernels, str]], partial: bool) -> dict[tuple[Path, str], frozenset[str]]:
-    """Build every (kernels, device) of ``jobs``, all at once; print each compile error first and short.
-
-    Returns, for each job whose package does not compile, the ops that could not be built. With ``partial``
-    (``--check``) the package's other ops are built without them, so that they can still be checked.
-    """
-    done = together.load_groups([(k.calls(), torch.device(dev), _label(k, dev)) for k, dev in jobs])
-    failed = [(k, dev, e) for (k, dev), e in zip(jobs, done, strict=True) if isinstance(e, MojoCompileError)]
-    unbuilt, reports = {}, []
-    for k, dev, e in failed:
-        kind = bridge.device_kind(torch.device(dev))
-        problems = parse_errors(e.log) or harness_errors(k.package, kind) or unlocated(e.log)
-        every = k.op_names()
-        broken = every if e.stage == "package" else frozenset(ops_broken_by(k.package, problems)) & every
-        unbuilt[(k.package, dev)] = broken
-        reports.append((k, dev, problems))
-    if partial:   # the ops the errors leave alone, so that --check reports every kernel it could build
-        rest = [(k, dev) for k, dev, _ in failed if unbuilt[(k.package, dev)] != k.op_names()]
-        again = together.load_groups([(k.calls(unbuilt[(k.package, dev)]), torch.device(dev),
-                                     _label(k, dev) + " without those") for k, dev in rest])
-        for (k, dev), e in zip(rest, again, strict=True):
-            if isinstance(e, MojoCompileError):
-                unbuilt[(k.package, dev)] = k.op_names()
-    for k, dev, problems in reports:
-        print_compile_problems(k.package, bridge.device_kind(torch.device(dev)), problems, unbuilt[(k.package, dev)])
-    return unbuilt
-
-
-def _label(k: P22Kernels, dev: str) -> str:
-    return f"{_show(k.package)} for {bridge.device_kind(torch.device(dev))}"
-
-
-def print_compile_problems(package: Path, kind: str, problems: list[CompileProblem], broken: frozenset[str]) -> None:
-    print(f"\nCompile error: {_show(package)} does not build for {kind}")
-    for p in problems[:3]:
-        print(f"  {p.where(ROOT)}: in {region_of(p)}: error: {p.message}")
-        for quoted in p.source:
-            print(f"    {quoted}")
-    if len(problems) > 3:
-        more = len(problems) - 3
-        print(f"  ... and {more} more error{'s' if more > 1 else ''}")
-    print(f"  kernels that cannot run until it is fixed: {', '.join(sorted(broken))}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -396,7 +338,7 @@ def check(args: argparse.Namespace) -> int:
     devices = ["cpu", "cuda"] if torch.cuda.is_available() and not args.cpu else ["cpu"]
     bridge.poison_outputs = True  # an unwritten element is NaN and fails
     learner, solution = P22Kernels((args.package or PROBLEMS).resolve()), P22Kernels(SOLUTIONS)
-    print(f"p22 --check: {_show(learner.package)} against solutions/p22 on {', '.join(devices)}, "
+    print(f"p22 --check: {shown(learner.package)} against solutions/p22 on {', '.join(devices)}, "
           "outputs poisoned with NaN")
     by_max = devices if args.check_route == "max" else []
     unbuilt = build_reported([(k, dev) for dev in by_max for k in (solution, learner)], partial=True)
@@ -418,67 +360,6 @@ def check(args: argparse.Namespace) -> int:
                 print(f"  pass {name:16s} all {len(CHECK_SHAPES)} shapes")
         wrong |= bool(failures)
     return EXIT_COMPILE if unbuilt else EXIT_WRONG if wrong else EXIT_OK
-
-
-DIRECT = {"cpu": P22Cpu, "cuda": P22Direct}   # how --check calls each device's kernels without MAX
-Job = tuple[str, Path]   # (device, package) of a direct build
-
-
-def built_direct(learner: P22Kernels, solution: P22Kernels, devices: list[str],
-                 unbuilt: dict[tuple[Path, str], frozenset[str]]) -> dict[str, tuple[P22Cpu | P22Direct, ...]]:
-    """Both packages' kernels for each device, built without MAX (``DIRECT``), every build at once; where some do
-    not compile, the error is printed first and short, the ops it takes down go into ``unbuilt`` and the others
-    are built without them. Returns device -> (learner's, solution's)."""
-    jobs = {(dev, k.package): DIRECT[dev](k.package) for dev in devices for k in (learner, solution)}
-    for (dev, package), (problems, broken) in build_all_reported(jobs, f"{_show(learner.package)} for "
-                                                                  f"{', '.join(devices)}", partial=True).items():
-        jobs[(dev, package)] = DIRECT[dev](package, skip=broken)
-        if build_all({(dev, package): jobs[(dev, package)]}, f"{_show(package)} for {dev} without those"):
-            broken = learner.op_names()
-        unbuilt[(package, dev)] = broken
-        print_compile_problems(package, bridge.device_kind(torch.device(dev)), problems, broken)
-    return {dev: (jobs[(dev, learner.package)], jobs[(dev, solution.package)]) for dev in devices}
-
-
-def build_all_reported(jobs: dict[Job, P22Cpu | P22Direct], label: str,
-                       partial: bool = False) -> dict[Job, tuple[list[CompileProblem], frozenset[str]]]:
-    """``build_all``, and for each job that does not compile: (its errors, the ops they take down), printed first and
-    short unless ``partial`` (then the caller builds the others and prints them)."""
-    failed = {}
-    for (dev, package), e in build_all(jobs, label).items():
-        problems = parse_errors(e.log) or unlocated(e.log)
-        broken = frozenset(ops_broken_by(package, problems)) & P22Kernels(package).op_names()
-        failed[(dev, package)] = problems, broken
-        if not partial:
-            print_compile_problems(package, bridge.device_kind(torch.device(dev)), problems, broken)
-    return failed
-
-
-def build_all(jobs: dict[Job, P22Cpu | P22Direct], label: str) -> dict[Job, MojoCompileError]:
-    """``build()`` every one of ``jobs`` in threads of their own (each is a ``mojo`` process), one progress line for
-    all; returns job -> its compile error, for those that do not compile. Any other error (a cache folder that cannot
-    be used, say) is raised here, in the caller's thread."""
-    errors: dict[Job, Exception] = {}
-
-    def build(job: Job, d: P22Cpu | P22Direct) -> None:
-        try:
-            d.build()
-        except Exception as e:  # noqa: BLE001 -- handed to the caller's thread below
-            errors[job] = e
-
-    def work() -> None:
-        threads = [threading.Thread(target=build, args=item, daemon=True) for item in jobs.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    with progress.building(label) as b:
-        b.run(work)
-    for e in errors.values():
-        if not isinstance(e, MojoCompileError):
-            raise e
-    return {job: e for job, e in errors.items() if isinstance(e, MojoCompileError)}
 
 
 def check_device(learner: P22Kernels | P22Cpu | P22Direct, solution: P22Kernels | P22Cpu | P22Direct, dev: str,
