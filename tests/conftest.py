@@ -1,4 +1,5 @@
-"""Shared fixtures: one pytest process shares every compiled model (ops/launch/bridge.py caches them)."""
+"""Shared fixtures: one pytest process shares every compiled model (ops/launch/bridge.py caches them); and the norm
+tests' inputs and the Hugging Face RMSNorm forwards they compare with."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from torch import nn
 
 from ops.launch import bridge, direct
 from ops.layernorm import config as layernorm_config
@@ -110,3 +112,44 @@ def free_pre_grad_pass() -> Iterator[None]:
 
     with inductor_config.patch(pre_grad_custom_pass=None):
         yield
+
+
+# ---------------------------------------------------------------- norms' test inputs and reference modules
+
+class LlamaRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm, as its forward computes (float32 statistics, x * rstd rounded to x's dtype,
+    then times the weight)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(input_dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Hugging Face's GemmaRMSNorm, as its forward computes (everything in float32, times 1 + weight, one cast)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+def norm_rows(rows: int, h: int, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """Random rows, one with a large mean and one constant row."""
+    torch.manual_seed(0)
+    x = torch.randn(rows, h)
+    x[0] += 100.0
+    x[-1] = 3.0
+    return x.to(device, dtype)

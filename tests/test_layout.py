@@ -1,5 +1,6 @@
 """The library's imports, read from the source (no GPU): no import cycle in ``ops/``, no private name imported
-from another module, and the launch layer (``ops/launch/``) importing nothing above it."""
+from another module, and the launch layer (``ops/launch/``) importing nothing above it; and the house's sizes (files
+and functions a reader can hold)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,23 @@ def test_an_op_file_looks_only_down(name: str) -> None:
     upward = sorted(mod for mod, _ in imports(name) if mod == package or (
         mod.rpartition(".")[0] == package and OP_LAYERS.index(mod.rpartition(".")[2]) <= rank))
     assert not upward, f"{name} imports its own layers above it: {upward}"
+
+
+# The house's sizes: a file a reader can hold, a function read in one screen.
+MAX_PY_LINES, MAX_FUNCTION_LINES, MAX_CPP_LINES = 500, 60, 600
+PY_FILES = sorted(f for d in ("ops", "scripts", "tests") for f in (ROOT / d).rglob("*.py"))
+
+
+def test_files_and_functions_stay_readable() -> None:
+    """Python files of ops/, scripts/ and tests/ at most 500 lines and their functions 60 (from ``def`` to the end,
+    docstring included); C++ files of ops/ at most 600."""
+    long = [f"{f.relative_to(ROOT)}: {n} lines" for f in PY_FILES
+            if (n := len(f.read_text().splitlines())) > MAX_PY_LINES]
+    long += [f"{f.relative_to(ROOT)}: {n} lines" for f in sorted(OPS.rglob("*.[ch]*")) if f.suffix in (".cpp", ".h")
+             and (n := len(f.read_text().splitlines())) > MAX_CPP_LINES]
+    for f in PY_FILES:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                    (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
+    assert not long, "\n".join(long)

@@ -8,42 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import recording_backend
+from conftest import GemmaRMSNorm, LlamaRMSNorm, norm_rows, recording_backend
 from torch import nn
 
 from ops.reference import rmsnorm_grads_ref, rmsnorm_linear_grads_ref, rmsnorm_linear_ref, rmsnorm_ref
 from ops.rmsnorm import SEMANTICS, FusedRMSNormLinear, RMSNorm, rms_norm, rms_norm_linear
 from ops.tolerance import compare
-
-
-class LlamaRMSNorm(nn.Module):
-    """Hugging Face's LlamaRMSNorm, as its forward computes (float32 statistics, x * rstd rounded to x's dtype,
-    then times the weight)."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        input_dtype = hidden_states.dtype
-        h = hidden_states.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(input_dtype)
-
-
-class GemmaRMSNorm(nn.Module):
-    """Hugging Face's GemmaRMSNorm, as its forward computes (everything in float32, times 1 + weight, one cast)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (out * (1.0 + self.weight.float())).type_as(x)
 
 
 def _bf16_ulp(v: torch.Tensor) -> torch.Tensor:
@@ -52,22 +22,13 @@ def _bf16_ulp(v: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(v.float()), exponent - 8)
 
 
-def _rows(rows: int, h: int, device: str, dtype: torch.dtype) -> torch.Tensor:
-    """Random rows, one with a large mean and one constant row."""
-    torch.manual_seed(0)
-    x = torch.randn(rows, h)
-    x[0] += 100.0
-    x[-1] = 3.0
-    return x.to(device, dtype)
-
-
 @pytest.mark.parametrize("h", [1, 37, 256, 1000])
 @pytest.mark.parametrize("semantics", list(SEMANTICS))
 def test_forward_and_gradients_against_float64(device: str, semantics: str, h: int) -> None:
     """y, dx and dweight against the float64 reference, float32 (every h), bfloat16 (two of them) and float16 (one)."""
     dtypes = {37: (torch.float32, torch.bfloat16), 256: (torch.float32, torch.bfloat16, torch.float16)}
     for dtype in dtypes.get(h, (torch.float32,)):
-        x = _rows(5, h, device, dtype).requires_grad_()
+        x = norm_rows(5, h, device, dtype).requires_grad_()
         w = (torch.randn(h) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to(device, dtype).requires_grad_()
         y = rms_norm(x, h, w, 1e-6, semantics=semantics)
         dy = torch.randn_like(y)
@@ -91,7 +52,7 @@ def test_within_one_ulp_of_the_module_it_stands_for(device: str, semantics: str,
         theirs.weight.normal_(0.0 if semantics == "gemma" else 1.0, 0.3)
     ours = RMSNorm.from_module(theirs, None if semantics == "torch" else semantics)   # the copies here: named
     assert ours.semantics == semantics and ours.weight is theirs.weight
-    x = _rows(64, h, device, torch.bfloat16)
+    x = norm_rows(64, h, device, torch.bfloat16)
     with torch.no_grad():
         got, want = ours(x).float(), theirs(x).float()
     ulps = (got - want).abs() / _bf16_ulp(want)
@@ -107,7 +68,7 @@ def test_module_is_a_torch_rmsnorm_with_eps_none(device: str) -> None:
     ours = RMSNorm.from_torch(theirs)
     assert isinstance(ours, nn.RMSNorm) and ours.weight is theirs.weight
     assert ours.state_dict().keys() == theirs.state_dict().keys()
-    x = _rows(3, 16, device, torch.float32)
+    x = norm_rows(3, 16, device, torch.float32)
     assert (m := compare(ours(x), theirs(x), torch.float32)) is None, m
     assert RMSNorm(16, elementwise_affine=False).weight is None
     assert (m := compare(RMSNorm(16, elementwise_affine=False).to(device)(x), rmsnorm_ref(x, None, 1.19209e-07),
@@ -245,7 +206,7 @@ def test_fused_rmsnorm_linear_is_the_sequential(device: str, semantics: str, nor
     ours = FusedRMSNormLinear.from_torch(theirs, None if semantics == "torch" else semantics)
     assert ours[0].semantics == semantics and ours[1] is theirs[1] and ours[0].weight is theirs[0].weight
     assert ours.state_dict().keys() == theirs.state_dict().keys()
-    x = _rows(6, 48, device, torch.float32).requires_grad_()
+    x = norm_rows(6, 48, device, torch.float32).requires_grad_()
     y, want = ours(x), theirs(x)
     assert (m := compare(y, want, torch.float32, reduction=48)) is None, m
     grads = torch.autograd.grad(y.square().sum(), (x, *theirs.parameters()))
@@ -266,7 +227,7 @@ def test_rms_norm_linear_against_float64(device: str, semantics: str, dtype: tor
     float64, with gradients to come (on a GPU one RMSNormLinearFunction node) and without (the same y)."""
     torch.manual_seed(0)
     k, n = 200, 72
-    x = _rows(2 * 5, k, device, dtype).view(2, 5, k)
+    x = norm_rows(2 * 5, k, device, dtype).view(2, 5, k)
     nw = (torch.randn(k) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to(device, dtype)
     w = (torch.randn(n, k) / k ** 0.5).to(device, dtype)
     b = torch.randn(n).to(device, dtype) if with_bias else None
@@ -294,7 +255,7 @@ def test_gpu_rms_norm_linear_node_frozen_batched_and_double_backward(dtype: torc
 
     torch.manual_seed(0)
     m, k, n = 64, 256, 96
-    x = _rows(m, k, "cuda", dtype)
+    x = norm_rows(m, k, "cuda", dtype)
     nw, w, b = (t.to("cuda", dtype) for t in (torch.randn(k), torch.randn(n, k) / 16, torch.randn(n)))
     dy = torch.randn(m, n, device="cuda", dtype=dtype)
     leaves = [t.clone().requires_grad_() for t in (x, nw, w, b)]
@@ -353,7 +314,7 @@ def test_gpu_every_kernel_and_the_cpp_entry(semantics: str, rows: int, h: int, d
     from ops.rmsnorm import autograd as rms_autograd
     from ops.rmsnorm import fwd_bwd as rms_fwd_bwd
 
-    x = _rows(rows, h, "cuda", dtype)
+    x = norm_rows(rows, h, "cuda", dtype)
     w = (torch.randn(h) * 0.5 + (0.0 if semantics == "gemma" else 1.0)).to("cuda", dtype)
     dy = torch.randn_like(x)
     results = []
@@ -387,145 +348,6 @@ def test_strided_x_and_gradients_in_place(device: str) -> None:
     assert dx.shape == x.shape and (m := compare(dx, want_dx, torch.float32, reduction=24)) is None, m
 
 
-@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
-@pytest.mark.parametrize("residual_in_fp32", [False, True])
-def test_add_and_norm_returns_both_with_gradients(device: str, norm: str, residual_in_fp32: bool) -> None:
-    """add_layer_norm / add_rms_norm: s = x + add_bias + residual (float32 with residual_in_fp32, else x's dtype) and
-    y = norm(s) in x's dtype; the gradients of a loss on both outputs (the backward adds s's incoming gradient)
-    against float64; bad residual and add_bias named."""
-    from ops.layernorm import add_layer_norm
-    from ops.reference import layernorm_ref
-    from ops.rmsnorm import add_rms_norm
-
-    torch.manual_seed(0)
-    h, dtype = 64, torch.bfloat16
-    x, r = _rows(6, h, device, dtype).requires_grad_(), torch.randn(6, h, device=device, dtype=dtype).requires_grad_()
-    w, b, c = (torch.randn(h, device=device, dtype=dtype).requires_grad_() for _ in range(3))
-    if norm == "layer_norm":
-        call = lambda x, r, w, b, c, eps=1e-5: add_layer_norm(x, r, w, b, eps, add_bias=c,  # noqa: E731
-                                                                 residual_in_fp32=residual_in_fp32)
-        ref = lambda s, w, b: layernorm_ref(s, w, b, 1e-5)  # noqa: E731
-    else:
-        call = lambda x, r, w, b, c, eps=1e-6: add_rms_norm(x, r, w, eps, add_bias=c,  # noqa: E731
-                                                               residual_in_fp32=residual_in_fp32)
-        ref = lambda s, w, b: rmsnorm_ref(s, w, 1e-6)  # noqa: E731
-    y, s = call(x, r, w, b, c)
-    assert y.dtype == dtype and s.dtype == (torch.float32 if residual_in_fp32 else dtype)
-    leaves = [x, r, w, c] + ([b] if norm == "layer_norm" else [])
-    dy, ds = torch.randn_like(y), torch.randn_like(s)
-    grads = torch.autograd.grad((y.float() * dy).sum() + (s.float() * ds).sum(), leaves)
-    x64, r64, w64, b64, c64 = (t.detach().double().requires_grad_() for t in (x, r, w, b, c))
-    s64 = x64 + c64 + r64
-    assert (m := compare(s, s64, dtype)) is None, f"s: {m}"
-    s64 = s64 + (s.detach().double() - s64).detach()   # the norm reads s as rounded (the gradient passes through)
-    y64 = ref(s64, w64, b64)
-    assert (m := compare(y, y64, dtype, cond=2.0)) is None, f"y: {m}"
-    leaves64 = [x64, r64, w64, c64] + ([b64] if norm == "layer_norm" else [])
-    want = torch.autograd.grad((y64 * dy.double()).sum() + (s64 * ds.double()).sum(), leaves64)
-    for i, (g, w_) in enumerate(zip(grads, want, strict=True)):
-        assert (m := compare(g, w_, dtype, reduction=h, cond=2.0)) is None, f"grad {i}: {m}"
-    with pytest.raises(ValueError, match="^residual:"):
-        call(x, r[:3], w, b, c)
-    with pytest.raises(ValueError, match="^add_bias:"):
-        call(x, r, w, b, c[:3])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows,h", [(4096, 768), (7, 4096)])
-@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "rms_norm:gemma"])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """bfloat16 on a GPU: add_layer_norm / add_rms_norm take the one-pass kernel (the unfused add is made to fail),
-    and give bit for bit what the add and then our norm give: y, s and every gradient (x's and residual's the
-    norm's plus s's own), at the first call (Python's route) and the second (the C++ entry's, Python's made to fail),
-    and y and s under no_grad; a gradient penalty through it (the C++ entry's ATen form) matches the unfused one's."""
-    from ops.launch import direct
-    from ops.layernorm import add_layer_norm, layer_norm
-    from ops.layernorm import autograd as ln_autograd
-    from ops.layernorm import functional as ln_functional
-    from ops.rmsnorm import add_rms_norm
-    from ops.rmsnorm import functional as rms_functional
-
-    torch.manual_seed(0)
-    x, r = _rows(rows, h, "cuda", torch.bfloat16), torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
-    w, b, c = (torch.randn(h, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    c = c if with_bias else None
-    semantics = norm.partition(":")[2] or "torch"
-    if norm == "layer_norm":
-        fused = lambda x, r, w, b, c: add_layer_norm(x, r, w, b, 1e-5, add_bias=c)  # noqa: E731
-        unfused_norm = lambda s, w, b: layer_norm(s, h, w, b, 1e-5)  # noqa: E731
-    else:
-        fused = lambda x, r, w, b, c: add_rms_norm(x, r, w, 1e-6, add_bias=c, semantics=semantics)  # noqa: E731
-        unfused_norm = lambda s, w, b: rms_norm(s, h, w, 1e-6, semantics=semantics)  # noqa: E731
-    leaves = [t.clone().requires_grad_() for t in (x, r, w, b) + ((c,) if with_bias else ())]
-    dy, ds = torch.randn_like(x), torch.randn_like(x)
-
-    def run(call: object, leaves: list) -> tuple:
-        x, r, w, b, *c = leaves
-        y, s = call(x, r, w, b, c[0] if c else None)
-        return (y, s, *torch.autograd.grad((y, s), leaves if norm == "layer_norm" else leaves[:3] + leaves[4:],
-                                           (dy, ds)))
-
-    def unfused(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None) -> tuple:
-        s = (x if c is None else x + c) + r
-        return unfused_norm(s, w, b), s
-
-    def no_add(*args: object) -> None:
-        raise AssertionError("the unfused add ran")
-    want = run(unfused, [t.clone().detach().requires_grad_() for t in leaves])
-    monkeypatch.setattr(ln_functional, "add_residual", no_add)
-    monkeypatch.setattr(rms_functional, "add_residual", no_add)
-    got = run(fused, leaves)
-    monkeypatch.setattr(ln_autograd.AddNormFunction, "apply", no_add)   # the second call: the C++ entry's
-    again = run(fused, [t.clone().detach().requires_grad_() for t in leaves])
-    for i, (g, v, a) in enumerate(zip(got, want, again, strict=True)):
-        assert torch.equal(g, v) and torch.equal(a, v), f"output {i} differs"
-    with torch.no_grad():   # the C++ entry's launch without an autograd node
-        y, s = fused(x, r, w, b, c)
-    assert torch.equal(y, want[0]) and torch.equal(s, want[1]), "no_grad: y or s differs"
-    monkeypatch.undo()
-
-    def penalty_grads(call: object) -> tuple[torch.Tensor, torch.Tensor]:
-        xr = [t.clone().detach().requires_grad_() for t in leaves[:2]]
-        gx, = torch.autograd.grad(call(*xr, w, b, c)[0].float().square().sum(), xr[0], create_graph=True)
-        gx.float().square().sum().backward()
-        return xr[0].grad, xr[1].grad
-    want = penalty_grads(unfused)
-    by_cpp = penalty_grads(fused)   # the plan is the C++ entry's by now
-    monkeypatch.setattr(direct.NATIVE, "add_norm", None)   # and Python's route
-    for got in (by_cpp, penalty_grads(fused)):
-        for g, v in zip(got, want, strict=True):
-            torch.testing.assert_close(g, v, rtol=2e-2, atol=1e-2)
-
-
-def test_add_norm_modules(device: str) -> None:
-    """AddLayerNorm and AddRMSNorm: built from a block's own norm they share its parameters and state dict keys,
-    and return (y, s) as add_layer_norm / add_rms_norm do, gradients reaching the shared weight; a norm of more than
-    the last dim is a named error."""
-    from ops.layernorm import AddLayerNorm, add_layer_norm
-    from ops.rmsnorm import AddRMSNorm, add_rms_norm
-
-    torch.manual_seed(0)
-    x, r = _rows(4, 32, device, torch.float32), torch.randn(4, 32, device=device)
-    for theirs, ours, call in (
-            (nn.LayerNorm(32), AddLayerNorm.from_torch, lambda m: add_layer_norm(x, r, m.weight, m.bias, m.eps)),
-            (GemmaRMSNorm(32), lambda m: AddRMSNorm.from_module(m, semantics="gemma"),
-             lambda m: add_rms_norm(x, r, m.weight, m.eps, semantics="gemma"))):
-        theirs = theirs.to(device)
-        m = ours(theirs)
-        assert m.weight is theirs.weight and m.state_dict().keys() == theirs.state_dict().keys()
-        y, s = m(x, r)
-        want_y, want_s = call(m)
-        assert torch.equal(s, x + r) and torch.equal(y, want_y) and torch.equal(s, want_s)
-        y.sum().backward()
-        assert theirs.weight.grad is not None and theirs.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="^normalized_shape:"):
-        AddLayerNorm((4, 8))
-    with pytest.raises(ValueError, match="^normalized_shape:"):
-        AddRMSNorm((4, 8))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm", ["rms_norm", "rms_norm:llama", "add_rms_norm", "add_layer_norm"])
 def test_gpu_cpp_backward_before_python_made_its_plan(norm: str) -> None:
@@ -538,7 +360,7 @@ def test_gpu_cpp_backward_before_python_made_its_plan(norm: str) -> None:
 
     torch.manual_seed(0)
     rows, h = 37, 1536   # a shape no other test runs
-    x, r = _rows(rows, h, "cuda", torch.bfloat16), torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    x, r = norm_rows(rows, h, "cuda", torch.bfloat16), torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
     w, b = (torch.randn(h, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     semantics = norm.partition(":")[2] or "torch"
     call = {"rms_norm": lambda x, w: rms_norm(x, h, w, 1e-6, semantics=semantics),
@@ -556,32 +378,6 @@ def test_gpu_cpp_backward_before_python_made_its_plan(norm: str) -> None:
     first = grads()   # the C++ forward, the backward through Python
     for got, want in zip(first, grads(), strict=True):   # every plan made by now
         assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("norm,form", [("add_rms_norm", "inductor"), ("add_rms_norm", "ours"),
-                                       ("add_layer_norm", None)])
-def test_add_norm_compiles_fullgraph(device: str, norm: str, form: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.compile(fullgraph=True) of add_rms_norm (under each COMPILED_RMSNORM) / add_layer_norm (the traced form
-    adds, then runs the norm): y, s and the gradients are eager's."""
-    from ops.layernorm import add_layer_norm
-    from ops.rmsnorm import add_rms_norm
-    from ops.rmsnorm import config as rmsnorm_config
-
-    if form is not None:
-        monkeypatch.setattr(rmsnorm_config, "COMPILED_RMSNORM", form)
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    x, r = (torch.randn(6, 64, device=device, requires_grad=True) for _ in range(2))
-    w = torch.randn(64, device=device, requires_grad=True)
-    fn = ((lambda x, r, w: add_rms_norm(x, r, w, 1e-6, semantics="llama")) if norm == "add_rms_norm"
-          else (lambda x, r, w: add_layer_norm(x, r, w, None, 1e-5)))
-    got, want = torch.compile(fn, fullgraph=True)(x, r, w), fn(x, r, w)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b)
-    g = torch.autograd.grad(got[0].square().sum() + got[1].sum(), (x, r, w))
-    g_want = torch.autograd.grad(want[0].square().sum() + want[1].sum(), (x, r, w))
-    for a, b in zip(g, g_want, strict=True):
-        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.gpu
@@ -616,16 +412,3 @@ def test_gpu_cuda_graph_captures_rms_norm_and_add_norm() -> None:
     got = [t.clone() for t in out] + [t.grad.clone() for t in (x, r, w)]
     for i, (a, b) in enumerate(zip(got, eager(), strict=True)):
         assert torch.equal(a, b), f"output {i}"
-
-
-def test_add_norm_names_a_zero_dim_x_with_the_cpp_entry_loaded() -> None:
-    """A 0-dim x gets the add-and-norm's named error, also where the C++ entry is loaded (its pre-check reads x's
-    last dim)."""
-    from ops.launch import direct
-    from ops.layernorm import add_layer_norm
-    from ops.rmsnorm import add_rms_norm
-
-    direct.load_native()
-    for call in (add_layer_norm, add_rms_norm):
-        with pytest.raises(ValueError, match="^x:"):
-            call(torch.tensor(1.0), torch.tensor(1.0))

@@ -133,9 +133,7 @@ def output(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str)
     return t.fill_(float("nan")) if poison_outputs else t
 
 
-# --------------------------------------------------------------------------
-# Sessions and models.
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- sessions and models
 
 def device_kind(device: torch.device) -> str:
     """``"gpu"`` for CUDA tensors, ``"cpu"`` for CPU tensors."""
@@ -297,9 +295,7 @@ def load_model(op: GraphOp, dtypes: tuple[torch.dtype, ...], device: torch.devic
         return model
 
 
-# --------------------------------------------------------------------------
-# Execution.
-# --------------------------------------------------------------------------
+# ---------------------------------------------------------------- execution
 
 def _tensor_key(t: torch.Tensor) -> tuple:
     """What must match for a cached value derived from ``t`` to still hold: storage pointer,
