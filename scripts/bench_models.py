@@ -11,8 +11,9 @@ every contender's logits are compared with a float32 copy's: none may be further
 bf16 distance. Phases, eager: "infer" (a
 forward under no_grad) and "train" (forward, a mean-square loss of the logits, backward, SGD step); pipelined time
 per call (back-to-back calls, one sync, divided; median of runs interleaved across contenders), its ratio to "hf"'s
-(paired per round), and host time per call. Mode "compile": the same phases of ``torch.compile(model)`` ("hf" and
-"ours" alone, and "ours:compiled_ops" with --ab-compiled-rmsnorm: compiling takes minutes). Mode "generate":
+(paired per round), and host time per call. Mode "compile": the same phases of ``torch.compile(model)`` ("hf",
+"hf:again", whose compile inductor's cache mostly answers, and "ours"; "ours:compiled_ops" too with
+--ab-compiled-rmsnorm: compiling takes minutes). Mode "generate":
 ``generate()`` of 128 new tokens, greedy, after a 32-token prompt, at batch 1 and 8 (phases "generate1", "generate8";
 ms per call, median of 9 rounds in rotated order, vs_hf paired per round; below 1 is more tokens per second). Writes
 results/transformer.{csv,md} (table bench_models; a run of some modes keeps the others').
@@ -176,7 +177,7 @@ def bench(name: str, build: Callable[[], nn.Module], kind: str, mode: str, ab: b
     if mode == "generate":
         return generated(name, models, patched, errs) if kind == "ids" else []
     if mode == "compile":
-        models = {k: torch.compile(m) for k, m in models.items() if k in ("hf", "ours", AB_CONTENDER)}
+        models = {k: torch.compile(m) for k, m in models.items() if k in ("hf", "hf:again", "ours", AB_CONTENDER)}
     rows = []
     for phase in ("infer", "train"):
         fns = calls(models, x, phase)
