@@ -271,3 +271,24 @@ def test_learner_loop_quick() -> None:
                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert got.returncode == 0, got.stdout + got.stderr
     assert got.stdout.count(" exit ") == 10
+
+
+def test_learner_loop_keeps_bytecode_where_the_host_forbids_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under PYTHONDONTWRITEBYTECODE (the lent GPU machine's setting) the steps run as after a pip install: the variable
+    dropped, bytecode kept in the run's folder, torch's compiled first, and the report says what the setting costs;
+    without it nothing changes."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import learner_loop
+
+    ran = []
+    monkeypatch.setattr(learner_loop.subprocess, "run", lambda argv, env, check: ran.append(dict(env)))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    env = {"PATH": "x"}
+    assert learner_loop.bytecode_as_installed(env, tmp_path) is None and env == {"PATH": "x"} and not ran
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = dict(os.environ)
+    line = learner_loop.bytecode_as_installed(env, tmp_path)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    assert len(ran) == 7 and ran[0] == env   # the warm-up that compiles, then 3 runs each way
+    assert sum("PYTHONDONTWRITEBYTECODE" in e for e in ran) == 3
+    assert re.search(r"take \d+\.\d s so, \d+\.\d s with bytecode kept", line), line
