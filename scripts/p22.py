@@ -159,8 +159,7 @@ def wrong_results(kernels: dict[str, Kernels], modes: list[str], args: argparse.
 
 
 def report_correctness(kernels: dict[str, Kernels], modes: list[str], args: argparse.Namespace,
-                       inputs: tuple[torch.Tensor, ...]) -> bool:
-    ref = layernorm_linear_ref(*inputs)
+                       inputs: tuple[torch.Tensor, ...], ref: torch.Tensor) -> bool:
     print("\nCorrectness vs the float64 PyTorch reference")
     print(f"  reference : y[0, 0, :4] = {[round(v, 5) for v in ref[0, 0, :4].tolist()]}")
     rows = wrong_results(kernels, modes, args, inputs, ref)
@@ -259,11 +258,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_COMPILE
     print(f"  kernels built in {time.perf_counter() - t0:.1f} s ({ROUTE_NAMES[args.check_route]})")
     inputs = make_inputs(args.batch, args.seq, args.hidden, args.out, seed=args.seed)
-    ok = report_correctness(checked, modes, args, inputs)
+    ref = layernorm_linear_ref(*inputs)   # float64: the verdict's, and the timed route's check after it
+    ok = report_correctness(checked, modes, args, inputs, ref)
     print(f"\nSummary: {'all results correct' if ok else 'SOME RESULTS ARE WRONG'}")
     if not ok or args.no_bench:
         return EXIT_OK if ok else EXIT_WRONG
-    return timed(k, modes, args, devices, inputs, by_max=args.check_route == "max")
+    return timed(k, modes, args, devices, inputs, ref, by_max=args.check_route == "max")
 
 
 # How each route runs the kernels, as the run says it
@@ -271,7 +271,7 @@ ROUTE_NAMES = {"direct": "called without MAX", "max": "through MAX"}
 
 
 def timed(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: list[str],
-          inputs: tuple[torch.Tensor, ...], by_max: bool) -> int:
+          inputs: tuple[torch.Tensor, ...], ref: torch.Tensor, by_max: bool) -> int:
     """The benchmark, through MAX: unless the verdict came through MAX too (``by_max``), built now and its results
     checked once more before they are timed (a wrong answer from the timed route fails the run like any other)."""
     if not by_max:
@@ -279,7 +279,6 @@ def timed(k: P22Kernels, modes: list[str], args: argparse.Namespace, devices: li
         if build_reported([(k, dev) for dev in devices], partial=False):
             return EXIT_COMPILE
         print(f"\nTiming through MAX: {bridge.compile_count} models loaded in {time.perf_counter() - t0:.1f} s")
-        ref = layernorm_linear_ref(*inputs)
         wrong = [row for row in wrong_results(dict.fromkeys(devices, k), modes, args, inputs, ref) if row[3]]
         for mode, dev, _, bad in wrong:
             print(f"  {mode} on {dev} through MAX: FAIL: {bad}")

@@ -26,10 +26,10 @@ DTYPES = (torch.float32,)
 EPS = 1e-5  # fixed in the kernels (common.mojo: EPS)
 
 _X = ("batch", "seq", "hidden")
-# How ``p22 --check`` runs the kernels: "direct" (without MAX: the CPU ops through ops/puzzle/p22_cpu.py's shared
-# library, the GPU kernels from their PTX, ops/puzzle/p22_direct.py; a few seconds to build, all at once, where a MAX
-# compile costs 7-8 s on a 2-core machine and 15-21 s per device on the GPU machine) or "max" (the ops' MAX graphs,
-# the route --unfused and --fused run and time)
+# How ``p22``'s verdicts (``--check``'s, and ``--unfused``/``--fused``'s before they time) run the kernels: "direct"
+# (without MAX: the CPU ops through ops/puzzle/p22_cpu.py's shared library, the GPU kernels from their PTX,
+# ops/puzzle/p22_direct.py; a few seconds to build, all at once, where a MAX compile costs 7-8 s on a 2-core machine
+# and 15-21 s per device on the GPU machine) or "max" (the ops' MAX graphs, the route --unfused and --fused time)
 CHECK_ROUTE = "direct"
 _FUSED_INPUTS = (_X, ("hidden",), ("hidden",), ("out", "hidden"), ("out",))
 
