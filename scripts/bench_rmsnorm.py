@@ -308,7 +308,7 @@ def bench_sweep(dtype: torch.dtype, copy: float, shapes: tuple[tuple[int, int], 
     out = []
     for m, h in shapes:
         sets = [(x, w) for x, w, _ in input_sets(m, h, dtype, grad=False)]
-        default = ln_config.fwd_launch(m, h, dtype, True)
+        default = ln_config.fwd_launch(m, h, dtype, True, act=SEMANTICS["torch"])
         for i, launch in sweep_launches(m, h, dtype):
             def call(x: torch.Tensor, w: torch.Tensor, i: int = i) -> torch.Tensor:
                 return fwd_direct(x, w, w, EPS, f"config:{i}", SEMANTICS["torch"])

@@ -116,8 +116,10 @@ def test_gpu_kernels_compile_for_sm90() -> None:
     from ops.rmsnorm import config
 
     specs = config.all_specs()
-    kernels = {"ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster", "ln_bwd_loop", "ln_bwd_regs", "add_norm_fwd_regs"}
+    kernels = {"ln_fwd_loop", "ln_fwd_regs", "ln_fwd_cluster", "ln_bwd_loop", "ln_bwd_regs", "add_norm_fwd_regs",
+               "ln_bwd_reduce"}
     assert {s.name for s in specs} == kernels and len(specs) == len(set(specs))
+    assert all(s.params[-1] is False for s in specs if s.name == "ln_bwd_reduce")   # dgamma's sums alone
     ptx.build(specs, "H100", quiet=True)
     for spec in specs:
         text = ptx.ptx_path(spec, "H100").read_text()

@@ -772,9 +772,11 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     rows: Int32, h: Int32, parts: Int32,
 ):
     """Group p (of `parts`, RPB per block: parts = blocks * RPB) handles rows p, p + parts, ...;
-    dx = rstd * (g*dy - E[g*dy] - xhat * E[g*dy*xhat]). dgamma/dbeta partials: one row per block."""
+    dx = rstd * (g*dy - E[g*dy] - xhat * E[g*dy*xhat]). dgamma/dbeta partials: one row per block (RMSNorm: dgamma's
+    alone, part_b untouched)."""
     comptime GT = WPR * WARP_SIZE
     comptime W = CH * VEC
+    comptime BETA = (act & NORM_RMS) == 0   # LayerNorm's dbeta partials; RMSNorm has no beta
     var sh = stack_allocation[4 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
     var gt = tid % GT
@@ -804,7 +806,8 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     comptime if SMEM_ACC:
         comptime for q in range(Q):
             acc_store(acc_s, quad_index[Q, GT](local, 0, q, gt), SIMD[F32, 4](0.0))
-            acc_store(acc_s, quad_index[Q, GT](local, 1, q, gt), SIMD[F32, 4](0.0))
+            comptime if BETA:
+                acc_store(acc_s, quad_index[Q, GT](local, 1, q, gt), SIMD[F32, 4](0.0))
     var iters = ceildiv(Int(rows), p)
     # With AHEAD, row it + 1's x, dy and statistics load (as stored) while row it is reduced: two rows in flight a
     # warp. Not with 8 vectors a thread, where ptxas spills them (docs/kernels/layernorm.md).
@@ -845,12 +848,12 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
                 if quad_in_row[VEC, GT](q, gt, nv):
                     var ig = quad_index[Q, GT](local, 0, q, gt)
                     acc_store(acc_s, ig, acc_load(acc_s, ig) + dg.slice[4, offset=q * 4]())
-                    comptime if (act & NORM_RMS) == 0:
+                    comptime if BETA:
                         var ib = quad_index[Q, GT](local, 1, q, gt)
                         acc_store(acc_s, ib, acc_load(acc_s, ib) + dyv.slice[4, offset=q * 4]())
         else:
             acc_g += dyv * xhat
-            comptime if (act & NORM_RMS) == 0:
+            comptime if BETA:
                 acc_b += dyv
         if valid:
             store_slice[dtype, VEC, CH, GT](dx, r * (gdy - a - xhat * b), base, 0, gt, nv)
@@ -862,14 +865,17 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
         comptime for q in range(Q):
             if quad_in_row[VEC, GT](q, gt, nv):
                 var tg = acc_load(acc_s, quad_index[Q, GT](0, 0, q, gt))
-                var tb = acc_load(acc_s, quad_index[Q, GT](0, 1, q, gt))
                 comptime for k in range(1, RPB):
                     tg += acc_load(acc_s, quad_index[Q, GT](k, 0, q, gt))
-                    tb += acc_load(acc_s, quad_index[Q, GT](k, 1, q, gt))
                 acc_g = acc_g.insert[offset=q * 4](tg)
-                acc_b = acc_b.insert[offset=q * 4](tb)
+                comptime if BETA:
+                    var tb = acc_load(acc_s, quad_index[Q, GT](0, 1, q, gt))
+                    comptime for k in range(1, RPB):
+                        tb += acc_load(acc_s, quad_index[Q, GT](k, 1, q, gt))
+                    acc_b = acc_b.insert[offset=q * 4](tb)
     store_slice[F32, VEC, CH, GT](part_g, acc_g, Int(block_idx.x) * n, 0, gt, nv)
-    store_slice[F32, VEC, CH, GT](part_b, acc_b, Int(block_idx.x) * n, 0, gt, nv)
+    comptime if BETA:
+        store_slice[F32, VEC, CH, GT](part_b, acc_b, Int(block_idx.x) * n, 0, gt, nv)
 
 
 @always_inline
@@ -935,7 +941,8 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
     if group < p:
         for i in range(gt, n, GT):
             part_g[unsafe_offset=group * n + i] = 0.0
-            part_b[unsafe_offset=group * n + i] = 0.0
+            comptime if (act & NORM_RMS) == 0:   # RMSNorm: no beta, part_b untouched
+                part_b[unsafe_offset=group * n + i] = 0.0
     var iters = ceildiv(Int(rows), p)
     for it in range(iters):
         var row = group + it * p
@@ -965,19 +972,20 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                 var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
                 dx[unsafe_offset=base + i] = (r * (g * d - a - xhat * b)).cast[dtype]()
                 part_g[unsafe_offset=group * n + i] = part_g[unsafe_offset=group * n + i] + d * xhat
-                comptime if (act & NORM_RMS) == 0:   # RMSNorm: no beta (its partials stay 0)
+                comptime if (act & NORM_RMS) == 0:   # RMSNorm: no beta
                     part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
 
 
-def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
+def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int, BETA: Bool](
     dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int32, h: Int32,
 ):
     """Column sums of part_g/part_b [parts, h] in a fixed order, COLS columns per block: 2^LEVELS threads per column
     each sum the parts s, s + 2^LEVELS, ..., then one thread sums those slices in order (LEVELS <= 3) or a pairwise
-    tree over them in shared memory does (more slices: fewer steps, each a barrier)."""
+    tree over them in shared memory does (more slices: fewer steps, each a barrier). Without BETA (RMSNorm) part_b
+    and dbeta are not touched: half the partials' reads."""
     comptime SLICES = 1 << LEVELS
     var sg = stack_allocation[SLICES * COLS, F32, address_space=AddressSpace.SHARED]()
-    var sb = stack_allocation[SLICES * COLS, F32, address_space=AddressSpace.SHARED]()
+    var sb = stack_allocation[SLICES * COLS if BETA else 1, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
     var c = tid % COLS
     var s = tid // COLS
@@ -988,9 +996,11 @@ def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
     if col < n:
         for q in range(s, Int(parts), SLICES):
             ag += part_g[unsafe_offset=q * n + col]
-            ab += part_b[unsafe_offset=q * n + col]
+            comptime if BETA:
+                ab += part_b[unsafe_offset=q * n + col]
     sg[unsafe_offset=tid] = ag
-    sb[unsafe_offset=tid] = ab
+    comptime if BETA:
+        sb[unsafe_offset=tid] = ab
     barrier()
     comptime if LEVELS <= 3:
         if s == 0 and col < n:
@@ -998,27 +1008,31 @@ def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
             var tb: Float32 = 0.0
             comptime for i in range(SLICES):
                 tg += sg[unsafe_offset=i * COLS + c]
-                tb += sb[unsafe_offset=i * COLS + c]
+                comptime if BETA:
+                    tb += sb[unsafe_offset=i * COLS + c]
             dgamma[unsafe_offset=col] = tg.cast[dtype]()
-            dbeta[unsafe_offset=col] = tb.cast[dtype]()
+            comptime if BETA:
+                dbeta[unsafe_offset=col] = tb.cast[dtype]()
         return
     comptime for level in range(LEVELS):
         comptime half = SLICES >> (level + 1)
         if s < half:
             sg[unsafe_offset=tid] += sg[unsafe_offset=tid + half * COLS]
-            sb[unsafe_offset=tid] += sb[unsafe_offset=tid + half * COLS]
+            comptime if BETA:
+                sb[unsafe_offset=tid] += sb[unsafe_offset=tid + half * COLS]
         barrier()
     if s == 0 and col < n:
         dgamma[unsafe_offset=col] = sg[unsafe_offset=c].cast[dtype]()
-        dbeta[unsafe_offset=col] = sb[unsafe_offset=c].cast[dtype]()
+        comptime if BETA:
+            dbeta[unsafe_offset=col] = sb[unsafe_offset=c].cast[dtype]()
 
 
 @always_inline
-def launch_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int](
+def launch_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int, BETA: Bool](
     ctx: DeviceContext, dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int,
     h: Int,
 ) raises:
-    comptime reduce = ln_bwd_reduce[dtype, COLS, LEVELS]
+    comptime reduce = ln_bwd_reduce[dtype, COLS, LEVELS, BETA]
     ctx.enqueue_function[reduce](dgamma, dbeta, part_g, part_b, Int32(parts), Int32(h),
                                  grid_dim=ceildiv(h, COLS), block_dim=COLS << LEVELS)
 
@@ -1092,10 +1106,13 @@ def bwd_gpu[dtype: DType, act: Int, kernel: Int, CH: Int, WPR: Int, RPB: Int](
                                                        rows, h, parts * RPB)
     else:
         launch_bwd_loop[dtype, act, WPR, RPB](ctx, dx, part_g, part_b, dy, x, gamma, beta, mean, rstd, rows, h, parts)
+    comptime BETA = (act & NORM_RMS) == 0
     if h <= REDUCE_NARROW_MAX_H:
-        launch_bwd_reduce[dtype, REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS](ctx, dgamma, dbeta, part_g, part_b, parts, h)
+        launch_bwd_reduce[dtype, REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS, BETA](ctx, dgamma, dbeta, part_g, part_b,
+                                                                               parts, h)
     else:
-        launch_bwd_reduce[dtype, REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS](ctx, dgamma, dbeta, part_g, part_b, parts, h)
+        launch_bwd_reduce[dtype, REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS, BETA](ctx, dgamma, dbeta, part_g, part_b,
+                                                                           parts, h)
 
 
 # ---------------------------------------------------------------- CPU

@@ -115,9 +115,10 @@ def fwd_capacity(config: int) -> int:
     return 0
 
 
-def vector_config(nv: int, vec: int, clusters: bool) -> int:
+def vector_config(nv: int, vec: int, clusters: bool, rms: bool = False) -> int:
     """A block (or, with ``clusters``, for long rows a cluster of blocks) per row; per row length, the
-    fastest config of H100 sweeps (fp32 and bf16; results/layernorm.md); -1: none holds the row."""
+    fastest config of H100 sweeps (fp32 and bf16; results/layernorm.md; ``rms``: an RMSNorm's, of H200 sweeps,
+    results/rmsnorm.md); -1: none holds the row."""
     if nv <= 256:
         return 4
     if nv <= 512:
@@ -125,9 +126,10 @@ def vector_config(nv: int, vec: int, clusters: bool) -> int:
     if nv <= 1024:
         return 9
     # A 16-bit row of 1025-2048 vectors would take 32 values per thread in one block: a cluster
-    # of two blocks of 16 keeps the occupancy. Past 4096 vectors one block cannot hold the row.
+    # of two blocks of 16 keeps the occupancy (LayerNorm's; RMSNorm's one block is 15% faster at bf16 1024x16384,
+    # docs/tuning.md). Past 4096 vectors one block cannot hold the row.
     if nv <= 2048:
-        return 15 if clusters and vec != 4 else 7
+        return 15 if clusters and vec != 4 and not rms else 7
     if nv <= 4096:
         return 8
     if clusters and nv <= 8192:
@@ -137,13 +139,13 @@ def vector_config(nv: int, vec: int, clusters: bool) -> int:
     return -1
 
 
-def fast_config(nv: int, rows: int, vec: int, clusters: bool) -> int:
+def fast_config(nv: int, rows: int, vec: int, clusters: bool, rms: bool = False) -> int:
     """Short rows and many of them: a warp per row, several rows per block; else as ``vector_config``."""
     if rows >= MULTI_ROW_MIN_ROWS:
         for config, capacity in ((0, 32), (1, 64), (2, 128)):
             if nv <= capacity:
                 return config
-    return vector_config(nv, vec, clusters)
+    return vector_config(nv, vec, clusters, rms)
 
 
 def variant_config(variant: str) -> int | None:
@@ -169,9 +171,10 @@ def _fwd_loop(wpr: int, rpb: int, rows: int, sms: int) -> Launch:
 
 @cache
 def fwd_launch(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str = "fast",
-               clusters: bool = True, sms: int = H100_SMS) -> Launch:
+               clusters: bool = True, sms: int = H100_SMS, act: int = 0) -> Launch:
     """The forward launch for x [rows, h]. ``vec_ok``: h is a multiple of the vector width and x, y, gamma
-    and beta are 16-byte aligned; ``clusters``: the GPU has thread block clusters (sm_90+); ``sms``: its SMs."""
+    and beta are 16-byte aligned; ``clusters``: the GPU has thread block clusters (sm_90+); ``sms``: its SMs;
+    ``act``: the kernels' code of the norm and activation (an RMSNorm's bits choose its own tuning)."""
     if variant == "row_thread":
         return Launch("ln_fwd_row_thread", (), (-(-rows // ROW_THREAD_BLOCK), 1, 1), ROW_THREAD_BLOCK)
     if variant == "block_smem":
@@ -181,7 +184,8 @@ def fwd_launch(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str
     vec = vector_width(dtype)
     nv = h // vec
     forced = variant_config(variant)
-    config = fast_config(nv, rows, vec, clusters) if variant == "fast" else vector_config(nv, vec, False)
+    rms = bool(act & K["NORM_RMS"])
+    config = fast_config(nv, rows, vec, clusters, rms) if variant == "fast" else vector_config(nv, vec, False, rms)
     if forced is not None and fwd_capacity(forced) >= nv and (clusters or forced < len(FWD_REGS)):
         config = forced
     if vec_ok and 0 <= config < len(FWD_REGS):
@@ -272,9 +276,10 @@ def reduce_shape(h: int) -> tuple[int, int]:
     return REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS
 
 
-def reduce_spec(dtype: torch.dtype, h: int) -> KernelSpec:
-    """The dgamma/dbeta column reduction's instantiation for rows of h (launch: ``reduce_grid``, ``reduce_block``)."""
-    return KernelSpec("layernorm", "ln_bwd_reduce", (dtype, *reduce_shape(h)), "ppppii")
+def reduce_spec(dtype: torch.dtype, h: int, act: int = 0) -> KernelSpec:
+    """The dgamma/dbeta column reduction's instantiation for rows of h after a backward of ``act`` (an RMSNorm's sums
+    dgamma alone: it has no beta) (launch: ``reduce_grid``, ``reduce_block``)."""
+    return KernelSpec("layernorm", "ln_bwd_reduce", (dtype, *reduce_shape(h), not act & K["NORM_RMS"]), "ppppii")
 
 
 def reduce_grid(h: int) -> tuple[int, int, int]:
@@ -312,8 +317,9 @@ def launch_specs(acts: tuple[int, ...], variants: tuple[str, ...],
             for h in lengths:
                 for rows, vec_ok in ((1, True), (1, False), (4096, True), (4096, False)):   # loops: both UNROLLs
                     for variant in variants:
-                        specs[fwd_launch(rows, h, dtype, vec_ok, variant).spec(dtype, act)] = None
-                    if act in add_norm_acts and (launch := fwd_launch(rows, h, dtype, vec_ok)).kernel == "ln_fwd_regs":
+                        specs[fwd_launch(rows, h, dtype, vec_ok, variant, act=act).spec(dtype, act)] = None
+                    if act in add_norm_acts and (launch := fwd_launch(rows, h, dtype, vec_ok, act=act)).kernel == \
+                            "ln_fwd_regs":
                         for bias in (False, True):
                             specs[add_norm_spec(launch, dtype, act, bias)] = None
                     specs[bwd_launch(rows, h, dtype, vec_ok).spec(dtype, act)] = None

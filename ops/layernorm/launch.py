@@ -115,11 +115,12 @@ def vectors_fit(h: int, dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
     return not address % config.VECTOR_BYTES
 
 
-def fwd_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, variant: str) -> Launch:
+def fwd_launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, variant: str, act: int = 0) -> Launch:
     """The forward launch for validated CUDA x2 [rows, h] (``layernorm_config.fwd_launch``)."""
     rows, h = x2.shape
     vec_ok = vectors_fit(h, x2.dtype, x2, weight, bias)
-    return config.fwd_launch(rows, h, x2.dtype, vec_ok, variant, has_clusters(x2.get_device()), sm_count(x2.device))
+    return config.fwd_launch(rows, h, x2.dtype, vec_ok, variant, has_clusters(x2.get_device()), sm_count(x2.device),
+                             act)
 
 
 # What a direct call needs beyond its tensors, per (rows, h, dtype, vec_ok, variant, act, device index):
@@ -136,7 +137,7 @@ _bwd_plans = PlanTable()
 def _fwd_plan(rows: int, h: int, dtype: torch.dtype, vec_ok: bool, variant: str, act: int,
               index: int) -> tuple[direct.Kernel, tuple[int, int, int], int, int]:
     launch = config.fwd_launch(rows, h, dtype, vec_ok, variant, has_clusters(index),
-                               sm_count(torch.device("cuda", index)))
+                               sm_count(torch.device("cuda", index)), act)
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block, launch.cluster)
     direct.load_native()
     return _fwd_plans.keep((rows, h, dtype, vec_ok, variant, act, index), plan)
@@ -195,7 +196,7 @@ def _bwd_plan(parts: int, h: int, dtype: torch.dtype, vec_ok: bool, act: int, in
     ``parts`` row groups; ``forced``: the register configuration a benchmark's sweep forces (``bwd_config``)."""
     launch = config.bwd_launch(parts, h, dtype, vec_ok, forced, sm_count(torch.device("cuda", index)))
     plan = (direct.kernel(launch.spec(dtype, act), index), launch.grid, launch.block,
-            direct.kernel(config.reduce_spec(dtype, h), index), config.bwd_sizes(launch, parts))
+            direct.kernel(config.reduce_spec(dtype, h, act), index), config.bwd_sizes(launch, parts))
     return _bwd_plans.keep((parts, h, dtype, vec_ok, act, index, forced), plan)
 
 
@@ -222,7 +223,7 @@ def native_transpose(dtype: torch.dtype, index: int) -> None:
 def bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: int, rstd: int,
                 act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward on validated contiguous CUDA tensors, the statistics at addresses ``mean`` and ``rstd``:
-    dx like x, dweight and dbias like weight."""
+    dx like x, dweight and dbias like weight (an RMSNorm's ``act``: None, it has no beta)."""
     h = x.shape[-1]
     rows = x.numel() // h if h else 0
     index = x.get_device()
@@ -233,15 +234,17 @@ def bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
         plan = _bwd_plan(parts, h, x.dtype, vec_ok, act, index, forced)
     _native_bwd_plan(rows, h, x.dtype, vec_ok, act, index, plan)
     rows_kernel, grid, block, reduce, (groups, part_rows) = plan
-    dx = empty(x.shape, x.dtype, x.device)
-    dweight, dbias = empty(weight.shape, weight.dtype, x.device), empty(weight.shape, weight.dtype, x.device)
-    part = empty((2, part_rows, h), F32, x.device)
-    part_g, part_b = part.data_ptr(), part.data_ptr() + 4 * part_rows * h
+    rms = bool(act & config.K["NORM_RMS"])   # no beta: no dbias, nor its partials (the kernels leave part_b)
+    dx, dweight = empty(x.shape, x.dtype, x.device), empty(weight.shape, weight.dtype, x.device)
+    dbias = None if rms else empty(weight.shape, weight.dtype, x.device)
+    part = empty((1 if rms else 2, part_rows, h), F32, x.device)
+    part_g = part.data_ptr()
+    part_b = part_g if rms else part_g + 4 * part_rows * h
     with direct.on_device(index) as stream:
         rows_kernel.launch(stream, grid, block, 0, dx.data_ptr(), part_g, part_b, dy.data_ptr(), x.data_ptr(),
                            weight.data_ptr(), bias.data_ptr(), mean, rstd, rows, h, groups)
-        reduce.launch(stream, config.reduce_grid(h), config.reduce_block(h), 0, dweight.data_ptr(), dbias.data_ptr(),
-                      part_g, part_b, part_rows, h)
+        reduce.launch(stream, config.reduce_grid(h), config.reduce_block(h), 0, dweight.data_ptr(),
+                      (dweight if rms else dbias).data_ptr(), part_g, part_b, part_rows, h)
     return dx, dweight, dbias
 
 
@@ -260,7 +263,7 @@ def add_norm_plan(rows: int, h: int, dtype: torch.dtype, act: int, bias: bool,
         plan = _add_norm_plans[key]
     else:
         launch = config.fwd_launch(rows, h, dtype, True, "fast", has_clusters(index),
-                                   sm_count(torch.device("cuda", index)))
+                                   sm_count(torch.device("cuda", index)), act)
         spec = config.add_norm_spec(launch, dtype, act, bias)
         plan = None if spec is None else (direct.kernel(spec, index), launch.grid, launch.block)
         _add_norm_plans.keep(key, plan)

@@ -44,7 +44,7 @@ def rms_bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean
 def fwd_op(x2: torch.Tensor, weight: torch.Tensor, eps: float, semantics: str) -> GraphOp:
     """The forward's graph op for x2 [rows, h] and weight [h]: its inputs x, weight and (unused) beta; outputs y, mean
     (zeros) and rstd."""
-    launch = fwd_launch(x2, weight, weight, "fast") if x2.is_cuda else CPU_LAUNCH
+    launch = fwd_launch(x2, weight, weight, "fast", SEMANTICS[semantics]) if x2.is_cuda else CPU_LAUNCH
     return code_fwd_op(SEMANTICS[semantics], float(eps), launch)
 
 

@@ -67,7 +67,8 @@ std::optional<BwdPlan> bwd_plan(const Tensor& dy, const Tensor& x, const Tensor&
 }
 
 // dx, dweight, dbias by the plan's two launches (the rows' groups, then the columns' sums of their partials); with
-// `sums_on` (sums_streams), the sums run on its first stream, after the rows, and the others wait for them.
+// `sums_on` (sums_streams), the sums run on its first stream, after the rows, and the others wait for them. An
+// RMSNorm's kernels (act's NORM_RMS) write neither dbias nor part's second plane: its callers drop dbias.
 Triple ln_bwd_run(const BwdPlan& plan, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& b,
                   void* mean_p, void* rstd_p, const std::vector<c10::Stream>& sums_on = {}) {
   const int64_t h = x.size(-1);
