@@ -221,7 +221,7 @@ def native_transpose(dtype: torch.dtype, index: int) -> None:
 
 
 def bwd_direct(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: int, rstd: int,
-                act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The backward on validated contiguous CUDA tensors, the statistics at addresses ``mean`` and ``rstd``:
     dx like x, dweight and dbias like weight (an RMSNorm's ``act``: None, it has no beta)."""
     h = x.shape[-1]
