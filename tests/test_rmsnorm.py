@@ -109,6 +109,21 @@ def test_bad_input_gets_a_named_error(call: object, err: type[Exception], name: 
     assert str(info.value).startswith(f"{name}:"), info.value
 
 
+def test_forward_choice_is_rmsnorms_own_where_its_sweep_found_better() -> None:
+    """16-bit rows of 1025-2048 vectors: one block per row for RMSNorm (its H200 sweep), LayerNorm's two-block
+    cluster otherwise; every other row length launches what LayerNorm's choice picks."""
+    from ops.layernorm import config as ln_config
+    from ops.rmsnorm import config
+
+    rms = config.SEMANTICS["llama"]
+    for h in (8200, 16384):
+        assert ln_config.fwd_launch(1024, h, torch.bfloat16, True, act=rms).kernel == "ln_fwd_regs"
+        assert ln_config.fwd_launch(1024, h, torch.bfloat16, True).kernel == "ln_fwd_cluster"
+    for rows, h, dtype in ((4096, 768, torch.bfloat16), (1, 4096, torch.float32), (256, 32768, torch.bfloat16),
+                           (1024, 16384, torch.float32), (8, 65536, torch.bfloat16)):
+        assert ln_config.fwd_launch(rows, h, dtype, True, act=rms) == ln_config.fwd_launch(rows, h, dtype, True)
+
+
 def test_gpu_kernels_compile_for_sm90() -> None:
     """Every RMSNorm instantiation a GPU launches compiles to PTX for sm_90 on any machine (the GPU's graph route
     compiles the same kernels), one entry each, with the LayerNorm kernels' arguments."""
