@@ -307,9 +307,9 @@ ACTS = tuple(ACTIVATIONS.values())
 
 def launch_specs(acts: tuple[int, ...], variants: tuple[str, ...],
                  add_norm_acts: tuple[int, ...] = ()) -> dict[KernelSpec, None]:
-    """The forward's (``variants``) and backward's instantiations for the kernels' ``acts`` codes at any shape on an
-    sm_90 GPU (found by asking the choice functions at every row-length bracket), and the one-pass add and norm's
-    for ``add_norm_acts``, in order, without repeats."""
+    """The forward's (``variants``) and backward's instantiations (its row groups' and column sums') for the kernels'
+    ``acts`` codes at any shape on an sm_90 GPU (found by asking the choice functions at every row-length bracket),
+    and the one-pass add and norm's for ``add_norm_acts``, in order, without repeats."""
     lengths = [2 ** e for e in range(16)] + [3 * 2 ** e for e in range(14)] + [65536, 131072]
     specs: dict[KernelSpec, None] = {}
     for dtype in DTYPES:
@@ -323,6 +323,7 @@ def launch_specs(acts: tuple[int, ...], variants: tuple[str, ...],
                         for bias in (False, True):
                             specs[add_norm_spec(launch, dtype, act, bias)] = None
                     specs[bwd_launch(rows, h, dtype, vec_ok).spec(dtype, act)] = None
+                specs[reduce_spec(dtype, h, act)] = None
     return specs
 
 
@@ -331,7 +332,5 @@ def all_specs() -> list[KernelSpec]:
     one-pass add and norm, the column sums, the transposing copy), for ``poe build-kernels``."""
     specs = launch_specs(ACTS, VARIANTS, (ACTIVATIONS["none"],))
     for dtype in DTYPES:
-        for h in (REDUCE_NARROW_MAX_H, REDUCE_NARROW_MAX_H + 1):
-            specs[reduce_spec(dtype, h)] = None
         specs[transpose_spec(dtype)] = None
     return list(specs)
