@@ -63,6 +63,7 @@ comptime REDUCE_NARROW_COLS = 8    # 8 floats: one 32-byte sector
 comptime REDUCE_NARROW_LEVELS = 7
 comptime REDUCE_WIDE_COLS = 32
 comptime REDUCE_WIDE_LEVELS = 3
+comptime REDUCE_UNROLL = 16        # partials a thread loads together: one at a time, the sums were latency-bound
 comptime ALIGN = 16         # bytes per vector load
 
 
@@ -794,13 +795,16 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
                 bt = bt.insert[offset=c * VEC](beta.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[F32]())
     comptime if (act & RMS_GEMMA) != 0:   # Gemma's weight is 1 + gamma (1 past the row, where dy is 0)
         g = g + 1.0
-    # dgamma/dbeta accumulators: in registers with one group per block; with several (RPB > 1), in shared memory,
-    # 16 bytes per thread side by side (conflict-free), which leaves the registers for the next row's loads (with
-    # them in registers as well, ptxas spilled).
-    comptime SMEM_ACC = RPB > 1
+    # dgamma/dbeta accumulators: in registers with one group per block, or several groups of several warps each
+    # (joined through shared memory at the end: JOIN); with several one-warp groups, in shared memory, 16 bytes per
+    # thread side by side (conflict-free), which leaves the registers for the next row's loads (with them in
+    # registers as well, ptxas spilled).
+    comptime SMEM_ACC = RPB > 1 and WPR == 1
+    comptime JOIN = RPB > 1 and WPR > 1
     comptime Q = W // 4                # 16-byte quads per accumulator
     var local = tid // GT
-    var acc_s = stack_allocation[(2 * RPB * Q * GT * 4) if SMEM_ACC else 1, F32, address_space=AddressSpace.SHARED]()
+    var acc_s = stack_allocation[(2 * RPB * Q * GT * 4) if SMEM_ACC else (2 * (RPB - 1) * Q * GT * 4) if JOIN else 1,
+                                 F32, address_space=AddressSpace.SHARED]()
     var acc_g = SIMD[F32, W](0.0)
     var acc_b = SIMD[F32, W](0.0)
     comptime if SMEM_ACC:
@@ -873,6 +877,25 @@ def ln_bwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
                     comptime for k in range(1, RPB):
                         tb += acc_load(acc_s, quad_index[Q, GT](k, 1, q, gt))
                     acc_b = acc_b.insert[offset=q * 4](tb)
+    comptime if JOIN:   # groups 1.. hand their registers over; group 0 adds them to its own in order
+        if local > 0:
+            comptime for q in range(Q):
+                acc_store(acc_s, quad_index[Q, GT](local - 1, 0, q, gt), acc_g.slice[4, offset=q * 4]())
+                comptime if BETA:
+                    acc_store(acc_s, quad_index[Q, GT](local - 1, 1, q, gt), acc_b.slice[4, offset=q * 4]())
+        barrier()
+        if local > 0:
+            return
+        comptime for q in range(Q):
+            var tg = acc_g.slice[4, offset=q * 4]()
+            comptime for k in range(1, RPB):
+                tg += acc_load(acc_s, quad_index[Q, GT](k - 1, 0, q, gt))
+            acc_g = acc_g.insert[offset=q * 4](tg)
+            comptime if BETA:
+                var tb = acc_b.slice[4, offset=q * 4]()
+                comptime for k in range(1, RPB):
+                    tb += acc_load(acc_s, quad_index[Q, GT](k - 1, 1, q, gt))
+                acc_b = acc_b.insert[offset=q * 4](tb)
     store_slice[F32, VEC, CH, GT](part_g, acc_g, Int(block_idx.x) * n, 0, gt, nv)
     comptime if BETA:
         store_slice[F32, VEC, CH, GT](part_b, acc_b, Int(block_idx.x) * n, 0, gt, nv)
@@ -976,13 +999,14 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                     part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
 
 
-def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int, BETA: Bool](
+def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int, UNROLL: Int, BETA: Bool](
     dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int32, h: Int32,
 ):
     """Column sums of part_g/part_b [parts, h] in a fixed order, COLS columns per block: 2^LEVELS threads per column
-    each sum the parts s, s + 2^LEVELS, ..., then one thread sums those slices in order (LEVELS <= 3) or a pairwise
-    tree over them in shared memory does (more slices: fewer steps, each a barrier). Without BETA (RMSNorm) part_b
-    and dbeta are not touched: half the partials' reads."""
+    each sum the parts s, s + 2^LEVELS, ..., UNROLL of them loaded together (their latencies overlap; added in the
+    same order), then one thread sums those slices in order (LEVELS <= 3) or a pairwise tree over them in shared
+    memory does (more slices: fewer steps, each a barrier). Without BETA (RMSNorm) part_b and dbeta are not touched:
+    half the partials' reads."""
     comptime SLICES = 1 << LEVELS
     var sg = stack_allocation[SLICES * COLS, F32, address_space=AddressSpace.SHARED]()
     var sb = stack_allocation[SLICES * COLS if BETA else 1, F32, address_space=AddressSpace.SHARED]()
@@ -994,10 +1018,25 @@ def ln_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int, BETA: Bool](
     var ag: Float32 = 0.0
     var ab: Float32 = 0.0
     if col < n:
-        for q in range(s, Int(parts), SLICES):
+        var q = s
+        var stop = Int(parts)
+        while q + (UNROLL - 1) * SLICES < stop:
+            var vg = SIMD[F32, UNROLL](0.0)
+            var vb = SIMD[F32, UNROLL](0.0)
+            comptime for u in range(UNROLL):
+                vg[u] = part_g[unsafe_offset=(q + u * SLICES) * n + col]
+                comptime if BETA:
+                    vb[u] = part_b[unsafe_offset=(q + u * SLICES) * n + col]
+            comptime for u in range(UNROLL):
+                ag += vg[u]
+                comptime if BETA:
+                    ab += vb[u]
+            q += UNROLL * SLICES
+        while q < stop:
             ag += part_g[unsafe_offset=q * n + col]
             comptime if BETA:
                 ab += part_b[unsafe_offset=q * n + col]
+            q += SLICES
     sg[unsafe_offset=tid] = ag
     comptime if BETA:
         sb[unsafe_offset=tid] = ab
@@ -1032,7 +1071,7 @@ def launch_bwd_reduce[dtype: DType, COLS: Int, LEVELS: Int, BETA: Bool](
     ctx: DeviceContext, dgamma: Ptr[dtype], dbeta: Ptr[dtype], part_g: Ptr[F32], part_b: Ptr[F32], parts: Int,
     h: Int,
 ) raises:
-    comptime reduce = ln_bwd_reduce[dtype, COLS, LEVELS, BETA]
+    comptime reduce = ln_bwd_reduce[dtype, COLS, LEVELS, REDUCE_UNROLL, BETA]
     ctx.enqueue_function[reduce](dgamma, dbeta, part_g, part_b, Int32(parts), Int32(h),
                                  grid_dim=ceildiv(h, COLS), block_dim=COLS << LEVELS)
 

@@ -35,6 +35,7 @@ SMEM_BLOCK = K["SMEM_BLOCK"]               # ln_fwd_block_smem: threads per row
 REDUCE_NARROW_MAX_H = K["REDUCE_NARROW_MAX_H"]
 REDUCE_NARROW_COLS, REDUCE_NARROW_LEVELS = K["REDUCE_NARROW_COLS"], K["REDUCE_NARROW_LEVELS"]
 REDUCE_WIDE_COLS, REDUCE_WIDE_LEVELS = K["REDUCE_WIDE_COLS"], K["REDUCE_WIDE_LEVELS"]
+REDUCE_UNROLL = K["REDUCE_UNROLL"]   # partials a thread of the column sums loads together
 MULTI_ROW_MIN_ROWS = 2048  # below this, a warp per row leaves the GPU idle (H100 sweep)
 # ln_fwd_loop's UNROLL: columns per thread whose loads go out together in a launch of fewer blocks than SMs (a few
 # long rows are latency-bound); 1 otherwise, where it slowed launches of many blocks (docs/tuning.md)
@@ -53,7 +54,7 @@ FWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (8, 1, 4), (1, 8, 1), (2, 8, 1), (4
 # ... and with a cluster of CL blocks per row (ln_fwd_cluster, sm_90 and newer): (CH, WPR, CL), configs 15-17.
 FWD_CLUSTERS = ((2, 16, 2), (4, 16, 4), (4, 16, 8))
 # Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays.
-BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1))
+BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1), (4, 4, 2), (8, 4, 2), (2, 4, 2))
 
 # Under torch.compile, who runs the default LayerNorm: "inductor" (torch's layer_norm, which inductor fuses with the
 # residual add before it) or "ours" (our C++ op); inductor's costs less host time per call (docs/tuning.md)
@@ -279,7 +280,8 @@ def reduce_shape(h: int) -> tuple[int, int]:
 def reduce_spec(dtype: torch.dtype, h: int, act: int = 0) -> KernelSpec:
     """The dgamma/dbeta column reduction's instantiation for rows of h after a backward of ``act`` (an RMSNorm's sums
     dgamma alone: it has no beta) (launch: ``reduce_grid``, ``reduce_block``)."""
-    return KernelSpec("layernorm", "ln_bwd_reduce", (dtype, *reduce_shape(h), not act & K["NORM_RMS"]), "ppppii")
+    return KernelSpec("layernorm", "ln_bwd_reduce", (dtype, *reduce_shape(h), REDUCE_UNROLL, not act & K["NORM_RMS"]),
+                      "ppppii")
 
 
 def reduce_grid(h: int) -> tuple[int, int, int]:
