@@ -165,11 +165,12 @@ def test_backward_forced_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("parts", "h", "dtype", "sizes"), [
     (1056, 768, torch.bfloat16, (1056, 264)), (1001, 768, torch.bfloat16, (1004, 251)),
-    (37, 768, torch.bfloat16, (37, 37)), (264, 4096, torch.bfloat16, (264, 264)),
-    (528, 770, torch.bfloat16, (528, 528))], ids=str)
+    (37, 768, torch.bfloat16, (37, 37)), (264, 4096, torch.bfloat16, (264, 132)),
+    (132, 4096, torch.bfloat16, (132, 132)), (528, 770, torch.bfloat16, (528, 528))], ids=str)
 def test_backward_partial_rows(parts: int, h: int, dtype: torch.dtype, sizes: tuple[int, int]) -> None:
     """(row groups, partial rows): ln_bwd_regs takes blocks * RPB groups and writes a partial row per block
-    (4096x768 bf16: 264 rows of dgamma/dbeta partials, not 1056); ln_bwd_loop (770: not whole vectors) one per group."""
+    (4096x768 bf16: 264 rows of dgamma/dbeta partials, not 1056; at h 4096, two groups a block where that still gives
+    every SM a block); ln_bwd_loop (770: not whole vectors) one per group."""
     from ops.layernorm import config as config
 
     launch = config.bwd_launch(parts, h, dtype, h % 8 == 0, sms=132)

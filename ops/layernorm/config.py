@@ -53,8 +53,10 @@ FWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (8, 1, 4), (1, 8, 1), (2, 8, 1), (4
             (2, 16, 1), (1, 16, 1), (4, 4, 1), (8, 8, 1), (1, 32, 1), (2, 32, 1))
 # ... and with a cluster of CL blocks per row (ln_fwd_cluster, sm_90 and newer): (CH, WPR, CL), configs 15-17.
 FWD_CLUSTERS = ((2, 16, 2), (4, 16, 4), (4, 16, 8))
-# Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays.
-BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1), (4, 4, 2), (8, 4, 2), (2, 4, 2))
+# Backward register configurations (ln_bwd_regs), capped at 256 threads: it holds six register arrays. (4, 4, 2)
+# before (4, 4, 1): two groups a block (at ~250 registers a thread, the same two per SM) write half the partials
+# (docs/tuning.md).
+BWD_REGS = ((1, 1, 8), (2, 1, 8), (4, 1, 4), (2, 4, 1), (4, 4, 2), (4, 4, 1), (4, 8, 1), (8, 8, 1))
 
 # Under torch.compile, who runs the default LayerNorm: "inductor" (torch's layer_norm, which inductor fuses with the
 # residual add before it) or "ours" (our C++ op); inductor's costs less host time per call (docs/tuning.md)
