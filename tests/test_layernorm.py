@@ -178,6 +178,38 @@ def test_backward_partial_rows(parts: int, h: int, dtype: torch.dtype, sizes: tu
     assert launch.grid[0] == (sizes[1] if launch.kernel == "ln_bwd_regs" else -(-parts // launch.params[1]))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "h", "dtype"), [(4096, 4096, torch.bfloat16), (2048, 3072, torch.float16),
+                                                  (2048, 2048, torch.float32)], ids=str)
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_gpu_backward_of_joined_row_groups(norm: str, rows: int, h: int, dtype: torch.dtype) -> None:
+    """Shapes whose backward runs two row groups a block (``BWD_REGS`` (4, 4, 2): their dgamma/dbeta join in shared
+    memory into one partial row): dx, dgamma (and dbeta) against float64, the same bits at a second call, and
+    outputs poisoned with NaN first (a slot the kernels forgot would stay NaN)."""
+    from ops.layernorm import config
+    from ops.reference import rmsnorm_grads_ref
+    from ops.rmsnorm import fwd_bwd as R
+
+    parts = config.bwd_parts(rows, h, dtype, torch.device("cuda"), 132)
+    assert config.bwd_launch(parts, h, dtype, True, sms=132).params[1:] == (4, 4, 2)
+    x, w, b, dy = make((rows, h), dtype, "cuda", mean=3.0)
+    results = []
+    for _ in range(2):
+        torch.cuda.empty_cache()
+        torch.empty(8 * rows * h, dtype=dtype, device="cuda").fill_(float("nan"))   # the allocator's next blocks
+        if norm == "layernorm":
+            _, mean, rstd = L.layernorm_fwd(x, w, b)
+            results.append(L.layernorm_bwd(dy, x, w, b, mean, rstd))
+        else:
+            _, mean, rstd = R.rms_norm_fwd(x, w, 1e-6, "torch")
+            results.append(R.rms_norm_bwd(dy, x, w, mean, rstd, "torch"))
+    assert all(torch.equal(a, g) for a, g in zip(*results, strict=True))
+    want = (layernorm_grads_ref(x, w, b, dy) if norm == "layernorm" else rmsnorm_grads_ref(x, w, dy, 1e-6))
+    names, sums = ("dx", "dweight", "dbias")[:len(want)], (h, rows, rows)[:len(want)]
+    for name, got, ref, n in zip(names, results[0], want, sums, strict=True):
+        assert (m := compare(got, ref, dtype, reduction=n)) is None, f"{name}: {m}"
+
+
 def test_module_loads_torch_state_dict(device: str) -> None:
     torch_ln = torch.nn.LayerNorm(96, eps=1e-6, device=device)
     with torch.no_grad():
