@@ -9,8 +9,9 @@
 #   ln_fwd_row_thread, ln_fwd_block_smem, ln_fwd_loop: the teaching progression (variant=) and the fallbacks
 #     (unaligned pointers, h not a multiple of the vector): one pass of shifted sums.
 #   ln_bwd_regs / ln_bwd_loop: rows dealt round-robin to row groups that keep dgamma/dbeta partials;
-#     ln_bwd_regs loads a group's next row while it reduces the current one (up to 4 vectors a thread);
-#     ln_bwd_reduce sums the partials per column in a fixed order (deterministic, no float atomics).
+#     ln_bwd_regs loads a group's next row while it reduces the current one (up to 4 vectors a thread) and writes
+#     one partial row per block of RPB groups; ln_bwd_reduce sums the partials per column in a fixed order
+#     (deterministic, no float atomics), REDUCE_UNROLL loads of a thread in flight.
 # RMSNorm (ops/rmsnorm): the loop, register and cluster kernels and the CPU path take it as bits of act (NORM_RMS,
 #   RMS_LLAMA, RMS_GEMMA below): no mean (the mean kept is 0), no beta, no mean term in the backward; the teaching
 #   progression's first two kernels refuse them.
