@@ -235,7 +235,8 @@ def generated(name: str, models: dict[str, nn.Module], patched: dict[str, str], 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", help="comma-separated (default: each mode's MODE_MODELS)")
+    parser.add_argument("--models", help="comma-separated (default: each mode's MODE_MODELS); the table keeps other "
+                                         "modes' rows, not other models' rows of the modes run")
     parser.add_argument("--modes", default="eager", help=f"comma-separated, of {','.join(MODES)}")
     parser.add_argument("--ab-compiled-rmsnorm", default="", metavar="MODELS",
                         help=f"mode compile, for these models (comma-separated): also {AB_CONTENDER}, compiled with "
