@@ -16,7 +16,7 @@ per call (back-to-back calls, one sync, divided; median of runs interleaved acro
 --ab-compiled-rmsnorm: compiling takes minutes). Mode "generate":
 ``generate()`` of 128 new tokens, greedy, after a 32-token prompt, at batch 1 and 8 (phases "generate1", "generate8";
 ms per call, median of 9 rounds in rotated order, vs_hf paired per round; below 1 is more tokens per second). Writes
-results/transformer.{csv,md} (table bench_models; a run of some modes keeps the others').
+results/transformer.{csv,md} (table bench_models; a run of some modes or models keeps the others').
 
     python scripts/bench_models.py                       (needs a CUDA GPU and transformers: pip install -e .[hf])
     python scripts/bench_models.py --models llama,gpt2   (some models, printed and written)
@@ -235,8 +235,8 @@ def generated(name: str, models: dict[str, nn.Module], patched: dict[str, str], 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", help="comma-separated (default: each mode's MODE_MODELS); the table keeps other "
-                                         "modes' rows, not other models' rows of the modes run")
+    parser.add_argument("--models", help="comma-separated (default: each mode's MODE_MODELS); the table keeps the "
+                                         "other models' rows of the modes run, and other modes' rows")
     parser.add_argument("--modes", default="eager", help=f"comma-separated, of {','.join(MODES)}")
     parser.add_argument("--ab-compiled-rmsnorm", default="", metavar="MODELS",
                         help=f"mode compile, for these models (comma-separated): also {AB_CONTENDER}, compiled with "
@@ -263,7 +263,8 @@ def main() -> int:
         for name in args.models.split(",") if args.models else MODE_MODELS[mode]:   # written after each model
             rows += bench(name, *table[name], mode, name in args.ab_compiled_rmsnorm.split(","),
                           name in args.ab_residual.split(","), name in args.ab_shared.split(","))
-            kept, kept_stamp = reports.appended("bench_models", ",".join(modes), rows, "mode")
+            kept, kept_stamp = reports.appended("bench_models", ",".join(modes), rows, "mode",
+                                                ("model", args.models) if args.models else None)
             reports.write_report(OUT / "bench_models", kept, FIELDS, stamp + kept_stamp,
                                  "Hugging Face models, patched by ops.apply_to (scripts/bench_models.py)",
                                  __doc__.split("\n\n")[1].replace("\n", " "))

@@ -63,7 +63,8 @@ def keyed(rows: Rows, kind: str, impl: str) -> dict[tuple[str, str], dict[str, s
 
 
 def worst(issue: int, target: str, limit: float, stamp: str, cases: Iterable[tuple[float, str, str]]) -> Check:
-    """The Check of the largest value among ``cases`` (value, the row's dtype or (dtype, kind), where)."""
+    """The Check of the largest value among ``cases`` (value, the row's dtype or (dtype, kind) or (mode, model),
+    where)."""
     cases = list(cases)
     if not cases:
         return Check(issue, target, limit, None, "no rows", "")
@@ -193,7 +194,8 @@ def models_checks(stamp: str, rows: Rows) -> list[Check]:
             return [r for r in rows if (r["model"], r.get("mode") or "eager", r["phase"], r["impl"])
                     == (model, mode, phase, impl)]
         c = worst(71, f"{model} {mode} {phase} / unpatched Hugging Face model's", round(limit, 3), stamp,
-                  [(float(r["vs_hf"]), mode, f"{model} {mode} {phase}, {r['tokens']} per call") for r in of("ours")])
+                  [(float(r["vs_hf"]), (mode, model), f"{model} {mode} {phase}, {r['tokens']} per call")
+                   for r in of("ours")])
         controls = [float(r["vs_hf"]) for r in of("hf:again")]
         if not controls:
             return c

@@ -122,6 +122,36 @@ def test_transformer_report_keeps_other_modes_rows_with_their_commit(results_dir
     assert appended("bench_transformer_control", "eager", rerun, column="mode") == (rerun, "")
 
 
+def test_models_rerun_of_some_models_keeps_the_others_rows_of_its_mode(results_dir: Path) -> None:
+    """bench_models run for some models of a mode replaces those models' rows of it alone: the other models' rows of
+    that mode and the other modes' rows stay, each counted at its own run's commit by check_targets (labels
+    "mode/model"), through two such reruns."""
+    import check_targets
+
+    fields = ["model", "mode", "phase", "impl", "tokens", "vs_hf"]
+
+    def row(model: str, mode: str, impl: str, v: float) -> dict:
+        return {"model": model, "mode": mode, "phase": "infer", "impl": impl, "tokens": "4096", "vs_hf": v}
+    first = [row(m, mode, "ours", v) for m, mode, v in (("llama", "eager", 0.81), ("opt", "eager", 0.97),
+                                                         ("llama", "compile", 1.01))]
+    write_report("bench_models", first, fields, "GPU: g; commit a1", "T", "note")
+    rows, kept = appended("bench_models", "eager", [row("opt", "eager", "ours", 0.94)], "mode", ("model", "opt"))
+    assert [(r["model"], r["mode"], float(r["vs_hf"])) for r in rows] == [
+        ("llama", "eager", 0.81), ("llama", "compile", 1.01), ("opt", "eager", 0.94)]
+    assert kept == " (eager/opt rows); rows of other modes kept from: GPU: g; commit a1"
+    write_report("bench_models", rows, fields, f"GPU: g; commit b2{kept}", "T", "note")
+    rows, kept = appended("bench_models", "eager", [row("llama", "eager", "ours", 0.8)], "mode", ("model", "llama"))
+    write_report("bench_models", rows, fields, f"GPU: g; commit c3{kept}", "T", "note")
+    stamp, rows = results.read_table("bench_models")
+    assert [stamp_commit(stamp, key) for key in (("eager", "opt"), ("eager", "llama"), ("compile", "llama"))] == \
+        ["b2", "c3", "a1"]
+    found = {c.target: c for c in check_targets.models_checks(stamp, rows)}
+    assert [(found[f"{m} eager infer / unpatched Hugging Face model's"].value,
+             found[f"{m} eager infer / unpatched Hugging Face model's"].commit) for m in ("opt", "llama")] == \
+        [(0.94, "b2"), (0.8, "c3")]
+    assert found["llama compile infer / unpatched Hugging Face model's"].commit == "a1"
+
+
 def test_rows_rerun_by_kind_keep_their_own_commit_in_the_csv(results_dir: Path) -> None:
     """A report rerun for some kinds (values with a '+', as "add+rms_norm") stamps only those rows with the new
     commit: in the stamp, in each CSV row's commit column, and for check_targets' keys (dtype, kind)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ops.bench import results
-from ops.bench.results import KEPT, stamp_runs
+from ops.bench.results import KEPT, labels_name, stamp_runs
 
 # About 5 ms at H100 clocks: longer than the host needs to enqueue any call we
 # time (the unfused p22 path is four bridge calls).
@@ -105,34 +105,35 @@ def kept_stamp(table: str, dtypes: set[str] | None = None, column: str = "dtype"
     """What to add to the stamp of a report that keeps ``kept_rows(table, dtypes, column)``: the earlier
     report's stamp, less the runs none of whose rows are kept, so each kept row's commit stays known ('' when
     there is no earlier report)."""
-    return _stamp_tail(*results.read_table(table), dtypes or set(), column)
+    stamp, rows = results.read_table(table)
+    return _stamp_tail(stamp, [r for r in rows if r[column] not in (dtypes or set())], column)
 
 
-def _stamp_tail(stamp: str, rows: list[dict], dtypes: set[str], column: str) -> str:
-    """``kept_stamp`` of a table read as (stamp, rows)."""
-    if not rows:
-        return ""
-    kept = {r[column] for r in rows} - dtypes
-    runs, owned = [], set()
-    for run_dtypes, own in stamp_runs(stamp):
-        wrote = (kept - owned) if run_dtypes is None else (run_dtypes & kept) - owned
-        if wrote:
-            runs.append(own if run_dtypes is None else f"{own} ({','.join(sorted(run_dtypes))} rows)")
-        owned |= wrote
-        if run_dtypes is None:
-            break
+def _stamp_tail(stamp: str, kept: list[dict], column: str) -> str:
+    """What a report's stamp appends for the rows ``kept`` of an earlier report stamped ``stamp``: each run that
+    wrote one of them (the newest whose labels name the row, ``results.labels_name``), in the stamp's order."""
+    runs = stamp_runs(stamp)
+    owners = {next((i for i, (labels, _) in enumerate(runs) if labels_name(labels, {str(v) for v in r.values()})),
+                   None) for r in kept}
+    texts = [own if labels is None else f"{own} ({','.join(sorted(labels))} rows)"
+             for i, (labels, own) in enumerate(runs) if i in owners]
     sep = KEPT.format(column=column)
-    return sep + sep.join(runs) if runs else ""
+    return sep + sep.join(texts) if texts else ""
 
 
-def appended(table: str, dtypes: str, rows: list[dict], column: str = "dtype") -> tuple[list[dict], str]:
+def appended(table: str, dtypes: str, rows: list[dict], column: str = "dtype",
+             within: tuple[str, str] | None = None) -> tuple[list[dict], str]:
     """A run of the comma-separated ``dtypes`` (values of ``column``) added to ``table``: the earlier run's rows of
     other values, then ``rows``, and what the new report's stamp appends (``kept_stamp``; nothing when no row is
-    kept). The table is read once."""
+    kept). With ``within`` (another column, comma-separated values of it), the run replaces only the rows holding
+    one of those too (some models of a mode), and its label names each pair ("eager/opt"). The table is read once."""
     stamp, earlier = results.read_table(table)
     run = set(dtypes.split(","))
-    tail = _stamp_tail(stamp, earlier, run, column)
-    return [r for r in earlier if r[column] not in run] + rows, f" ({dtypes} rows){tail}" if tail else ""
+    inner = (within[0], set(within[1].split(","))) if within else None
+    kept = [r for r in earlier if r[column] not in run or (inner is not None and r[inner[0]] not in inner[1])]
+    label = dtypes if inner is None else ",".join(f"{v}/{w}" for v in dtypes.split(",") for w in within[1].split(","))
+    tail = _stamp_tail(stamp, kept, column)
+    return kept + rows, f" ({label} rows){tail}" if tail else ""
 
 
 def plot_forward(table: str, title: str, value: str, ylabel: str, shape_cols: Sequence[str],

@@ -63,7 +63,8 @@ def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
     """The runs a report's stamp names, newest first: each run's dtypes (None: all the rest) and its own stamp.
 
     A report rerun for some dtypes (``appended``) is stamped "<stamp> (D1,D2 rows); rows of other dtypes kept
-    from: <the earlier report's stamp>"; the oldest run, unlabelled, wrote whatever no later one did.
+    from: <the earlier report's stamp>"; the oldest run, unlabelled, wrote whatever no later one did. A label
+    "V/W" names the rows holding both values (some models of a mode rerun: "eager/opt"; ``labels_name``).
     """
     runs = []
     for seg in KEPT_ANY.split(stamp):
@@ -72,11 +73,17 @@ def stamp_runs(stamp: str) -> list[tuple[frozenset[str] | None, str]]:
     return runs
 
 
+def labels_name(labels: frozenset[str] | None, keys: set[str]) -> bool:
+    """Whether a run's labels (None: the oldest run's, all the rest) name a row of the values ``keys``: a label
+    names it when the row holds each of the label's "/"-separated values."""
+    return labels is None or any(set(label.split("/")) <= keys for label in labels)
+
+
 def run_stamp(stamp: str, key: str | Collection[str]) -> str | None:
     """The own stamp of the newest run that wrote the rows of ``key`` (a dtype, mode or kind; or several of one row's
     values, any of which its label may name) in a report stamped ``stamp``; None if no run did."""
     keys = {key} if isinstance(key, str) else set(key)
-    return next((own for labels, own in stamp_runs(stamp) if labels is None or labels & keys), None)
+    return next((own for labels, own in stamp_runs(stamp) if labels_name(labels, keys)), None)
 
 
 def stamp_commit(stamp: str, key: str | Collection[str]) -> str:
