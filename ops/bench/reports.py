@@ -128,10 +128,10 @@ def appended(table: str, dtypes: str, rows: list[dict], column: str = "dtype",
     kept). With ``within`` (another column, comma-separated values of it), the run replaces only the rows holding
     one of those too (some models of a mode), and its label names each pair ("eager/opt"). The table is read once."""
     stamp, earlier = results.read_table(table)
-    run = set(dtypes.split(","))
-    inner = (within[0], set(within[1].split(","))) if within else None
+    run = dtypes.split(",")
+    inner = None if within is None else (within[0], within[1].split(","))
     kept = [r for r in earlier if r[column] not in run or (inner is not None and r[inner[0]] not in inner[1])]
-    label = dtypes if inner is None else ",".join(f"{v}/{w}" for v in dtypes.split(",") for w in within[1].split(","))
+    label = dtypes if inner is None else ",".join(f"{v}/{w}" for v in run for w in inner[1])
     tail = _stamp_tail(stamp, kept, column)
     return kept + rows, f" ({label} rows){tail}" if tail else ""
 
