@@ -956,6 +956,7 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
     need no atomics and keep a fixed order.
     """
     comptime GT = WPR * WARP_SIZE
+    comptime BETA = (act & NORM_RMS) == 0   # LayerNorm's dbeta partials; RMSNorm has no beta (part_b untouched)
     var sh = stack_allocation[4 * RPB * WPR, F32, address_space=AddressSpace.SHARED]()
     var tid = Int(thread_idx.x)
     var gt = tid % GT
@@ -965,7 +966,7 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
     if group < p:
         for i in range(gt, n, GT):
             part_g[unsafe_offset=group * n + i] = 0.0
-            comptime if (act & NORM_RMS) == 0:   # RMSNorm: no beta, part_b untouched
+            comptime if BETA:
                 part_b[unsafe_offset=group * n + i] = 0.0
     var iters = ceildiv(Int(rows), p)
     for it in range(iters):
@@ -996,7 +997,7 @@ def ln_bwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int](
                 var g, d = gamma_dy[dtype, act](dy, gamma, beta, base, i, xhat)
                 dx[unsafe_offset=base + i] = (r * (g * d - a - xhat * b)).cast[dtype]()
                 part_g[unsafe_offset=group * n + i] = part_g[unsafe_offset=group * n + i] + d * xhat
-                comptime if (act & NORM_RMS) == 0:   # RMSNorm: no beta
+                comptime if BETA:
                     part_b[unsafe_offset=group * n + i] = part_b[unsafe_offset=group * n + i] + d
 
 
