@@ -67,7 +67,7 @@ def penalty_grads(call: object, x: torch.Tensor, r: torch.Tensor, *rest: torch.T
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,h", [(4096, 768), (7, 4096)])
+@pytest.mark.parametrize("rows,h", [(4096, 768), (7, 4096), (16, 32768)])   # 32768: 512 threads a row
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "rms_norm:gemma"])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gpu_add_norm_in_one_pass(norm: str, with_bias: bool, rows: int, h: int,

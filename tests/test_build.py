@@ -4,6 +4,7 @@ library's cache key following its sources."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -71,6 +72,35 @@ def test_every_default_kernel_has_a_spec() -> None:
                for h in (1, 37, 768, 1025, 4096, 65536) for vec_ok in (True, False)}
     assert chosen <= set(specs), sorted(s.expr for s in chosen - set(specs))
 
+
+
+@pytest.mark.parametrize(("norm", "rows", "h", "dtype", "bias", "min_blocks"), [
+    ("rms", 1024, 16384, torch.float32, None, 2),      # 128 bytes of the row a thread: RMSNorm's count half
+    ("ln", 1024, 16384, torch.float32, None, 1),       # LayerNorm's do not
+    ("ln", 4096, 4096, torch.bfloat16, None, 4),       # 32 bytes, 256 threads
+    ("ln", 4096, 768, torch.bfloat16, None, 8),        # four rows of a warp: 128 threads
+    ("ln", 256, 32768, torch.bfloat16, True, None),    # the add: its launch bound alone
+    ("rms", 256, 32768, torch.bfloat16, False, None),
+])
+def test_register_forwards_bound_their_blocks(norm: str, rows: int, h: int, dtype: torch.dtype, bias: bool | None,
+                                              min_blocks: int | None) -> None:
+    """A register forward's PTX declares its launch's block as ``.maxntid``, so ptxas never gives a thread more
+    registers than that block can launch with (the add and norm of 512 bfloat16 rows of 32768 took 130 registers
+    a thread: too many resources to launch); ``ln_fwd_regs`` adds its register budget's ``.minnctapersm``."""
+    from ops.rmsnorm.config import SEMANTICS
+
+    act = SEMANTICS["torch"] if norm == "rms" else 0
+    launch = config.fwd_launch(rows, h, dtype, True, act=act)
+    spec = launch.spec(dtype, act) if bias is None else config.add_norm_spec(launch, dtype, act, bias)
+    assert launch.kernel == "ln_fwd_regs" and spec is not None
+    ptxlib.build([spec], "H100", quiet=True)
+    text = ptxlib.ptx_path(spec, "H100").read_text()
+    head = text[text.index(".visible .entry"):]
+    head = head[head.index(")"):head.index("{")]   # the directives between the parameters and the body
+    bound = re.search(r"\.maxntid (\d+)\s", head)
+    budget = re.search(r"\.minnctapersm (\d+)\s", head)
+    assert bound is not None and int(bound.group(1)) == launch.block, head
+    assert (budget and int(budget.group(1))) == min_blocks, head
 
 # Constants the config modules take from the kernel sources (ops/launch/mojo_constants.py), by kernel module.
 READ = {"layernorm_linear": ("TILE_THREADS", "TILE_ROWS", "TILE_COLS", "STAGE_THREADS_PER_ROW", "MMA_STAGES",

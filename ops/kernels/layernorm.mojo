@@ -21,13 +21,14 @@
 import extensibility
 from extensibility import InputTensor, _MutableInputTensor
 from max.gpu.host import DeviceContext, Dim
-from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE
+from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE, MAX_THREADS_PER_BLOCK_METADATA
 from max.gpu.primitives import warp
 from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_arrive_relaxed, cluster_sync, cluster_wait
 from max.gpu.memory import AddressSpace
 from std.math import ceildiv, rsqrt, erf, exp
 from std.memory import stack_allocation, bitcast
 from std.sys import llvm_intrinsic, size_of
+from std.utils.static_tuple import StaticTuple
 
 comptime F32 = DType.float32
 comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutAnyOrigin]
@@ -66,6 +67,11 @@ comptime REDUCE_WIDE_COLS = 32
 comptime REDUCE_WIDE_LEVELS = 3
 comptime REDUCE_UNROLL = 16        # partials a thread loads together: one at a time, the sums were latency-bound
 comptime ALIGN = 16         # bytes per vector load
+# The register forwards' budget (.minnctapersm): registers for FWD_THREADS_PER_SM threads an SM (64 each), so two
+# blocks of 512 overlap one's loads with the other's sums, where a thread's share of the row is at most
+# FWD_CAPPED_SLICE bytes; a larger share keeps the registers it needs (capped, it spilled and slowed).
+comptime FWD_THREADS_PER_SM = 1024
+comptime FWD_CAPPED_SLICE = 64
 
 
 # ---------------------------------------------------------------- math
@@ -481,6 +487,21 @@ def ln_fwd_loop[dtype: DType, act: Int, WPR: Int, RPB: Int, UNROLL: Int](
 
 # ---------------------------------------------------------------- forward, register variants
 
+def fwd_min_blocks(threads: Int, slice_bytes: Int) -> Int:
+    """Blocks of ``threads`` an SM must hold (.minnctapersm, with .maxntid = threads) when each thread holds
+    ``slice_bytes`` of the row(s): FWD_THREADS_PER_SM's worth up to FWD_CAPPED_SLICE bytes, else 1 (only the block's
+    own launch bound)."""
+    if slice_bytes > FWD_CAPPED_SLICE:
+        return 1
+    return max(1, FWD_THREADS_PER_SM // threads)
+
+
+# RMSNorm's share counts half: with no centred second pass, its row of 128 bytes a thread fit 64 registers.
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WPR * RPB * WARP_SIZE)),
+    `nvvm.minctasm`=SIMDLength(fwd_min_blocks(WPR * RPB * WARP_SIZE,
+                                              CH * VEC * size_of[dtype]() // (2 if (act & NORM_RMS) != 0 else 1))),
+)
 def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
     y: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype],
     gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
@@ -507,6 +528,8 @@ def ln_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int](
                                                      n, base, eps)
 
 
+# Its launch bound alone: it holds x and the residual at once, and no shape gained from ln_fwd_regs' budget.
+@__llvm_metadata(MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WPR * RPB * WARP_SIZE)))
 def add_norm_fwd_regs[dtype: DType, act: Int, VEC: Int, CH: Int, WPR: Int, RPB: Int, BIAS: Bool](
     y: Ptr[dtype], s_out: Ptr[dtype], mean_out: Ptr[F32], rstd_out: Ptr[F32], x: Ptr[dtype], residual: Ptr[dtype],
     add_bias: Ptr[dtype], gamma: Ptr[dtype], beta: Ptr[dtype], rows: Int32, h: Int32, eps: Float32,
