@@ -67,9 +67,9 @@ comptime REDUCE_WIDE_COLS = 32
 comptime REDUCE_WIDE_LEVELS = 3
 comptime REDUCE_UNROLL = 16        # partials a thread loads together: one at a time, the sums were latency-bound
 comptime ALIGN = 16         # bytes per vector load
-# The register forwards' budget (.minnctapersm): registers for FWD_THREADS_PER_SM threads an SM (64 each), so two
-# blocks of 512 overlap one's loads with the other's sums, where a thread's share of the row is at most
-# FWD_CAPPED_SLICE bytes; a larger share keeps the registers it needs (capped, it spilled and slowed).
+# ln_fwd_regs' register budget (.minnctapersm): registers for FWD_THREADS_PER_SM threads an SM (64 each) where a
+# thread holds at most FWD_CAPPED_SLICE bytes of the row (ptxas had given some 66-80: one block of 512 an SM); a
+# larger share keeps what it needs (under the budget it spilled and slowed). docs/kernels/layernorm.md
 comptime FWD_THREADS_PER_SM = 1024
 comptime FWD_CAPPED_SLICE = 64
 
